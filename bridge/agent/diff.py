@@ -1,0 +1,106 @@
+"""Classify what happened to each event between two documents.
+
+IMDS never reports ``Completed`` or ``Canceled``: a finished or canceled event simply disappears from
+``Events``. The meaning of a disappearance therefore depends on the status the event had when it was
+last seen, which is why the previous document is persisted across restarts (an event that vanished
+while the agent was down is still reported, as ``completed`` or ``canceled``).
+
+Transitions (the ``change`` field of a record):
+
+==========================  ==========================================================================
+``present``                 already there at the agent's very first observation (no persisted state)
+``scheduled``               new, ``Scheduled``
+``startedWithoutNotice``    new and already ``Started`` (hardware failure: IMDS skips ``Scheduled``)
+``appeared``                new with a status IMDS did not document (kept, never rejected)
+``started``                 ``Scheduled`` -> ``Started`` (approved, or NotBefore reached)
+``statusChanged``           any other status change (not documented; reported as it happened)
+``updated``                 same status, other fields changed (e.g. NotBefore moved)
+``completed``               gone after ``Started``
+``canceled``                gone while ``Scheduled`` (Azure judged the maintenance too risky)
+``removed``                 gone with an undocumented status
+==========================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bridge.imds.document import SCHEDULED, STARTED, EventsDocument, ScheduledEvent
+
+TRANSITIONS = (
+    "present",
+    "scheduled",
+    "startedWithoutNotice",
+    "appeared",
+    "started",
+    "statusChanged",
+    "updated",
+    "completed",
+    "canceled",
+    "removed",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    event_id: str
+    change: str
+    event_type: str
+    previous_status: str | None
+    event_status: str | None  # None: the event is gone
+
+    def to_json(self) -> dict[str, str | None]:
+        return {
+            "eventId": self.event_id,
+            "change": self.change,
+            "eventType": self.event_type,
+            "previousStatus": self.previous_status,
+            "eventStatus": self.event_status,
+        }
+
+
+def diff(previous: EventsDocument | None, current: EventsDocument) -> list[Change]:
+    """Changes from ``previous`` (None at the very first observation) to ``current``.
+
+    Events keep the order of the current document; disappeared events follow in their previous order.
+    """
+    if previous is None:
+        return [Change(e.event_id, "present", e.event_type, None, e.event_status) for e in current.events]
+    before = previous.by_id()
+    changes: list[Change] = []
+    for event in current.events:
+        old = before.get(event.event_id)
+        if old is None:
+            changes.append(_appeared(event))
+        elif old.event_status != event.event_status:
+            kind = (
+                "started"
+                if (old.event_status, event.event_status) == (SCHEDULED, STARTED)
+                else "statusChanged"
+            )
+            changes.append(
+                Change(event.event_id, kind, event.event_type, old.event_status, event.event_status)
+            )
+        elif old != event:
+            changes.append(
+                Change(event.event_id, "updated", event.event_type, old.event_status, event.event_status)
+            )
+    now = {e.event_id for e in current.events}
+    for old in previous.events:
+        if old.event_id not in now:
+            kind = {STARTED: "completed", SCHEDULED: "canceled"}.get(old.event_status, "removed")
+            changes.append(Change(old.event_id, kind, old.event_type, old.event_status, None))
+    return changes
+
+
+def _appeared(event: ScheduledEvent) -> Change:
+    kind = {SCHEDULED: "scheduled", STARTED: "startedWithoutNotice"}.get(event.event_status, "appeared")
+    return Change(event.event_id, kind, event.event_type, None, event.event_status)
+
+
+def is_change(previous: EventsDocument | None, current: EventsDocument) -> bool:
+    """A document change: first observation, another incarnation, or the same incarnation with other
+    content (an incarnation that goes backwards or repeats with new content must not be missed)."""
+    return (
+        previous is None or previous.incarnation != current.incarnation or previous.digest != current.digest
+    )

@@ -1,0 +1,211 @@
+"""The poll loop: IMDS document -> change detection -> record -> outbox.
+
+This is the hot path of the whole product (once a second on every VM of a fleet), so an unchanged
+answer costs one kept-alive HTTP exchange and one bytes comparison: no JSON parsing, no allocation
+beyond the response, no disk I/O. Only an answer whose bytes differ is parsed, diffed against the
+baseline and, if it is a change (another incarnation *or* other content), turned into a record.
+
+Errors never end the loop. A failing poll is counted by kind and logged once per streak; the next
+attempt is scheduled by the kind of failure:
+
+* ``410 Gone``: IMDS's "retry after some time for a max of 70 seconds": retried at the poll interval
+  for 70 s, then with backoff like any other failure (and logged at error level);
+* ``429``, 5xx, timeouts, refused connections: full-jitter backoff from the poll interval up to 10 s
+  (short enough not to sleep through a Spot VM's 30 s notice), honouring ``Retry-After``;
+* an answer that is not a Scheduled Events document: counted by reason, the previous state is kept,
+  polling goes on at the normal interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from bridge.agent.diff import diff, is_change
+from bridge.agent.identity import IdentityResolver
+from bridge.agent.outbox import Outbox, OutboxFull
+from bridge.agent.record import build_record, encode
+from bridge.agent.state import BaselineStore
+from bridge.imds.client import ImdsClient, ImdsError
+from bridge.imds.document import (
+    KNOWN_EVENT_STATUSES,
+    KNOWN_EVENT_TYPES,
+    DocumentError,
+    EventsDocument,
+    parse_document,
+)
+from bridge.observability import AgentMetrics, ErrorStreak
+from bridge.retry import Backoff
+
+log = logging.getLogger("bridge.poller")
+
+GONE_RETRY_WINDOW = 70.0  # seconds, from the IMDS documentation of 410
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """The current document as last seen, for the HTTP API (and the relay in a later version)."""
+
+    document: EventsDocument
+    observed_at: float
+
+
+class Poller:
+    def __init__(
+        self,
+        client: ImdsClient,
+        outbox: Outbox,
+        baseline: BaselineStore,
+        identity: IdentityResolver,
+        metrics: AgentMetrics,
+        *,
+        interval: float = 1.0,
+        api_version: str,
+    ) -> None:
+        self.client = client
+        self.outbox = outbox
+        self.baseline_store = baseline
+        self.identity = identity
+        self.metrics = metrics
+        self.interval = interval
+        self.api_version = api_version
+        self.baseline: EventsDocument | None = baseline.load(outbox.last())
+        self.current: Observation | None = None
+        self.first_success: float | None = None
+        self._last_body: bytes | None = None  # body of the last answer fully processed
+        self._last_error = ImdsError("none", "no error yet")
+        self._imds_streak = ErrorStreak(log, "polling IMDS scheduled events")
+        self._doc_streak = ErrorStreak(log, "reading the scheduled events document")
+        self._full_streak = ErrorStreak(log, "admitting a record into the outbox", remind_every=60.0)
+        self._backoff = Backoff(base=interval, cap=max(10.0, interval), floor=interval)
+        if self.baseline is not None:
+            self.metrics.document_incarnation.set(self.baseline.incarnation)
+
+    # -- state for readiness ------------------------------------------------------------------------
+
+    def failing_for(self) -> float:
+        """Seconds IMDS has been failing without a break (0 when the last poll succeeded)."""
+        return self._imds_streak.duration()
+
+    # -- one poll -----------------------------------------------------------------------------------
+
+    def poll_once(self) -> str:
+        """Poll once. Returns ``unchanged``, ``changed``, ``error``, ``invalid`` or ``full``."""
+        try:
+            resp = self.client.get_scheduled_events()
+        except ImdsError as err:
+            self.metrics.poll_errors.labels(err.kind).inc()
+            self._imds_streak.failure(err.kind, str(err), status=err.status)
+            self._last_error = err
+            return "error"
+        self._imds_streak.success()
+        self.metrics.polls.inc()
+        if self.first_success is None:
+            self.first_success = resp.received_at
+        if resp.body == self._last_body:
+            return "unchanged"
+        try:
+            doc = parse_document(resp.body, self.api_version)
+        except DocumentError as err:
+            self.metrics.document_errors.labels(err.reason).inc()
+            self._doc_streak.failure(err.reason, str(err), incarnationKept=self._kept_incarnation())
+            return "invalid"
+        self._doc_streak.success()
+        for warning in doc.warnings:
+            log.warning("document field not understood", extra={"detail": warning})
+        self.current = Observation(doc, resp.received_at)
+        if not is_change(self.baseline, doc):
+            self._last_body = resp.body
+            return "unchanged"
+        changes = diff(self.baseline, doc)
+        identity = self.identity.current
+        record = build_record(identity, self.baseline, doc, changes, resp.received_at)
+        try:
+            entry = self.outbox.append(record["recordId"], encode(record))
+        except OutboxFull as err:
+            # Keep the baseline and the last body: the next poll retries, and once there is room the
+            # record carries the net change since the last admitted one. Loud, counted, documented.
+            self.metrics.outbox_full.inc()
+            self._full_streak.failure(
+                "outbox_full", f"{err}; change held back, newest state kept", incarnation=doc.incarnation
+            )
+            return "full"
+        except OSError as err:
+            self.metrics.outbox_full.inc()
+            self._full_streak.failure(
+                "outbox_io", f"cannot write the outbox: {err}", incarnation=doc.incarnation
+            )
+            return "full"
+        self._full_streak.success()
+        self.metrics.record_latency.observe(time.monotonic() - resp.received_mono)
+        try:
+            self.baseline_store.save(doc, entry.seq)
+        except OSError as err:  # the outbox has the record; recovery rebuilds the baseline from it
+            log.error("cannot save baseline.json", extra={"error": str(err)})
+        previous, self.baseline, self._last_body = self.baseline, doc, resp.body
+        self._count(previous, doc, changes, record["recordId"])
+        return "changed"
+
+    def _count(
+        self, previous: EventsDocument | None, doc: EventsDocument, changes: list, record_id: str
+    ) -> None:
+        m = self.metrics
+        m.records.inc()
+        m.document_incarnation.set(doc.incarnation)
+        m.events_current.clear()
+        for e in doc.events:
+            # Event types and statuses are IMDS enums; an unknown value is kept in the record but
+            # folded into "other" here so a label can never grow without bound.
+            m.events_current.labels(_bounded_type(e.event_type), _bounded_status(e.event_status)).inc()
+        for c in changes:
+            m.changes.labels(c.change, _bounded_type(c.event_type)).inc()
+        log.info(
+            "document change recorded",
+            extra={
+                "recordId": record_id,
+                "incarnation": doc.incarnation,
+                "previousIncarnation": None if previous is None else previous.incarnation,
+                "changes": [f"{c.event_id}:{c.change}" for c in changes],
+            },
+        )
+
+    def _kept_incarnation(self) -> int | None:
+        return None if self.baseline is None else self.baseline.incarnation
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until ``stop`` is set. Scheduling is drift-free and never busy-waits."""
+        gone_since: float | None = None
+        next_due = time.monotonic()
+        while not stop.is_set():
+            outcome = self.poll_once()
+            now = time.monotonic()
+            if outcome == "error":
+                err = self._last_error
+                if err.kind == "http_410":
+                    gone_since = gone_since or now
+                    if now - gone_since < GONE_RETRY_WINDOW:
+                        delay = self.interval
+                    else:
+                        if now - gone_since - GONE_RETRY_WINDOW < self.interval * 1.5:
+                            log.error("IMDS kept answering 410 beyond the documented 70 s; backing off")
+                        delay = self._backoff.next_delay(err.retry_after)
+                else:
+                    delay = self._backoff.next_delay(err.retry_after)
+                next_due = now + delay
+            else:
+                gone_since = None
+                self._backoff.reset()
+                next_due = max(now, next_due + self.interval)
+            stop.wait(max(0.0, next_due - time.monotonic()))
+
+
+def _bounded_type(value: str) -> str:
+    return value if value in KNOWN_EVENT_TYPES else "other"
+
+
+def _bounded_status(value: str) -> str:
+    return value if value in KNOWN_EVENT_STATUSES else "other"

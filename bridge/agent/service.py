@@ -1,0 +1,203 @@
+"""The agent process: wires IMDS -> poller -> outbox -> delivery workers -> sinks, plus the HTTP API.
+
+Lifecycle:
+
+1. Open the state directory: recover the outbox (cut a torn tail), the sinks' cursors, the baseline
+   document and the cached VM identity.
+2. Start one delivery worker per sink (records left from before a crash go out first), the HTTP
+   listener and the identity resolver.
+3. Poll on the main thread until SIGTERM or SIGINT.
+4. Stop polling, give the workers ``shutdown_timeout`` seconds to deliver what is queued (whatever is
+   left stays in the outbox for the next start), close the sinks, exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bridge import __version__
+from bridge.agent.api import AgentApi, json_route, metrics_route
+from bridge.agent.delivery import DeliveryWorker
+from bridge.agent.identity import IdentityResolver
+from bridge.agent.outbox import Outbox
+from bridge.agent.poller import Poller
+from bridge.agent.state import BaselineStore, IdentityCache
+from bridge.config import AgentConfig, ConfigError, is_loopback, parse_listen
+from bridge.imds.client import ImdsClient
+from bridge.observability import AgentMetrics
+from bridge.sinks import Sink, SinkError, create_sink
+from bridge.timeutil import rfc3339
+
+log = logging.getLogger("bridge.agent")
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, metrics: AgentMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or AgentMetrics()
+        self.stop_event = threading.Event()
+        self.sinks = self._build_sinks(config.sink)
+        state_dir = Path(config.state_dir)
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(state_dir, 0o700)
+        except OSError as exc:
+            raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None
+        self.outbox = Outbox(
+            state_dir / "outbox",
+            [s.id for s in self.sinks],
+            max_records=config.outbox_max_records,
+            max_bytes=config.outbox_max_bytes,
+            metrics=self.metrics,
+        )
+        self.client = ImdsClient(
+            config.imds_url,
+            config.api_version,
+            timeout=config.imds_timeout,
+            first_timeout=config.imds_first_timeout,
+            max_rps=config.imds_max_rps,
+            metrics=self.metrics,
+        )
+        self.identity = IdentityResolver(self.client, IdentityCache(state_dir), self.metrics)
+        self.poller = Poller(
+            self.client,
+            self.outbox,
+            BaselineStore(state_dir),
+            self.identity,
+            self.metrics,
+            interval=config.poll_interval,
+            api_version=config.api_version,
+        )
+        self.workers = [
+            DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter") for s in self.sinks
+        ]
+        self.api: AgentApi | None = None
+        if config.listen:
+            host, port = parse_listen(config.listen)
+            if not is_loopback(host):
+                log.warning(
+                    "HTTP listener is not on loopback; expose it only on a trusted network",
+                    extra={"listen": config.listen},
+                )
+            self.api = AgentApi(host, port, self._routes())
+
+    def _build_sinks(self, specs: tuple[str, ...]) -> list[Sink]:
+        sinks: list[Sink] = []
+        for spec in specs:
+            try:
+                sink = create_sink(spec)
+            except SinkError as err:
+                raise ConfigError(f"sink: {err}") from None
+            if any(s.id == sink.id for s in sinks):
+                raise ConfigError(f"sink: {sink.name} is configured twice")
+            sinks.append(sink)
+            self.metrics.sink_info.labels(sink.id, sink.name).set(1)
+        return sinks
+
+    # -- HTTP endpoints ---------------------------------------------------------------------------
+
+    def ready(self) -> tuple[bool, str]:
+        if self.poller.first_success is None:
+            return False, "no successful poll yet"
+        failing = self.poller.failing_for()
+        if failing > self.config.ready_max_failure:
+            return False, f"IMDS failing for {failing:.0f} s"
+        return True, "ok"
+
+    def _routes(self) -> dict[str, Any]:
+        def healthz() -> tuple[int, Any]:
+            alive = all(w.is_alive() for w in self.workers) or self.stop_event.is_set()
+            return (200 if alive else 503), {"status": "ok" if alive else "delivery worker died"}
+
+        def readyz() -> tuple[int, Any]:
+            ok, reason = self.ready()
+            self.metrics.ready.set(1 if ok else 0)
+            return (200 if ok else 503), {"ready": ok, "reason": reason}
+
+        def document() -> tuple[int, Any]:
+            obs = self.poller.current
+            if obs is None:
+                return 503, {"error": "no document observed yet"}
+            vm = self.identity.current
+            names = vm.names()
+            return 200, {
+                "observedAt": rfc3339(obs.observed_at),
+                "documentIncarnation": obs.document.incarnation,
+                "vm": vm.to_record(),
+                "events": [
+                    {**e.to_json(), "affectsThisVm": vm.affects(e.resources, names)}
+                    for e in obs.document.events
+                ],
+            }
+
+        return {
+            "/healthz": json_route(healthz),
+            "/readyz": json_route(readyz),
+            "/metrics": metrics_route(self.metrics.registry),
+            "/v1/document": json_route(document),
+        }
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start everything but the poll loop (used by :meth:`run` and by in-process embedding)."""
+        for worker in self.workers:
+            worker.start()
+        if self.api is not None:
+            self.api.start()
+        self.identity.start(self.stop_event)
+        log.info(
+            "agent started",
+            extra={
+                "version": __version__,
+                "imdsUrl": self.config.imds_url,
+                "apiVersion": self.config.api_version,
+                "sinks": [s.name for s in self.sinks],
+                "stateDir": str(self.config.state_dir),
+                "listen": self.api.address if self.api else None,
+                "pendingRecords": self.outbox.pending[0],
+            },
+        )
+
+    def run(self, install_signals: bool = True) -> int:
+        if install_signals:
+            self._install_signal_handlers()
+        self.start()
+        # Give the identity a moment (it is normally cached or answers in milliseconds) so the first
+        # record names the VM properly; never wait long: events may be seconds from starting.
+        self.identity.wait(min(5.0, self.config.imds_first_timeout))
+        try:
+            self.poller.run(self.stop_event)
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        self.stop_event.set()
+        started = time.monotonic()
+        for worker in self.workers:
+            worker.stop(self.config.shutdown_timeout)
+        for worker in self.workers:
+            worker.join(self.config.shutdown_timeout + 5)
+        left = {w.sink.name: self.outbox.depth(w.sink.id) for w in self.workers}
+        if self.api is not None:
+            self.api.stop()
+        self.client.close()
+        self.outbox.close()
+        log.info(
+            "agent stopped", extra={"undelivered": left, "drainSeconds": round(time.monotonic() - started, 3)}
+        )
+
+    def _install_signal_handlers(self) -> None:
+        def on_signal(signum: int, _frame: Any) -> None:
+            log.info("stopping", extra={"signal": signal.Signals(signum).name})
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)

@@ -1,0 +1,350 @@
+"""Configuration: one table of settings drives the TOML file, the environment and the flags.
+
+Precedence, lowest first: built-in default < TOML file (``--config`` or ``SE_BRIDGE_CONFIG``) <
+environment (``SE_BRIDGE_<NAME>``) < command-line flag. Every setting is declared once in a
+:class:`Setting` table, so the three sources, ``--help`` and the documentation cannot drift apart.
+
+A wrong value is refused at start-up with a message naming the setting, the value and where it came
+from (flag, variable or file), never with a traceback. Unknown keys in the TOML file are refused too:
+a typo must not silently fall back to a default on a production VM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridge.imds.client import DEFAULT_IMDS_URL
+from bridge.imds.document import API_VERSIONS, DEFAULT_API_VERSION
+
+ENV_PREFIX = "SE_BRIDGE_"
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message says which and from where."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    multiple: bool = False
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+# -- value parsers (raise ValueError with a short explanation) ---------------------------------------
+
+
+def number(low: float, high: float) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError("expected a number")
+        v = float(value)
+        if not low <= v <= high:
+            raise ValueError(f"expected a number from {low:g} to {high:g}")
+        return v
+
+    return parse
+
+
+def integer(low: int, high: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError("expected a whole number")
+        v = int(value)
+        if not low <= v <= high:
+            raise ValueError(f"expected a whole number from {low} to {high}")
+        return v
+
+    return parse
+
+
+def size(value: Any) -> int:
+    """Bytes, with an optional K/M/G (binary) suffix: ``64M``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        v = value
+    else:
+        text = str(value).strip().upper().removesuffix("B").removesuffix("I")
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        v = int(float(text[:-1] if mult > 1 else text) * mult)
+    if v < 4096:
+        raise ValueError("expected a size of at least 4096 bytes (suffixes K, M, G allowed)")
+    return v
+
+
+def api_version(value: Any) -> str:
+    v = str(value).strip()
+    if v not in API_VERSIONS:
+        raise ValueError(f"expected one of {', '.join(API_VERSIONS)}")
+    return v
+
+
+def imds_url(value: Any) -> str:
+    v = str(value).strip().rstrip("/")
+    if not v.startswith("http://") or len(v) <= len("http://"):
+        raise ValueError("expected http://host[:port] (IMDS is plain HTTP on a link-local address)")
+    return v
+
+
+def listen_address(value: Any) -> str:
+    v = str(value).strip()
+    if v in ("", "off", "none"):
+        return ""
+    parse_listen(v)
+    return v
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8710")
+    host = host.strip("[]")
+    if not 0 <= int(port) <= 65535:
+        raise ValueError("port must be 0-65535")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def log_level(value: Any) -> str:
+    v = str(value).strip().lower()
+    if v not in ("debug", "info", "warning", "error"):
+        raise ValueError("expected debug, info, warning or error")
+    return v
+
+
+def text(value: Any) -> str:
+    v = str(value).strip()
+    if not v:
+        raise ValueError("must not be empty")
+    return v
+
+
+def path(value: Any) -> Path:
+    return Path(text(value)).expanduser()
+
+
+AGENT_SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "imds_url", imds_url, DEFAULT_IMDS_URL, "IMDS base URL (the emulator's URL in tests).", metavar="URL"
+    ),
+    Setting(
+        "api_version",
+        api_version,
+        DEFAULT_API_VERSION,
+        f"Scheduled Events api-version to request ({API_VERSIONS[0]} .. {API_VERSIONS[-1]}).",
+        metavar="V",
+    ),
+    Setting(
+        "sink",
+        text,
+        (),
+        "Where records go; repeat for several. file:///path.jsonl or stdout: "
+        "(in the environment: several specs separated by spaces).",
+        multiple=True,
+        metavar="SPEC",
+    ),
+    Setting(
+        "state_dir",
+        path,
+        Path("/var/lib/se-bridge"),
+        "Directory for the outbox, the baseline document and cursors (must persist across reboots).",
+        metavar="DIR",
+    ),
+    Setting(
+        "poll_interval", number(0.1, 60), 1.0, "Seconds between polls (IMDS recommends 1).", metavar="SECONDS"
+    ),
+    Setting(
+        "listen",
+        listen_address,
+        "127.0.0.1:8710",
+        "HTTP listener for /healthz, /readyz, /metrics and /v1/document ('off' to disable). "
+        "Loopback by default.",
+        metavar="HOST:PORT",
+    ),
+    Setting(
+        "outbox_max_records",
+        integer(1, 10_000_000),
+        10_000,
+        "Records held for the slowest sink before new changes are coalesced.",
+        metavar="N",
+    ),
+    Setting(
+        "outbox_max_bytes", size, 64 << 20, "Bytes held for the slowest sink (K/M/G suffix).", metavar="SIZE"
+    ),
+    Setting(
+        "imds_timeout",
+        number(0.1, 60),
+        5.0,
+        "Timeout of an IMDS request after the first answer.",
+        metavar="SECONDS",
+    ),
+    Setting(
+        "imds_first_timeout",
+        number(1, 600),
+        120.0,
+        "Timeout of the first IMDS request (Scheduled Events may take 2 minutes to wake up).",
+        metavar="SECONDS",
+    ),
+    Setting(
+        "imds_max_rps",
+        number(0.1, 5),
+        5.0,
+        "Most IMDS requests per second this agent sends (IMDS allows about 5 for the whole VM).",
+        metavar="N",
+    ),
+    Setting(
+        "ready_max_failure",
+        number(1, 3600),
+        30.0,
+        "/readyz reports not ready once IMDS has failed for this many seconds in a row.",
+        metavar="SECONDS",
+    ),
+    Setting(
+        "shutdown_timeout",
+        number(0, 300),
+        10.0,
+        "On SIGTERM, seconds to keep delivering queued records before exiting.",
+        metavar="SECONDS",
+    ),
+    Setting("log_level", log_level, "info", "debug, info, warning or error.", metavar="LEVEL"),
+)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    imds_url: str = DEFAULT_IMDS_URL
+    api_version: str = DEFAULT_API_VERSION
+    sink: tuple[str, ...] = ()
+    state_dir: Path = Path("/var/lib/se-bridge")
+    poll_interval: float = 1.0
+    listen: str = "127.0.0.1:8710"
+    outbox_max_records: int = 10_000
+    outbox_max_bytes: int = 64 << 20
+    imds_timeout: float = 5.0
+    imds_first_timeout: float = 120.0
+    imds_max_rps: float = 5.0
+    ready_max_failure: float = 30.0
+    shutdown_timeout: float = 10.0
+    log_level: str = "info"
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+
+def add_arguments(parser: argparse.ArgumentParser, settings: tuple[Setting, ...]) -> None:
+    """One flag per setting; defaults stay None so the loader knows what was given."""
+    parser.add_argument(
+        "--config", metavar="FILE", help=f"TOML configuration file (env: {ENV_PREFIX}CONFIG)."
+    )
+    for s in settings:
+        shown = ", ".join(map(str, s.default)) if s.multiple else s.default
+        help_text = f"{s.help} Env: {s.env}." + (f" Default: {shown}." if shown not in ((), "", None) else "")
+        parser.add_argument(
+            s.flag,
+            dest=s.name,
+            metavar=s.metavar,
+            help=help_text,
+            action="append" if s.multiple else "store",
+            default=None,
+        )
+
+
+def load(
+    settings: tuple[Setting, ...],
+    args: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+    section: str = "agent",
+) -> dict[str, Any]:
+    """Resolve every setting from defaults, file, environment and flags (in that order)."""
+    environ = os.environ if environ is None else environ
+    given = vars(args) if args is not None else {}
+    values: dict[str, Any] = {s.name: s.default for s in settings}
+    sources: dict[str, str] = dict.fromkeys(values, "default")
+
+    config_file = given.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    if config_file:
+        for key, value in _read_toml(Path(config_file), section, settings).items():
+            values[key], sources[key] = value, f"{config_file}"
+    by_name = {s.name: s for s in settings}
+    for s in settings:
+        if s.env in environ and environ[s.env].strip() != "":
+            raw = environ[s.env]
+            values[s.name] = raw.split() if s.multiple else raw
+            sources[s.name] = f"environment variable {s.env}"
+        if given.get(s.name) is not None:
+            values[s.name] = given[s.name]
+            sources[s.name] = f"flag {s.flag}"
+    resolved: dict[str, Any] = {}
+    for name, value in values.items():
+        s = by_name[name]
+        try:
+            if s.multiple:
+                items = [value] if isinstance(value, str) else list(value)
+                resolved[name] = tuple(s.parse(v) for v in items)
+            else:
+                resolved[name] = s.parse(value)
+        except (ValueError, TypeError) as exc:
+            shown = "***" if "key" in name or "secret" in name else repr(value)
+            raise ConfigError(f"{name}: {exc} (got {shown} from {sources[name]})") from None
+    resolved["sources"] = sources
+    return resolved
+
+
+def load_agent_config(
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> AgentConfig:
+    values = load(AGENT_SETTINGS, args, environ, "agent")
+    if not values["sink"]:
+        raise ConfigError(
+            "sink: at least one sink is required (--sink file:///var/log/se-bridge/records.jsonl, "
+            f"{ENV_PREFIX}SINK or 'sink' in the config file)"
+        )
+    return AgentConfig(**values)
+
+
+def _read_toml(file: Path, section: str, settings: tuple[Setting, ...]) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {file} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {file} cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
+    # Settings may sit at the top level or in a [agent] / [approver] table.
+    table = data.get(section, {}) if isinstance(data.get(section), dict) else {}
+    merged = {k: v for k, v in data.items() if not isinstance(v, dict)} | table
+    known = {s.name for s in settings}
+    aliases = {"sinks": "sink"}
+    out: dict[str, Any] = {}
+    for key, value in merged.items():
+        name = aliases.get(key.replace("-", "_"), key.replace("-", "_"))
+        if name not in known:
+            raise ConfigError(
+                f"config file {file}: unknown setting {key!r} (known: {', '.join(sorted(known))})"
+            )
+        out[name] = value
+    return out

@@ -1,0 +1,655 @@
+"""HTTP front end of the emulator: IMDS paths with IMDS's request rules, plus the ``/_emulator/`` control API.
+
+Why it is built this way:
+
+* ``ThreadingHTTPServer`` with HTTP/1.1 keep-alive and an explicit ``Content-Length`` on every answer,
+  because the agent keeps one connection open and polls it once per second, like on a real VM.
+* The IMDS request path is kept lean (the emulator runs inside the CPU benchmark): headers and body are
+  written with a single ``write``, status lines are precomputed, the document comes from a per-version
+  cache, and logging is skipped entirely unless the logger is at DEBUG.
+* Checks run in a fixed order so every rejection is deterministic: rate limit (429), X-Forwarded-For (400),
+  unknown path (404), verb (405), ``Metadata: true`` header (400), api-version (400).
+"""
+
+import contextlib
+import email.utils
+import logging
+import socket
+import socketserver
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl
+
+import orjson
+
+from .profile import VmProfile
+from .protocol import (
+    BODY_BAD_API_VERSION,
+    BODY_FORWARDED,
+    BODY_METHOD_NOT_ALLOWED,
+    BODY_MISSING_METADATA,
+    BODY_NOT_FOUND,
+    BODY_TOO_MANY,
+    INSTANCE_VERSION_SET,
+    INSTANCE_VERSIONS,
+    JSON_CONTENT_TYPE,
+    SCHEDULED_EVENTS_SHAPES,
+    STATUS_LINES,
+    TEXT_CONTENT_TYPE,
+    is_guid,
+)
+from .scenarios import SCENARIOS
+from .state import FAULT_KINDS, ConflictError, EmulatorState
+
+logger = logging.getLogger("bridge.imds.emulator")
+
+_MAX_BODY = 1 << 20
+_SCHEDULED_PATH = "/metadata/scheduledevents"
+_INSTANCE_PATH = "/metadata/instance"
+_VERSIONS_PATH = "/metadata/versions"
+_CT_CACHE: dict[str, bytes] = {JSON_CONTENT_TYPE: f"Content-Type: {JSON_CONTENT_TYPE}\r\n".encode()}
+_VERSIONS_BODY = orjson.dumps({"apiVersions": list(INSTANCE_VERSIONS)})
+_date_cache: tuple[int, bytes] = (0, b"")
+
+
+def _date_header() -> bytes:
+    """``Date:`` header, formatted at most once per second (formatting is the costliest header)."""
+    global _date_cache
+    now = int(time.time())
+    cached = _date_cache
+    if cached[0] == now:
+        return cached[1]
+    value = f"Date: {email.utils.formatdate(now, usegmt=True)}\r\n".encode("ascii")
+    _date_cache = (now, value)
+    return value
+
+
+def _status_line(status: int) -> bytes:
+    line = STATUS_LINES.get(status)
+    return line if line is not None else f"HTTP/1.1 {status} Status {status}\r\n".encode("ascii")
+
+
+class _BadRequest(Exception):
+    """A control API request with a malformed body (HTTP 400)."""
+
+
+def _error_body(message: str, **extra: Any) -> bytes:
+    return orjson.dumps({"error": message, **extra})
+
+
+def _number(data: dict[str, Any], key: str, default: float | None = None) -> float | None:
+    value = data.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _BadRequest(f"{key} must be a number")
+    return float(value)
+
+
+def _integer(data: dict[str, Any], key: str, default: int | None = None) -> int | None:
+    value = data.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BadRequest(f"{key} must be an integer")
+    return value
+
+
+def _string(data: dict[str, Any], key: str, default: str | None = None) -> str | None:
+    value = data.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _BadRequest(f"{key} must be a string")
+    return value
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    """Threading server that tracks open connections so ``stop()`` can close idle keep-alive sockets."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], state: EmulatorState) -> None:
+        self.state = state
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        self._instance_cache: dict[tuple[str, str], tuple[int, bytes, str]] = {}
+        self._instance_doc = state.vm.instance_document()
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind calls socket.getfqdn(), a reverse DNS lookup that can stall start-up.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients that hang up mid-answer are normal (timeouts, drop tests): no traceback on stderr.
+        logger.debug("connection error from %s", client_address, exc_info=True)
+
+    def track(self, conn: socket.socket) -> None:
+        with self._connections_lock:
+            self._connections.add(conn)
+
+    def untrack(self, conn: socket.socket) -> None:
+        with self._connections_lock:
+            self._connections.discard(conn)
+
+    def close_connections(self) -> None:
+        with self._connections_lock:
+            conns = list(self._connections)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def instance_answer(self, subpath: str, fmt: str) -> tuple[int, bytes, str]:
+        """``/metadata/instance[/a/b/0/c]`` with ``format=json`` (default) or ``format=text``.
+
+        The profile is immutable, so answers are cached per (path, format).
+        """
+        key = (subpath, fmt)
+        cached = self._instance_cache.get(key)
+        if cached is not None:
+            return cached
+        node: Any = self._instance_doc
+        for segment in (s for s in subpath.split("/") if s):
+            if isinstance(node, dict) and segment in node:
+                node = node[segment]
+            elif isinstance(node, list) and segment.isdigit() and int(segment) < len(node):
+                node = node[int(segment)]
+            else:
+                return 404, BODY_NOT_FOUND, JSON_CONTENT_TYPE
+        if fmt == "text":
+            if isinstance(node, dict):
+                text = "\n".join(k + "/" if isinstance(v, dict | list) else k for k, v in node.items())
+            elif isinstance(node, list):
+                text = "\n".join(f"{i}/" for i in range(len(node)))
+            else:
+                text = str(node)
+            answer = (200, text.encode(), TEXT_CONTENT_TYPE)
+        else:
+            answer = (200, orjson.dumps(node), JSON_CONTENT_TYPE)
+        self._instance_cache[key] = answer
+        return answer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # Idle keep-alive connections are closed after two minutes so abandoned clients cannot pile up threads.
+    timeout = 120
+    server: _HTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.untrack(self.connection)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Silence the default stderr access log; per-request JSON lines go to the DEBUG logger instead."""
+
+    # Every verb goes through one dispatcher so unsupported ones get IMDS's 405 instead of a 501.
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    def do_POST(self) -> None:
+        self._dispatch()
+
+    def do_PUT(self) -> None:
+        self._dispatch()
+
+    def do_DELETE(self) -> None:
+        self._dispatch()
+
+    def do_PATCH(self) -> None:
+        self._dispatch()
+
+    def do_HEAD(self) -> None:
+        self._dispatch()
+
+    def do_OPTIONS(self) -> None:
+        self._dispatch()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _send(
+        self, status: int, body: bytes, content_type: str | None = JSON_CONTENT_TYPE, extra: bytes = b""
+    ) -> None:
+        self._status = status
+        ct = b""
+        if content_type is not None:
+            ct = _CT_CACHE.get(content_type) or f"Content-Type: {content_type}\r\n".encode("latin-1")
+        head = b"".join(
+            (
+                _status_line(status),
+                ct,
+                b"Content-Length: %d\r\n" % len(body),
+                _date_header(),
+                b"Connection: close\r\n" if self.close_connection else b"",
+                extra,
+                b"\r\n",
+            )
+        )
+        self.wfile.write(head if self.command == "HEAD" else head + body)
+
+    def _read_body(self) -> bytes | None:
+        """Read (and so drain) any request body, or answer the error and return None.
+
+        Draining matters on keep-alive: an unread body would be parsed as the next request.
+        """
+        headers = self.headers
+        if "chunked" in (headers.get("Transfer-Encoding") or "").lower():
+            return self._read_chunked()
+        length = headers.get("Content-Length")
+        if length is None:
+            return b""
+        try:
+            n = int(length)
+        except ValueError:
+            n = -1
+        if n < 0:
+            self.close_connection = True
+            self._send(400, _error_body("Bad request. Invalid Content-Length"))
+            return None
+        if n > _MAX_BODY:
+            self.close_connection = True
+            self._send(413, _error_body("Payload too large"))
+            return None
+        return self.rfile.read(n) if n else b""
+
+    def _read_chunked(self) -> bytes | None:
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            line = self.rfile.readline(1024)
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                size = -1
+            if size < 0 or total + size > _MAX_BODY:
+                self.close_connection = True
+                self._send(400, _error_body("Bad request. Invalid chunked body"))
+                return None
+            if size == 0:
+                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(chunks)
+            chunks.append(self.rfile.read(size))
+            self.rfile.readline(1024)
+            total += size
+
+    def _dispatch(self) -> None:
+        debug = logger.isEnabledFor(logging.DEBUG)
+        started = time.perf_counter() if debug else 0.0
+        self._status = 0
+        body = self._read_body()
+        if body is None:
+            return
+        path, _, query = self.path.partition("?")
+        if path == "/_emulator" or path.startswith("/_emulator/"):
+            self._control(path, body)
+            return
+        self._imds(path, query, body)
+        if debug:
+            logger.debug(
+                orjson.dumps(
+                    {
+                        "msg": "imds request",
+                        "method": self.command,
+                        "path": self.path,
+                        "status": self._status,
+                        "ms": round((time.perf_counter() - started) * 1000, 3),
+                    }
+                ).decode()
+            )
+
+    # ------------------------------------------------------------------ IMDS
+
+    def _reject(self, status: int, body: bytes, extra: bytes = b"") -> None:
+        self.server.state.count_rejected(status)
+        self._send(status, body, JSON_CONTENT_TYPE, extra)
+
+    def _imds(self, path: str, query: str, body: bytes) -> None:
+        state = self.server.state
+        if not state.admit():
+            self._send(429, BODY_TOO_MANY)
+            return
+        headers = self.headers
+        if "X-Forwarded-For" in headers:
+            self._reject(400, BODY_FORWARDED)
+            return
+        route = path.lower()
+        if len(route) > 1 and route.endswith("/"):
+            route = route[:-1]
+        if route == _SCHEDULED_PATH:
+            allowed = ("GET", "POST")
+        elif route in (_INSTANCE_PATH, _VERSIONS_PATH) or route.startswith(_INSTANCE_PATH + "/"):
+            allowed = ("GET",)
+        else:
+            self._reject(404, BODY_NOT_FOUND)
+            return
+        method = self.command
+        if method not in allowed:
+            self._reject(405, BODY_METHOD_NOT_ALLOWED, b"Allow: " + ", ".join(allowed).encode() + b"\r\n")
+            return
+        metadata = headers.get("Metadata")
+        if metadata is None or metadata.strip().lower() != "true":
+            self._reject(400, BODY_MISSING_METADATA)
+            return
+        if route == _VERSIONS_PATH:  # the only IMDS path that needs no api-version
+            state.count_other()
+            self._send(200, _VERSIONS_BODY)
+            return
+        params = self._query(query)
+        versions = params.get("api-version", ())
+        version = versions[0] if len(versions) == 1 else ""
+        if route == _SCHEDULED_PATH:
+            if version not in SCHEDULED_EVENTS_SHAPES:
+                self._reject(400, BODY_BAD_API_VERSION)
+            elif method == "GET":
+                self._scheduled_get(version)
+            else:
+                self._approve(body)
+            return
+        if version not in INSTANCE_VERSION_SET:
+            self._reject(400, BODY_BAD_API_VERSION)
+            return
+        fmt = params.get("format", ("json",))[-1]
+        status, answer, content_type = self.server.instance_answer(path[len(_INSTANCE_PATH) :], fmt)
+        if status == 200:
+            state.count_instance()
+        else:
+            state.count_rejected(status)
+        self._send(status, answer, content_type)
+
+    @staticmethod
+    def _query(query: str) -> dict[str, tuple[str, ...]]:
+        if query.startswith("api-version=") and "&" not in query and "%" not in query and "+" not in query:
+            return {"api-version": (query[12:],)}  # the one query every poll sends
+        params: dict[str, tuple[str, ...]] = {}
+        for key, value in parse_qsl(query, keep_blank_values=True):
+            params[key] = (*params.get(key, ()), value)
+        return params
+
+    def _scheduled_get(self, version: str) -> None:
+        state = self.server.state
+        reply = state.scheduled_get(version)
+        if reply.drop:
+            # Close without a single byte: the client sees the connection reset / remote end closed.
+            self.close_connection = True
+            self._status = 0
+            return
+        if reply.delay:
+            time.sleep(reply.delay)
+        self._send(reply.status, reply.body, reply.content_type)
+        if reply.incarnation is not None:
+            state.mark_served(reply.incarnation)
+
+    def _approve(self, body: bytes) -> None:
+        """Validate a StartRequests POST exactly as strictly as IMDS: 400 for anything malformed."""
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            self._reject(400, _error_body("Bad request. Request body is not valid JSON"))
+            return
+        requests = doc.get("StartRequests") if isinstance(doc, dict) else None
+        if not isinstance(requests, list):
+            self._reject(400, _error_body("Bad request. StartRequests is missing or is not a list"))
+            return
+        ids: list[str] = []
+        for item in requests:
+            event_id = item.get("EventId") if isinstance(item, dict) else None
+            if not isinstance(event_id, str):
+                self._reject(400, _error_body("Bad request. Each StartRequest needs an EventId string"))
+                return
+            if not is_guid(event_id):
+                self._reject(400, _error_body("Bad request. EventId is not a valid GUID"))
+                return
+            ids.append(event_id)
+        # "DocumentIncarnation" (2017-03-01 clients send it, as a string) is accepted and ignored.
+        self.server.state.approve(ids)
+        self._send(200, b"", None)
+
+    # ------------------------------------------------------------------ control API
+
+    def _json(self, status: int, payload: Any) -> None:
+        self._send(status, orjson.dumps(payload))
+
+    def _control(self, path: str, body: bytes) -> None:
+        route = [p for p in path.split("/") if p][1:]
+        method = self.command
+        try:
+            data: dict[str, Any] = {}
+            if body.strip():
+                try:
+                    parsed = orjson.loads(body)
+                except orjson.JSONDecodeError as exc:
+                    raise _BadRequest(f"body is not valid JSON: {exc}") from None
+                if not isinstance(parsed, dict):
+                    raise _BadRequest("body must be a JSON object")
+                data = parsed
+            self._control_route(method, route, data)
+        except _BadRequest as exc:
+            self._json(400, {"error": str(exc)})
+        except ValueError as exc:
+            self._json(400, {"error": str(exc)})
+        except ConflictError as exc:
+            self._json(409, {"error": str(exc)})
+        except KeyError as exc:
+            self._json(404, {"error": f"unknown event {exc.args[0]}"})
+
+    def _control_route(self, method: str, route: list[str], data: dict[str, Any]) -> None:
+        state = self.server.state
+        match (method, route):
+            case ("GET", ["state"]):
+                self._json(200, state.snapshot())
+            case ("GET", ["scenarios"]):
+                self._json(200, {name: s.summary for name, s in SCENARIOS.items()})
+            case ("POST", ["events"]):
+                event_type = _string(data, "eventType")
+                if not event_type:
+                    raise _BadRequest("eventType is required")
+                resources = data.get("resources")
+                if resources is not None and (
+                    not isinstance(resources, list) or not all(isinstance(r, str) for r in resources)
+                ):
+                    raise _BadRequest("resources must be a list of strings")
+                event_id = state.add_event(
+                    event_type=event_type,
+                    event_source=_string(data, "eventSource", "Platform") or "",
+                    description=_string(data, "description", "") or "",
+                    duration=_integer(data, "durationInSeconds", -1) or 0,
+                    resources=resources,
+                    status=_string(data, "status", "Scheduled") or "",
+                    notice_seconds=_number(data, "noticeSeconds"),
+                    started_seconds=_number(data, "startedSeconds", 600.0) or 0.0,
+                    event_id=_string(data, "eventId"),
+                )
+                self._json(201, {"eventId": event_id, "documentIncarnation": state.incarnation})
+            case ("POST", ["events", event_id, action]):
+                if action == "cancel":
+                    incarnation = state.cancel_event(event_id)
+                elif action == "reschedule":
+                    notice = _number(data, "noticeSeconds")
+                    if notice is None:
+                        raise _BadRequest("noticeSeconds is required")
+                    incarnation = state.reschedule_event(event_id, notice)
+                elif action == "start":
+                    incarnation = state.start_event(event_id)
+                elif action == "complete":
+                    incarnation = state.complete_event(event_id)
+                else:
+                    self._json(404, {"error": f"unknown action {action!r}"})
+                    return
+                self._json(200, {"eventId": event_id, "documentIncarnation": incarnation})
+            case ("POST", ["faults"]):
+                kind = data.get("kind")
+                if isinstance(kind, int) and not isinstance(kind, bool):
+                    kind = str(kind)
+                if not isinstance(kind, str):
+                    raise _BadRequest(f"kind is required, one of {', '.join(FAULT_KINDS)}")
+                count = _integer(data, "count")
+                duration = _number(data, "durationSeconds")
+                delay = _number(data, "delaySeconds", 2.0)
+                state.add_fault(kind, count, duration, 2.0 if delay is None else delay)
+                self._json(200, {"kind": kind, "faults": state.snapshot()["faults"]})
+            case ("DELETE", ["faults"]):
+                state.clear_faults()
+                self._json(200, {"faults": []})
+            case ("POST", ["scenario"]):
+                name = _string(data, "name")
+                if name not in SCENARIOS:
+                    raise _BadRequest(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+                state.start_scenario(name, _number(data, "speed"))
+                self._json(
+                    200, {"scenario": name, "speed": state.speed, "documentIncarnation": state.incarnation}
+                )
+            case ("POST", ["advance"]):
+                seconds = _number(data, "seconds")
+                if seconds is None:
+                    raise _BadRequest("seconds is required")
+                state.advance(seconds)
+                snap = state.snapshot()
+                self._json(
+                    200,
+                    {
+                        "clockOffsetSeconds": snap["clockOffsetSeconds"],
+                        "clock": snap["clock"],
+                        "documentIncarnation": snap["documentIncarnation"],
+                    },
+                )
+            case ("POST", ["reset"]):
+                state.reset()
+                self._json(200, {"documentIncarnation": state.incarnation})
+            case ("PUT", ["raw"]):
+                text = _string(data, "body")
+                if text is None:
+                    raise _BadRequest("body (the exact text to serve) is required")
+                status = _integer(data, "status", 200) or 200
+                if not 200 <= status <= 599 or status in (204, 304):
+                    raise _BadRequest("status must be 200-599 and allow a body (not 204/304)")
+                content_type = _string(data, "contentType", JSON_CONTENT_TYPE) or JSON_CONTENT_TYPE
+                state.set_raw(text.encode(), status, content_type)
+                self._json(200, {"raw": True, "status": status, "length": len(text.encode())})
+            case ("DELETE", ["raw"]):
+                state.clear_raw()
+                self._json(200, {"raw": False})
+            case (
+                _,
+                ["state" | "scenarios" | "events" | "faults" | "scenario" | "advance" | "reset" | "raw"],
+            ):
+                self._json(405, {"error": f"{method} not allowed here"})
+            case (_, ["events", _, _]):
+                self._json(405, {"error": f"{method} not allowed here"})
+            case _:
+                self._json(404, {"error": "unknown control path"})
+
+
+class EmulatorServer:
+    """A running (or startable) IMDS Scheduled Events emulator.
+
+    >>> srv = EmulatorServer(scenario="live-migration", speed=60).start()
+    >>> srv.url  # doctest: +SKIP
+    'http://127.0.0.1:40123'
+    >>> srv.stop()
+
+    ``state`` is the live :class:`EmulatorState`, for in-process tests that prefer calling
+    ``srv.state.advance(900)`` to an HTTP round trip.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        scenario: str = "idle",
+        speed: float = 1.0,
+        rate_limit: float = 5.0,
+        vm: VmProfile | None = None,
+        approval_delay: float = 1.0,
+        initial_incarnation: int = 1,
+    ) -> None:
+        if scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+        if vm is None:
+            # Terminate notifications only exist for scale-set instances, so that scenario brings its profile.
+            vm = VmProfile.scale_set() if SCENARIOS[scenario].scale_set else VmProfile()
+        self.host = host
+        self.port = port
+        self.scenario = scenario
+        self.vm = vm
+        self.state = EmulatorState(
+            vm=vm,
+            speed=speed,
+            approval_delay=approval_delay,
+            initial_incarnation=initial_incarnation,
+            rate_limit=rate_limit,
+        )
+        self._httpd: _HTTPServer | None = None
+        self._threads: list[threading.Thread] = []
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("EmulatorServer is not started")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> "EmulatorServer":
+        """Bind, start serving and the ticker in daemon threads, then start the scenario's timeline."""
+        if self._httpd is not None:
+            return self
+        httpd = _HTTPServer((self.host, self.port), self.state)
+        self._httpd = httpd
+        self.port = httpd.server_port
+        serve = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.5}, name="imds-emulator-http", daemon=True
+        )
+        ticker = threading.Thread(target=self.state.run_ticker, name="imds-emulator-ticker", daemon=True)
+        self._threads = [serve, ticker]
+        serve.start()
+        ticker.start()
+        self.state.start_scenario(self.scenario)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, close open keep-alive connections and the ticker. Safe to call twice."""
+        httpd = self._httpd
+        if httpd is None or self._stopped:
+            return
+        self._stopped = True
+        # serve_forever only notices shutdown() between selector polls (0.5 s); a throw-away connection
+        # wakes the selector at once, so stopping takes milliseconds (tests stop a server per test).
+        stopper = threading.Thread(target=httpd.shutdown, name="imds-emulator-stop", daemon=True)
+        stopper.start()
+        wake_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        while stopper.is_alive():
+            with contextlib.suppress(OSError):
+                socket.create_connection((wake_host, self.port), timeout=0.2).close()
+            stopper.join(0.05)
+        httpd.close_connections()
+        httpd.server_close()
+        self.state.stop_ticker()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads = []
+
+    def __enter__(self) -> "EmulatorServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["EmulatorServer"]

@@ -1,0 +1,56 @@
+"""``file:///path/records.jsonl``: append one record per line, fsync, then confirm.
+
+The simplest durable destination: for a log shipper that already tails files (Azure Monitor Agent,
+Fluent Bit, Vector), and for the demo and tests. A line is confirmed only after ``fsync``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from bridge.agent.outbox import Entry
+from bridge.fsutil import datasync
+from bridge.sinks.base import SinkError, SynchronousSink
+
+
+class FileSink(SynchronousSink):
+    scheme = "file"
+
+    def __init__(self, spec: str) -> None:
+        super().__init__(spec)
+        parts = urlsplit(spec)
+        if parts.netloc not in ("", "localhost") or not parts.path:
+            raise SinkError(f"file sink needs file:///absolute/path.jsonl, got {spec!r}", permanent=True)
+        self.path = Path(unquote(parts.path))
+        self._fd: int | None = None
+
+    def open(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(
+                self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o640
+            )
+            # A crash can leave half a line at the end; start the next record on a line of its own so
+            # readers lose at most the torn line, never the next record too.
+            size = os.fstat(self._fd).st_size
+            if size:
+                with open(self.path, "rb") as f:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        os.write(self._fd, b"\n")
+        except OSError as err:
+            raise SinkError(f"cannot open {self.path}: {err.strerror}", kind="io") from None
+
+    def deliver(self, entry: Entry) -> None:
+        if self._fd is None:
+            self.open()
+        assert self._fd is not None
+        os.write(self._fd, entry.payload + b"\n")
+        datasync(self._fd)
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,17 @@
+"""``stdout:``: one record per line on standard output (containers, journald, piping into jq)."""
+
+from __future__ import annotations
+
+import sys
+
+from bridge.agent.outbox import Entry
+from bridge.sinks.base import SynchronousSink
+
+
+class StdoutSink(SynchronousSink):
+    scheme = "stdout"
+
+    def deliver(self, entry: Entry) -> None:
+        out = sys.stdout.buffer
+        out.write(entry.payload + b"\n")
+        out.flush()  # confirmed once the pipe took it; an OSError (EPIPE) is retried by the worker

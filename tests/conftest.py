@@ -1,0 +1,31 @@
+import sys
+from pathlib import Path
+
+# tests/helpers.py is imported as a plain module by the unit tests.
+sys.path.insert(0, str(Path(__file__).parent))
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from procs import Agent, Emulator
+
+
+@pytest.fixture
+def emulator() -> Iterator[Emulator]:
+    emu = Emulator("--rate-limit", "0")
+    yield emu
+    emu.stop()
+
+
+@pytest.fixture
+def make_agent(tmp_path: Path) -> Iterator[Callable[..., Agent]]:
+    agents: list[Agent] = []
+
+    def make(imds_url: str, *extra: str, **kwargs: object) -> Agent:
+        agent = Agent(imds_url, tmp_path, *extra, **kwargs)  # type: ignore[arg-type]
+        agents.append(agent)
+        return agent
+
+    yield make
+    for agent in agents:
+        agent.stop()

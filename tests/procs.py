@@ -1,0 +1,205 @@
+"""Real processes for integration tests: the IMDS emulator and the agent, over loopback HTTP.
+
+Nothing is mocked: the agent is ``python -m bridge agent`` in its own process, talking HTTP to the
+emulator in another process, writing to a real file sink; tests can SIGKILL it and start it again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import requests
+
+PY = sys.executable
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+class Emulator:
+    """``python -m bridge.imds.emulator`` as a subprocess, plus its control API."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [PY, "-m", "bridge.imds.emulator", "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("emulator did not start")
+        self.url: str = orjson.loads(line)["url"]
+        self.http = requests.Session()
+        self.http.trust_env = False
+
+    def control(self, method: str, path: str, body: Any = None) -> Any:
+        r = self.http.request(method, f"{self.url}/_emulator/{path}", json=body, timeout=10)
+        assert r.status_code < 300, f"{method} {path}: {r.status_code} {r.text}"
+        return r.json()
+
+    def add_event(self, **spec: Any) -> str:
+        return self.control("POST", "events", spec)["eventId"]
+
+    def state(self) -> dict[str, Any]:
+        return self.control("GET", "state")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Agent:
+    """``python -m bridge agent`` with a file sink in ``workdir``; restartable on the same state."""
+
+    def __init__(
+        self,
+        imds_url: str,
+        workdir: Path,
+        *extra: str,
+        sink: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.imds_url = imds_url
+        self.workdir = workdir
+        self.sink_path = workdir / "records.jsonl"
+        self.sink = sink or f"file://{self.sink_path}"
+        self.state_dir = workdir / "state"
+        self.log_path = workdir / "agent.log"
+        self.extra = extra
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.api: str | None = None
+
+    def start(self, *more: str, first_record: bool = True) -> Agent:
+        """Start the agent; unless told otherwise, wait for the record of its first observation (so
+        that events a test creates afterwards are changes, not events already ``present``)."""
+        before = len(self.records())
+        args = [
+            PY,
+            "-m",
+            "bridge",
+            "agent",
+            "--imds-url",
+            self.imds_url,
+            "--sink",
+            self.sink,
+            "--state-dir",
+            str(self.state_dir),
+            "--poll-interval",
+            "0.2",
+            "--listen",
+            "127.0.0.1:0",
+            "--imds-first-timeout",
+            "10",
+            "--shutdown-timeout",
+            "3",
+            *self.extra,
+            *more,
+        ]
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, env=self.env)
+        log.close()
+        started = wait_until(lambda: self._find_log("agent started"), 15, what="agent start")
+        host, port = started["listen"]
+        self.api = f"http://{host}:{port}"
+        if first_record:
+            wait_until(lambda: len(self.records()) > before, 15, what="first record")
+        return self
+
+    # -- observation --------------------------------------------------------------------------------
+
+    def logs(self, all_runs: bool = True) -> list[dict[str, Any]]:
+        if not self.log_path.exists():
+            return []
+        data = self.log_path.read_bytes()
+        if not all_runs:
+            data = data[self._log_offset :]
+        out = []
+        for line in data.splitlines():
+            try:
+                out.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                out.append({"msg": line.decode(errors="replace"), "level": "raw"})
+        return out
+
+    def _find_log(self, msg: str) -> dict[str, Any] | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(
+                f"agent exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
+            )
+        return next((e for e in self.logs(all_runs=False) if e.get("msg") == msg), None)
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.sink_path.exists():
+            return []
+        return [orjson.loads(line) for line in self.sink_path.read_bytes().splitlines() if line.strip()]
+
+    def changes(self) -> list[tuple[str, str]]:
+        return [(c["eventId"], c["change"]) for r in self.records() for c in r["changes"]]
+
+    def wait_for_change(self, event_id: str, change: str, timeout: float = 15.0) -> dict[str, Any]:
+        def find() -> dict[str, Any] | None:
+            for record in self.records():
+                if any(c["eventId"] == event_id and c["change"] == change for c in record["changes"]):
+                    return record
+            return None
+
+        return wait_until(find, timeout, what=f"{change} of {event_id}")
+
+    def get(self, path: str) -> requests.Response:
+        assert self.api is not None
+        return requests.get(self.api + path, timeout=5, proxies={"http": "", "https": ""})
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = self.get("/metrics").text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            key, _, value = line.rpartition(" ")
+            base, _, lab = key.partition("{")
+            if base == name and all(f'{k}="{v}"' in lab for k, v in labels.items()):
+                total += float(value)
+        return total
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self) -> int:
+        assert self.proc is not None
+        self.proc.terminate()
+        return self.proc.wait(20)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
