@@ -116,8 +116,6 @@ def _agent(args: argparse.Namespace) -> int:
 
 
 def _validate(files: list[Path]) -> int:
-    import orjson
-
     from bridge.schemas import validate_record
 
     total = bad = 0
@@ -128,22 +126,37 @@ def _validate(files: list[Path]) -> int:
             print(f"{file}: cannot read: {exc.strerror}", file=sys.stderr)
             bad += 1
             continue
-        stripped = data.strip()
-        lines = [stripped] if stripped.startswith(b"{") and b"\n{" not in stripped else data.splitlines()
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+        for where, record in _records_in(data):
             total += 1
-            try:
-                errors = validate_record(orjson.loads(line))
-            except orjson.JSONDecodeError as exc:
-                errors = [f"not JSON: {exc}"]
+            errors = validate_record(record) if not isinstance(record, Exception) else [f"not JSON: {record}"]
             if errors:
                 bad += 1
                 for error in errors:
-                    print(f"{file}:{number}: {error}")
+                    print(f"{file}:{where}: {error}")
     print(f"{total - bad} valid, {bad} invalid, {total} records")
     return 0 if bad == 0 and total > 0 else 1
+
+
+def _records_in(data: bytes) -> list[tuple[int, object]]:
+    """(line number, record or parse error) for a JSON Lines file, a JSON document or a JSON array."""
+    import orjson
+
+    try:
+        whole = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict):
+        return [(1, whole)]
+    if isinstance(whole, list):
+        return list(enumerate(whole, 1))
+    out: list[tuple[int, object]] = []
+    for number, line in enumerate(data.splitlines(), 1):
+        if line.strip():
+            try:
+                out.append((number, orjson.loads(line)))
+            except orjson.JSONDecodeError as exc:
+                out.append((number, exc))
+    return out
 
 
 if __name__ == "__main__":

@@ -194,7 +194,7 @@ AGENT_SETTINGS: tuple[Setting, ...] = (
         metavar="N",
     ),
     Setting(
-        "outbox_max_bytes", size, 64 << 20, "Bytes held for the slowest sink (K/M/G suffix).", metavar="SIZE"
+        "outbox_max_bytes", size, "64M", "Bytes held for the slowest sink (K/M/G suffix).", metavar="SIZE"
     ),
     Setting(
         "imds_timeout",

@@ -115,6 +115,7 @@ class ErrorStreak:
     logger: logging.Logger
     what: str
     remind_every: float = 300.0
+    level: int = logging.WARNING  # of the first line of a streak
     failures: int = 0
     kind: str | None = None
     since: float = 0.0
@@ -128,7 +129,8 @@ class ErrorStreak:
                 self.since = now
             self.kind = kind
             self._last_log = now
-            self.logger.warning(
+            self.logger.log(
+                self.level,
                 "%s failing: %s",
                 self.what,
                 detail,

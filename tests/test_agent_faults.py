@@ -155,7 +155,7 @@ def test_full_outbox_coalesces_changes_and_keeps_the_newest_state(
     second = emulator.add_event(eventType="Reboot")
     third = emulator.add_event(eventType="Redeploy")
     wait_until(lambda: agent.metric("se_bridge_outbox_full_total") >= 2, what="outbox full counted")
-    assert any("outbox" in e.get("msg", "") and e.get("level") == "warning" for e in agent.logs())
+    assert any("outbox" in e.get("msg", "") and e.get("level") == "error" for e in agent.logs())
     blocker.unlink()  # the sink comes back
     wait_until(lambda: len(agent.records()) == 3, what="coalesced record")
     records = agent.records()

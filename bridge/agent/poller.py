@@ -78,7 +78,9 @@ class Poller:
         self._last_error = ImdsError("none", "no error yet")
         self._imds_streak = ErrorStreak(log, "polling IMDS scheduled events")
         self._doc_streak = ErrorStreak(log, "reading the scheduled events document")
-        self._full_streak = ErrorStreak(log, "admitting a record into the outbox", remind_every=60.0)
+        self._full_streak = ErrorStreak(
+            log, "admitting a record into the outbox", remind_every=60.0, level=logging.ERROR
+        )
         self._backoff = Backoff(base=interval, cap=max(10.0, interval), floor=interval)
         if self.baseline is not None:
             self.metrics.document_incarnation.set(self.baseline.incarnation)

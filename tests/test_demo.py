@@ -1,0 +1,38 @@
+"""`make demo` must work on a fresh machine: run it (faster than the real demo) and check its output."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_demo_runs_end_to_end_and_leaves_valid_records(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge", "demo", "--output", str(out), "--speed", "120"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 schema violations" in proc.stdout
+    assert "scheduled" in proc.stdout and "completed" in proc.stdout and "canceled" in proc.stdout
+    assert (out / "records.jsonl").stat().st_size > 0 and (out / "agent.log").stat().st_size > 0
+    check = subprocess.run(
+        [sys.executable, "-m", "bridge", "validate", str(out / "records.jsonl")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0 and " 0 invalid" in check.stdout
+
+
+def test_validate_reports_bad_records(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"recordType": "scheduledEvents", "schemaVersion": 2}\nnot json\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge", "validate", str(bad)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 1 and "0 valid, 2 invalid" in proc.stdout
