@@ -40,3 +40,30 @@ def test_damaged_files_do_not_stop_the_agent(tmp_path: Path) -> None:
     assert IdentityCache(tmp_path).load() is None
     IdentityCache(tmp_path).save(VM)
     assert IdentityCache(tmp_path).load().vm_id == VM.vm_id  # type: ignore[union-attr]
+
+
+def test_identity_falls_back_then_resolves(tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    from bridge.agent.identity import IdentityResolver
+    from bridge.imds.client import ImdsClient
+    from bridge.imds.emulator import EmulatorServer
+    from bridge.observability import AgentMetrics
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    stop = threading.Event()
+    unreachable = IdentityResolver(
+        ImdsClient(dead, max_rps=0, first_timeout=1), IdentityCache(tmp_path), AgentMetrics()
+    )
+    assert unreachable.current.source == "hostname" and unreachable.current.vm_id is None
+    with EmulatorServer(port=0, rate_limit=0) as emu:
+        resolver = IdentityResolver(ImdsClient(emu.url, max_rps=0), IdentityCache(tmp_path), AgentMetrics())
+        resolver.start(stop)
+        assert resolver.wait(5)
+        assert resolver.current.name == "vm-bridge-0" and resolver.current.source == "imds"
+    stop.set()
+    cached = IdentityResolver(ImdsClient(dead, max_rps=0), IdentityCache(tmp_path), AgentMetrics())
+    assert cached.current.source == "cache" and cached.current.name == "vm-bridge-0"

@@ -52,6 +52,7 @@ class DeliveryWorker(threading.Thread):
         self._streak = ErrorStreak(log, f"delivery to {sink.name}")
         self._opened = False
         self.last_success: float | None = None
+        self.sink_failed: SinkError | None = None  # set when submit() raised instead of reporting
 
     # -- control ----------------------------------------------------------------------------------
 
@@ -86,14 +87,28 @@ class DeliveryWorker(threading.Thread):
             if room > 0:
                 batch = self.outbox.read(submitted, room)
                 for entry in batch:
-                    self.sink.submit(entry)
+                    try:
+                        self.sink.submit(entry)
+                    except Exception as exc:  # a sink bug must not kill delivery: retry like a failure
+                        log.exception("sink raised unexpectedly", extra={"sink": self.sink.name})
+                        self.sink_failed = SinkError(f"{type(exc).__name__}: {exc}", kind="internal")
+                        break
                     in_flight.append(entry)
                     submitted = entry.seq
+            if not in_flight and self.sink_failed is not None:
+                self._retry_later(self.sink_failed)
+                self.sink_failed = None
+                continue
             if not in_flight:
                 self.outbox.wait(submitted, 0.5 if not self._stopping.is_set() else 0.05)
                 continue
-            failure: SinkError | None = None
-            for outcome in self.sink.poll(0.2):
+            failure, self.sink_failed = self.sink_failed, None
+            try:
+                outcomes = self.sink.poll(0.2)
+            except Exception as exc:
+                log.exception("sink raised unexpectedly", extra={"sink": self.sink.name})
+                outcomes, failure = [], SinkError(f"{type(exc).__name__}: {exc}", kind="internal")
+            for outcome in outcomes:
                 if outcome.ok:
                     confirmed.add(outcome.seq)
                 elif outcome.error is not None and outcome.error.permanent:
