@@ -245,19 +245,37 @@ def peak_rss_mib(pid: int) -> float:
     raise BenchError(f"no VmHWM in /proc/{pid}/status")
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all CPUs from ``/proc/stat``: shows whether something else was running."""
+    with open("/proc/stat", "rb") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    total = sum(values[:8])  # guest time is already counted in user/nice
+    return total - idle, total
+
+
 @dataclass
 class CpuSample:
     ticks_ns: int
     threads: dict[int, int] | None
     gets: int
     incarnation: int  # to prove the quiet window really had no change
+    machine: tuple[int, int]
 
 
 def sample(pid: int, emulator: Emulator) -> CpuSample:
     """CPU first, then the emulator's counters: a poll landing in between shifts the count by one at most."""
-    ticks, threads = clock_ticks_ns(pid), schedstat_ns(pid)
+    ticks, threads, machine = clock_ticks_ns(pid), schedstat_ns(pid), machine_ticks()
     state = emulator.state()
-    return CpuSample(ticks, threads, int(state["requests"]["get"]), int(state["documentIncarnation"]))
+    return CpuSample(
+        ticks, threads, int(state["requests"]["get"]), int(state["documentIncarnation"]), machine
+    )
+
+
+def machine_busy_percent(start: CpuSample, end: CpuSample) -> float | None:
+    """Share of all CPUs busy between two samples (the bench, the emulator and the poller included)."""
+    busy, total = end.machine[0] - start.machine[0], end.machine[1] - start.machine[1]
+    return 100.0 * busy / total if total > 0 else None
 
 
 def cpu_between(start: CpuSample, end: CpuSample) -> tuple[int, str]:
@@ -541,6 +559,7 @@ def run_group(
                 "cpu_ms_per_unchanged_poll": quiet_ns / 1e6 / quiet_gets if quiet_gets else None,
                 "quiet_cpu_source": quiet_source,
                 "peak_rss_mib": rss[p.kind],
+                "machine_busy_percent": machine_busy_percent(start, end),
                 "latency": latencies(p, tailer.lines[p.kind], state),
                 "emulator_rejected": state["requests"].get("rejected", {}),
                 "exit_code": exit_code,
@@ -682,6 +701,7 @@ def print_report(results: dict[str, Any]) -> None:
         ("attributable p50, ms", lambda r: fmt(r["latency"]["attributable_ms"]["p50"])),
         ("attributable p99, ms", lambda r: fmt(r["latency"]["attributable_ms"]["p99"])),
         ("exit code on SIGTERM", lambda r: str(r["exit_code"])),
+        ("all CPUs busy in window, %", lambda r: fmt(r["machine_busy_percent"], 1)),
     ]
     ratio_rows = {
         "CPU per poll, ms": "cpu_ms_per_poll",

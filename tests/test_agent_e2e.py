@@ -188,3 +188,47 @@ def test_incarnation_going_backwards_or_repeating_with_new_content_is_a_change(
     wait_until(lambda: agent.records()[-1]["documentIncarnation"] == 3, what="backwards incarnation record")
     assert agent.records()[-1]["changes"] == []
     assert_consistent(agent.records())
+
+
+def test_two_sinks_file_and_stdout_get_the_same_records_in_order(emulator: Emulator, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    import orjson
+
+    sink_file = tmp_path / "both.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bridge",
+            "agent",
+            "--imds-url",
+            emulator.url,
+            "--sink",
+            "stdout:",
+            "--sink",
+            f"file://{sink_file}",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--poll-interval",
+            "0.2",
+            "--listen",
+            "off",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: sink_file.exists() and sink_file.read_bytes(), what="first record")
+        eid = emulator.add_event(eventType="Freeze")
+        wait_until(lambda: b'"scheduled"' in sink_file.read_bytes(), what="scheduled record in the file")
+        emulator.control("POST", f"events/{eid}/cancel")
+        wait_until(lambda: b'"canceled"' in sink_file.read_bytes(), what="canceled record in the file")
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    from_stdout = [orjson.loads(line)["recordId"] for line in out.splitlines()]
+    from_file = [orjson.loads(line)["recordId"] for line in sink_file.read_bytes().splitlines()]
+    assert from_stdout == from_file and len(from_file) == 3

@@ -28,12 +28,22 @@ def test_documented_live_migration_flow() -> None:
 
 
 def test_canceled_hardware_failure_updated_and_overlapping() -> None:
-    assert kinds(doc(2, event("a")), doc(3)) == [("a", "canceled")]
+    assert [c.change for c in diff(doc(2, event("a")), doc(3), observed_at=0)] == ["canceled"]
     assert kinds(doc(1), doc(2, event("hw", "Started", "Reboot"))) == [("hw", "startedWithoutNotice")]
     moved = doc(3, event("a", not_before="Mon, 11 Apr 2022 23:00:00 GMT"))
     assert kinds(doc(2, event("a")), moved) == [("a", "updated")]
     both = doc(5, event("a", "Started"), event("b", etype="Reboot"))
     assert kinds(doc(4, event("a")), both) == [("a", "started"), ("b", "scheduled")]
+
+
+def test_scheduled_event_gone_after_its_not_before_went_through_started_unseen() -> None:
+    # NotBefore 2022-04-11T22:26:58Z (helpers.event): observed long after it, the event must have started.
+    (change,) = diff(doc(2, event("a")), doc(3), observed_at=1_700_000_000)
+    assert (change.change, change.previous_status) == ("completed", "Scheduled")
+    (change,) = diff(doc(2, event("a")), doc(3), observed_at=1_600_000_000)  # before NotBefore: withdrawn
+    assert change.change == "canceled"
+    (change,) = diff(doc(2, event("a", not_before="")), doc(3), observed_at=1_700_000_000)  # no time known
+    assert change.change == "canceled"
 
 
 def test_undocumented_statuses_are_reported_not_invented() -> None:

@@ -142,6 +142,21 @@ class DeliveryWorker(threading.Thread):
         except Exception as exc:  # a failing close must not hide the shutdown
             log.warning("sink close failed", extra={"sink": self.sink.name, "error": str(exc)})
 
+    def open_at_start(self) -> None:
+        """Open the sink before the agent starts polling, so a configuration that can never work (a
+        wrong hub, a refused credential) stops the start with a clear message. A transient failure
+        (the namespace is unreachable) is only logged: the worker keeps retrying, the queue intact."""
+        try:
+            self.sink.open()
+        except SinkError as err:
+            if err.permanent:
+                raise
+            log.warning(
+                "sink not reachable at start, will retry", extra={"sink": self.sink.name, "error": str(err)}
+            )
+            return
+        self._opened = True
+
     def _open(self) -> bool:
         try:
             self.sink.open()

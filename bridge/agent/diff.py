@@ -15,15 +15,25 @@ Transitions (the ``change`` field of a record):
 ``started``                 ``Scheduled`` -> ``Started`` (approved, or NotBefore reached)
 ``statusChanged``           any other status change (not documented; reported as it happened)
 ``updated``                 same status, other fields changed (e.g. NotBefore moved)
-``completed``               gone after ``Started``
-``canceled``                gone while ``Scheduled`` (Azure judged the maintenance too risky)
+``completed``               gone after ``Started``; or gone while ``Scheduled`` once its NotBefore had
+                            passed (see below)
+``canceled``                gone while ``Scheduled`` before its NotBefore (Azure withdrew it)
 ``removed``                 gone with an undocumented status
 ==========================  ==========================================================================
+
+A ``Scheduled`` event that disappears is ``canceled`` only while its NotBefore is still ahead. IMDS
+starts every Scheduled event at its NotBefore at the latest ("the event is automatically approved
+when the NotBefore time is reached") and Azure cancels only before the start; so an event that is
+gone after its NotBefore went through ``Started`` unseen, typically while the agent was down for the
+very reboot or redeploy it announced. It is reported ``completed`` with ``previousStatus: Scheduled``,
+which tells a consumer that the ``Started`` state itself was not observed.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from bridge.imds.document import SCHEDULED, STARTED, EventsDocument, ScheduledEvent
 
@@ -59,8 +69,11 @@ class Change:
         }
 
 
-def diff(previous: EventsDocument | None, current: EventsDocument) -> list[Change]:
-    """Changes from ``previous`` (None at the very first observation) to ``current``.
+def diff(
+    previous: EventsDocument | None, current: EventsDocument, observed_at: float | None = None
+) -> list[Change]:
+    """Changes from ``previous`` (None at the very first observation) to ``current``, seen at
+    ``observed_at`` (Unix time; now when omitted).
 
     Events keep the order of the current document; disappeared events follow in their previous order.
     """
@@ -85,12 +98,24 @@ def diff(previous: EventsDocument | None, current: EventsDocument) -> list[Chang
             changes.append(
                 Change(event.event_id, "updated", event.event_type, old.event_status, event.event_status)
             )
-    now = {e.event_id for e in current.events}
+    still_there = {e.event_id for e in current.events}
+    when = time.time() if observed_at is None else observed_at
     for old in previous.events:
-        if old.event_id not in now:
-            kind = {STARTED: "completed", SCHEDULED: "canceled"}.get(old.event_status, "removed")
-            changes.append(Change(old.event_id, kind, old.event_type, old.event_status, None))
+        if old.event_id not in still_there:
+            changes.append(Change(old.event_id, _gone(old, when), old.event_type, old.event_status, None))
     return changes
+
+
+def _gone(event: ScheduledEvent, observed_at: float) -> str:
+    if event.event_status == STARTED:
+        return "completed"
+    if event.event_status == SCHEDULED:
+        due = (
+            event.not_before is not None
+            and datetime.fromisoformat(event.not_before).timestamp() <= observed_at
+        )
+        return "completed" if due else "canceled"
+    return "removed"
 
 
 def _appeared(event: ScheduledEvent) -> Change:

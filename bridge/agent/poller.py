@@ -121,7 +121,7 @@ class Poller:
         if not is_change(self.baseline, doc):
             self._last_body = resp.body
             return "unchanged"
-        changes = diff(self.baseline, doc)
+        changes = diff(self.baseline, doc, resp.received_at)
         identity = self.identity.current
         record = build_record(identity, self.baseline, doc, changes, resp.received_at)
         try:

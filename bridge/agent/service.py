@@ -148,6 +148,11 @@ class Agent:
     def start(self) -> None:
         """Start everything but the poll loop (used by :meth:`run` and by in-process embedding)."""
         for worker in self.workers:
+            try:
+                worker.open_at_start()
+            except SinkError as err:
+                raise ConfigError(f"sink {worker.sink.name}: {err}") from None
+        for worker in self.workers:
             worker.start()
         if self.api is not None:
             self.api.start()

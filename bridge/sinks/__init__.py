@@ -13,19 +13,36 @@ __all__ = ["SUPPORTED", "Outcome", "Sink", "SinkError", "SynchronousSink", "crea
 SUPPORTED = {
     "file": "file:///absolute/path.jsonl",
     "stdout": "stdout:",
+    "kafka": "kafka://host:port[,host:port]/topic[?options]",
+    "eventhubs": "eventhubs://<namespace>.servicebus.windows.net/<hub>[?options]",
+    "https": "https://host/path (webhook; http:// only to loopback unless allowed)",
+}
+
+# scheme -> (module, class); imported on first use so an unused transport costs nothing.
+_REGISTRY = {
+    "file": ("bridge.sinks.file", "FileSink"),
+    "stdout": ("bridge.sinks.stdout", "StdoutSink"),
+    "kafka": ("bridge.sinks.kafka", "KafkaSink"),
+    "eventhubs": ("bridge.sinks.eventhubs", "EventHubsSink"),
+    "https": ("bridge.sinks.webhook", "WebhookSink"),
+    "http": ("bridge.sinks.webhook", "WebhookSink"),
 }
 
 
 def create_sink(spec: str) -> Sink:
     """Build the sink a spec names; :class:`SinkError` (permanent) for an unknown or malformed spec."""
+    import importlib
+
     scheme = scheme_of(spec)
-    if scheme == "file":
-        from bridge.sinks.file import FileSink
-
-        return FileSink(spec)
-    if scheme == "stdout":
-        from bridge.sinks.stdout import StdoutSink
-
-        return StdoutSink(spec)
-    supported = ", ".join(SUPPORTED.values())
-    raise SinkError(f"unsupported sink {spec!r}: expected one of {supported}", permanent=True)
+    target = _REGISTRY.get(scheme)
+    if target is None:
+        supported = ", ".join(SUPPORTED.values())
+        raise SinkError(f"unsupported sink {spec!r}: expected one of {supported}", permanent=True)
+    try:
+        module = importlib.import_module(target[0])
+    except ImportError as exc:
+        extra = {"kafka": "kafka", "eventhubs": "eventhubs"}.get(scheme)
+        hint = f" (install the extra: pip install 'scheduled-events-bridge[{extra}]')" if extra else ""
+        raise SinkError(f"the {scheme} sink is not available: {exc}{hint}", permanent=True) from None
+    sink: Sink = getattr(module, target[1])(spec)
+    return sink

@@ -25,8 +25,12 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import orjson
+
 from bridge.agent.outbox import Entry
 from bridge.observability import redact
+
+CONTENT_TYPE = "application/json"
 
 
 class SinkError(Exception):
@@ -106,6 +110,43 @@ class SynchronousSink(Sink):
     def poll(self, timeout: float) -> list[Outcome]:
         out, self._outcomes = self._outcomes, []
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMeta:
+    """What transports put next to the payload: message key and headers / application properties.
+
+    The key is the VM id (the VM name when the id is unknown) so that one VM's records land on one
+    partition and stay in order.
+    """
+
+    record_id: str
+    record_type: str
+    schema_version: int
+    vm_id: str | None
+    key: str
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "recordType": self.record_type,
+            "schemaVersion": str(self.schema_version),
+            "vmId": self.vm_id or "",
+            "recordId": self.record_id,
+            "contentType": CONTENT_TYPE,
+        }
+
+
+def record_meta(entry: Entry) -> RecordMeta:
+    """Read the routing fields of a record (records are small and rare: parsing is cheap here)."""
+    try:
+        record = orjson.loads(entry.payload)
+        vm = record.get("vm") or {}
+        vm_id = vm.get("vmId")
+        key = vm_id or vm.get("name") or entry.record_id
+        schema_version = int(record.get("schemaVersion", 0))
+        return RecordMeta(entry.record_id, str(record.get("recordType", "")), schema_version, vm_id, key)
+    except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return RecordMeta(entry.record_id, "", 0, None, entry.record_id)
 
 
 _SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*):", re.IGNORECASE)
