@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bridge import __version__
-from bridge.config import AGENT_SETTINGS, ENV_PREFIX, ConfigError
+from bridge.config import AGENT_SETTINGS, APPROVER_SETTINGS, ENV_PREFIX, ConfigError
 
 DESCRIPTION = """\
 Forward Azure IMDS Scheduled Events (Freeze, Reboot, Redeploy, Preempt, Terminate) from this VM to
@@ -29,6 +29,21 @@ Examples:
 
 Signals: SIGTERM or SIGINT stops polling, delivers what is queued (up to --shutdown-timeout), exits 0.
 Exit codes: 0 stopped cleanly, 2 configuration refused.
+"""
+
+
+APPROVER_EPILOG = f"""\
+Every flag can also be set in the [approver] table of the TOML file given by --config, or in an
+environment variable {ENV_PREFIX}APPROVER_<NAME>. Precedence: flag > environment > file > default.
+
+Examples:
+  se-bridge approver --source kafka://10.0.0.5:9092/decisions --key ops1=/etc/se-bridge/ops1.key \\
+      --sink kafka://10.0.0.5:9092/events --state-dir /var/lib/se-bridge/approver
+  se-bridge approver --source file:///tmp/decisions.jsonl --key k1=/tmp/k1.key --sink stdout: \\
+      --relay http://127.0.0.1:8710 --state-dir /tmp/approver
+
+Decisions must be signed (HMAC-SHA256 over their canonical JSON; see docs/approvals.md); unsigned,
+expired, replayed or unknown-key decisions are refused and audited, never relayed.
 """
 
 
@@ -71,6 +86,39 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--speed", type=float, default=60.0, help="emulator time acceleration (default 60)")
     demo.add_argument("--scenario", default="tour", help="emulator scenario to play (default: tour)")
 
+    approver = sub.add_parser(
+        "approver",
+        help="carry signed decisions from a topic to IMDS through the agent's relay API",
+        description="Consume decisions (Kafka, Event Hubs, a file or stdin), refuse anything not proven "
+        "valid (schema, signature, issuer, expiry, replay), relay the rest to the agent that posts the "
+        "StartRequest, and publish every outcome as an audit record.",
+        epilog=APPROVER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(approver, APPROVER_SETTINGS, env_prefix=f"{ENV_PREFIX}APPROVER_")
+
+    decide = sub.add_parser(
+        "decide",
+        help="publish one signed approval decision (the ops tool)",
+        description="Build, sign and publish one decision to the decisions topic. Exits non-zero with a "
+        "message when it cannot publish.",
+    )
+    decide.add_argument(
+        "--sink", required=True, metavar="SPEC", help="the decisions topic (same specs as sinks)"
+    )
+    decide.add_argument("--event-id", required=True, help="EventId of the scheduled event to approve")
+    decide.add_argument("--target", required=True, help="the VM (vm.name or vm.vmId of the event record)")
+    decide.add_argument(
+        "--key-id", required=True, help="id of the signing key, as configured in the approver"
+    )
+    decide.add_argument("--key-file", required=True, type=Path, help="file holding the shared secret")
+    decide.add_argument("--reason", help="why (kept in the audit trail)")
+    decide.add_argument(
+        "--ttl", type=float, default=900.0, help="seconds the decision stays valid (default 900)"
+    )
+    decide.add_argument("--issued-by", default=None, help="issuer name (default: user@host)")
+    decide.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the sink to confirm")
+
     validate = sub.add_parser(
         "validate",
         help="validate records (JSON or JSONL files) against the schemas",
@@ -96,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo(Path(args.output), speed=args.speed, scenario=args.scenario)
         if args.command == "validate":
             return _validate(args.files)
+        if args.command == "approver":
+            return _approver(args)
+        if args.command == "decide":
+            from bridge.approver.decide import decide
+
+            return decide(args)
     except ConfigError as err:
         print(f"se-bridge: configuration refused: {err}", file=sys.stderr)
         return 2
@@ -113,6 +167,17 @@ def _agent(args: argparse.Namespace) -> int:
     from bridge.agent.service import Agent
 
     return Agent(config).run()
+
+
+def _approver(args: argparse.Namespace) -> int:
+    from bridge.config import load_approver_config
+    from bridge.observability import setup_logging
+
+    config = load_approver_config(args)
+    setup_logging(config.log_level)
+    from bridge.approver.service import build_approver
+
+    return build_approver(config).run()
 
 
 def _validate(files: list[Path]) -> int:

@@ -137,6 +137,37 @@ def log_level(value: Any) -> str:
     return v
 
 
+def boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    v = str(value).strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def key_spec(value: Any) -> str:
+    v = text(value)
+    key_id, sep, file = v.partition("=")
+    if not sep or not key_id or not file:
+        raise ValueError("expected KEYID=PATH (a file holding the shared secret)")
+    return v
+
+
+def auto_approve_rule(value: Any) -> str:
+    from bridge.agent.policy import ApprovalRule
+
+    ApprovalRule.parse(text(value))
+    return text(value)
+
+
+def optional_text(value: Any) -> str | None:
+    v = str(value).strip() if value is not None else ""
+    return v or None
+
+
 def text(value: Any) -> str:
     v = str(value).strip()
     if not v:
@@ -232,6 +263,61 @@ AGENT_SETTINGS: tuple[Setting, ...] = (
         metavar="SECONDS",
     ),
     Setting("log_level", log_level, "info", "debug, info, warning or error.", metavar="LEVEL"),
+    Setting(
+        "relay_key",
+        key_spec,
+        (),
+        "Key that signs relay requests from non-loopback callers (fleet "
+        "approvers); repeat to rotate. Loopback callers need none.",
+        multiple=True,
+        metavar="KEYID=PATH",
+    ),
+    Setting(
+        "relay_require_this_vm",
+        boolean,
+        True,
+        "Refuse to approve events whose Resources do not name this VM.",
+        metavar="BOOL",
+    ),
+    Setting(
+        "auto_approve",
+        auto_approve_rule,
+        (),
+        "Approve matching Scheduled events locally, e.g. 'source=User' or 'type=Freeze,max_duration=9'; "
+        "repeat for several rules (conditions: type=, source=, max_duration=).",
+        multiple=True,
+        metavar="RULE",
+    ),
+    Setting(
+        "prepare_hook",
+        optional_text,
+        None,
+        "Command run for each Scheduled event affecting this VM (event in SE_* variables and SE_EVENT_FILE); "
+        "a local approval waits for it to exit 0.",
+        metavar="CMD",
+    ),
+    Setting(
+        "recover_hook",
+        optional_text,
+        None,
+        "Command run when an event that affected this VM is gone (completed or canceled).",
+        metavar="CMD",
+    ),
+    Setting("hook_timeout", number(1, 86400), 600.0, "Longest a hook may run.", metavar="SECONDS"),
+    Setting(
+        "hook_margin",
+        number(0, 3600),
+        30.0,
+        "A prepare hook's timeout ends this long before the event's NotBefore.",
+        metavar="SECONDS",
+    ),
+    Setting(
+        "approve_after_prepare",
+        boolean,
+        False,
+        "Approve every Scheduled event affecting this VM once the prepare hook exited 0.",
+        metavar="BOOL",
+    ),
 )
 
 
@@ -251,17 +337,176 @@ class AgentConfig:
     ready_max_failure: float = 30.0
     shutdown_timeout: float = 10.0
     log_level: str = "info"
+    relay_key: tuple[str, ...] = ()
+    relay_require_this_vm: bool = True
+    auto_approve: tuple[str, ...] = ()
+    prepare_hook: str | None = None
+    recover_hook: str | None = None
+    hook_timeout: float = 600.0
+    hook_margin: float = 30.0
+    approve_after_prepare: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
 
-def add_arguments(parser: argparse.ArgumentParser, settings: tuple[Setting, ...]) -> None:
+def choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        v = str(value).strip().lower()
+        if v not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return v
+
+    return parse
+
+
+APPROVER_SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "source",
+        text,
+        None,
+        "Where decisions come from: kafka://host:port/topic, "
+        "eventhubs://<namespace>/<hub>?..., file:///path.jsonl or stdin:.",
+        metavar="SPEC",
+    ),
+    Setting(
+        "relay", text, "http://127.0.0.1:8710", "The local agent's listener (local mode).", metavar="URL"
+    ),
+    Setting(
+        "state_dir",
+        path,
+        Path("/var/lib/se-bridge/approver"),
+        "Directory for the decision store, the audit outbox and source positions.",
+        metavar="DIR",
+    ),
+    Setting(
+        "key",
+        key_spec,
+        (),
+        "Key that signs decisions; repeat to rotate (file: at least 32 bytes).",
+        multiple=True,
+        metavar="KEYID=PATH",
+    ),
+    Setting(
+        "sink",
+        text,
+        (),
+        "Where audit records go (same specs as the agent's sinks); repeat for several.",
+        multiple=True,
+        metavar="SPEC",
+    ),
+    Setting(
+        "mode",
+        choice("local", "fleet"),
+        "local",
+        "local: the agent on this VM; fleet: agents learned from --events-source.",
+        metavar="MODE",
+    ),
+    Setting(
+        "events_source",
+        text,
+        (),
+        "Fleet mode: the events stream the agents publish to (learns each "
+        "agent's address and each event's VMs).",
+        multiple=True,
+        metavar="SPEC",
+    ),
+    Setting(
+        "relay_url_template",
+        text,
+        "http://{privateIp}:8710",
+        "Fleet mode: an agent's relay URL from its vm block ({privateIp}, {name}, {vmId}).",
+        metavar="TEMPLATE",
+    ),
+    Setting(
+        "relay_key",
+        key_spec,
+        (),
+        "Key that signs relay requests (needed for non-loopback agents).",
+        multiple=True,
+        metavar="KEYID=PATH",
+    ),
+    Setting(
+        "relay_timeout", number(1, 120), 15.0, "Seconds to wait for an agent's answer.", metavar="SECONDS"
+    ),
+    Setting(
+        "group",
+        text,
+        "se-bridge-approver",
+        "Consumer group (Kafka) / consumer group name (Event Hubs).",
+        metavar="NAME",
+    ),
+    Setting(
+        "allow_unsigned",
+        boolean,
+        False,
+        "Accept unsigned decisions (labs only; refused by default).",
+        metavar="BOOL",
+    ),
+    Setting(
+        "issuer",
+        text,
+        (),
+        "Allowed issuedBy values; repeat. Empty: any signed issuer.",
+        multiple=True,
+        metavar="NAME",
+    ),
+    Setting("max_skew", number(0, 3600), 300.0, "Tolerated clock skew for issuedAt.", metavar="SECONDS"),
+    Setting(
+        "max_ttl", number(1, 7 * 86400), 86400.0, "Longest allowed expiresAt - issuedAt.", metavar="SECONDS"
+    ),
+    Setting("log_level", log_level, "info", "debug, info, warning or error.", metavar="LEVEL"),
+)
+
+
+@dataclass(frozen=True)
+class ApproverConfig:
+    source: str = ""
+    relay: str = "http://127.0.0.1:8710"
+    state_dir: Path = Path("/var/lib/se-bridge/approver")
+    key: tuple[str, ...] = ()
+    sink: tuple[str, ...] = ()
+    mode: str = "local"
+    events_source: tuple[str, ...] = ()
+    relay_url_template: str = "http://{privateIp}:8710"
+    relay_key: tuple[str, ...] = ()
+    relay_timeout: float = 15.0
+    group: str = "se-bridge-approver"
+    allow_unsigned: bool = False
+    issuer: tuple[str, ...] = ()
+    max_skew: float = 300.0
+    max_ttl: float = 86400.0
+    log_level: str = "info"
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+
+def load_approver_config(
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> ApproverConfig:
+    environ = os.environ if environ is None else environ
+    # The approver's variables are prefixed SE_BRIDGE_APPROVER_ so one environment can hold both.
+    values = load(APPROVER_SETTINGS, args, environ, "approver", env_prefix=ENV_PREFIX + "APPROVER_")
+    if not values["source"]:
+        raise ConfigError(
+            "source: a decisions source is required (--source kafka://host:9092/decisions, ...)"
+        )
+    if not values["sink"]:
+        raise ConfigError("sink: at least one sink for audit records is required (--sink ...)")
+    return ApproverConfig(**values)
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, settings: tuple[Setting, ...], env_prefix: str = ENV_PREFIX
+) -> None:
     """One flag per setting; defaults stay None so the loader knows what was given."""
     parser.add_argument(
         "--config", metavar="FILE", help=f"TOML configuration file (env: {ENV_PREFIX}CONFIG)."
     )
     for s in settings:
         shown = ", ".join(map(str, s.default)) if s.multiple else s.default
-        help_text = f"{s.help} Env: {s.env}." + (f" Default: {shown}." if shown not in ((), "", None) else "")
+        has_default = shown not in ((), "", None) and not isinstance(shown, bool)
+        env = env_prefix + s.name.upper()
+        help_text = f"{s.help} Env: {env}." + (f" Default: {shown}." if has_default else "")
+        if isinstance(s.default, bool):
+            help_text += f" Default: {str(s.default).lower()}."
         parser.add_argument(
             s.flag,
             dest=s.name,
@@ -277,6 +522,7 @@ def load(
     args: argparse.Namespace | None = None,
     environ: Mapping[str, str] | None = None,
     section: str = "agent",
+    env_prefix: str = ENV_PREFIX,
 ) -> dict[str, Any]:
     """Resolve every setting from defaults, file, environment and flags (in that order)."""
     environ = os.environ if environ is None else environ
@@ -290,10 +536,11 @@ def load(
             values[key], sources[key] = value, f"{config_file}"
     by_name = {s.name: s for s in settings}
     for s in settings:
-        if s.env in environ and environ[s.env].strip() != "":
-            raw = environ[s.env]
+        env = env_prefix + s.name.upper()
+        if env in environ and environ[env].strip() != "":
+            raw = environ[env]
             values[s.name] = raw.split() if s.multiple else raw
-            sources[s.name] = f"environment variable {s.env}"
+            sources[s.name] = f"environment variable {env}"
         if given.get(s.name) is not None:
             values[s.name] = given[s.name]
             sources[s.name] = f"flag {s.flag}"
@@ -305,9 +552,9 @@ def load(
                 items = [value] if isinstance(value, str) else list(value)
                 resolved[name] = tuple(s.parse(v) for v in items)
             else:
-                resolved[name] = s.parse(value)
+                resolved[name] = value if value is None else s.parse(value)
         except (ValueError, TypeError) as exc:
-            shown = "***" if "key" in name or "secret" in name else repr(value)
+            shown = "***" if "secret" in name or "password" in name else repr(value)
             raise ConfigError(f"{name}: {exc} (got {shown} from {sources[name]})") from None
     resolved["sources"] = sources
     return resolved
@@ -334,9 +581,11 @@ def _read_toml(file: Path, section: str, settings: tuple[Setting, ...]) -> dict[
         raise ConfigError(f"config file {file} cannot be read: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
-    # Settings may sit at the top level or in a [agent] / [approver] table.
+    # The agent's settings may sit at the top level or in an [agent] table; the approver's only in
+    # an [approver] table, so one file can configure both without one reading the other's keys.
     table = data.get(section, {}) if isinstance(data.get(section), dict) else {}
-    merged = {k: v for k, v in data.items() if not isinstance(v, dict)} | table
+    top = {k: v for k, v in data.items() if not isinstance(v, dict)} if section == "agent" else {}
+    merged = top | table
     known = {s.name for s in settings}
     aliases = {"sinks": "sink"}
     out: dict[str, Any] = {}

@@ -278,3 +278,17 @@ class AgentMetrics:
             "se_bridge_vm_identity_known", "1 when the VM identity came from /metadata/instance.", registry=r
         )
         self.ready = Gauge("se_bridge_ready", "1 when /readyz answers 200.", registry=r)
+        self.relay_requests = Counter(
+            "se_bridge_relay_requests",
+            "Relay (approval) requests by outcome and reason (a closed set of codes).",
+            ["outcome", "reason"],
+            registry=r,
+        )
+        self.relay_auth_failures = Counter(
+            "se_bridge_relay_auth_failures",
+            "Relay requests refused before any check (authentication).",
+            registry=r,
+        )
+        self.hook_runs = Counter(
+            "se_bridge_hook_runs", "Local hook runs by hook and result.", ["hook", "result"], registry=r
+        )

@@ -14,7 +14,12 @@ from typing import Any
 
 import orjson
 
-SCHEMAS = {"scheduledEvents": "record.v1.schema.json"}
+# recordType -> schema file. Every record the bridge writes or reads has one.
+SCHEMAS = {
+    "scheduledEvents": "record.v1.schema.json",
+    "approval": "approval.v1.schema.json",
+    "decision": "decision.v1.schema.json",
+}
 
 
 def schema_path(filename: str) -> Path:
@@ -45,5 +50,12 @@ def validate_record(record: Any) -> list[str]:
     filename = SCHEMAS.get(record.get("recordType"))  # type: ignore[arg-type]
     if filename is None:
         return [f"unknown recordType {record.get('recordType')!r} (known: {', '.join(SCHEMAS)})"]
-    errors = sorted(_validator(filename).iter_errors(record), key=lambda e: list(e.absolute_path))
+    return validate_document(record, filename)
+
+
+def validate_document(document: Any, filename: str) -> list[str]:
+    """Every violation of ``document`` against the schema in ``filename``, as readable text."""
+    errors = sorted(
+        _validator(filename).iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path]
+    )
     return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors]

@@ -154,10 +154,12 @@ class Agent:
             )
         return next((e for e in self.logs(all_runs=False) if e.get("msg") == msg), None)
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self, record_type: str | None = "scheduledEvents") -> list[dict[str, Any]]:
+        """Records in the file sink, of one type (``None``: every record)."""
         if not self.sink_path.exists():
             return []
-        return [orjson.loads(line) for line in self.sink_path.read_bytes().splitlines() if line.strip()]
+        records = [orjson.loads(line) for line in self.sink_path.read_bytes().splitlines() if line.strip()]
+        return [r for r in records if record_type is None or r.get("recordType") == record_type]
 
     def changes(self) -> list[tuple[str, str]]:
         return [(c["eventId"], c["change"]) for r in self.records() for c in r["changes"]]

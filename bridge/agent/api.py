@@ -8,6 +8,8 @@ VM-local approver. Endpoints:
   ``ready_max_failure`` seconds (with the reason in the JSON body).
 * ``GET /metrics``: Prometheus text format.
 * ``GET /v1/document``: the current normalized document, with ``affectsThisVm`` per event.
+* ``POST /v1/start-requests``: the relay (see :mod:`bridge.agent.relay`); requests from anything but
+  loopback must be signed (:mod:`bridge.signing`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 log = logging.getLogger("bridge.api")
 
 Route = Callable[[], tuple[int, bytes, str]]
+# A POST route gets the request headers, the body and the client's address.
+PostRoute = Callable[[Any, bytes, str], tuple[int, bytes, str]]
+MAX_BODY = 64 * 1024
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -43,7 +48,30 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, body, ctype)
 
     def do_POST(self) -> None:
-        self._send(405, orjson.dumps({"error": "method not allowed"}), "application/json")
+        route = self.server.post_routes.get(self.path.split("?", 1)[0])
+        if route is None:
+            status = 405 if self.path.split("?", 1)[0] in self.server.routes else 404
+            self._send(
+                status,
+                orjson.dumps({"error": "not found" if status == 404 else "method not allowed"}),
+                "application/json",
+            )
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or "0")
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            self.close_connection = True
+            self._send(413 if length > MAX_BODY else 411, b'{"error":"body length"}', "application/json")
+            return
+        body = self.rfile.read(length)
+        try:
+            status, payload, ctype = route(self.headers, body, self.client_address[0])
+        except Exception:
+            log.exception("HTTP endpoint failed", extra={"path": self.path})
+            status, payload, ctype = 500, b'{"error":"internal error"}', "application/json"
+        self._send(status, payload, ctype)
 
     def _send(self, status: int, body: bytes, ctype: str) -> None:
         self.send_response(status)
@@ -60,14 +88,18 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     routes: dict[str, Route]
+    post_routes: dict[str, PostRoute]
 
 
 class AgentApi:
     """Serves ``routes`` (path -> callable returning status, body, content type) in a thread."""
 
-    def __init__(self, host: str, port: int, routes: dict[str, Route]) -> None:
+    def __init__(
+        self, host: str, port: int, routes: dict[str, Route], post_routes: dict[str, PostRoute] | None = None
+    ) -> None:
         self._server = _Server((host, port), _Handler)
         self._server.routes = routes
+        self._server.post_routes = post_routes or {}
         self._thread = threading.Thread(target=self._server.serve_forever, name="http-api", daemon=True)
 
     @property

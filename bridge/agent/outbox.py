@@ -48,6 +48,10 @@ _SEGMENT = re.compile(r"^seg-(\d{20})\.log$")
 _SINK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,80}$")
 
 
+class OutboxLocked(Exception):
+    """Another process uses this outbox (two agents on one state directory would corrupt it)."""
+
+
 class OutboxFull(Exception):
     """The outbox holds ``max_records`` records or ``max_bytes`` bytes for its slowest sink."""
 
@@ -106,6 +110,7 @@ class Outbox:
         self._active_size = 0
         self._cursors: dict[str, int] = {}
         (self.dir / "cursors").mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_directory(self.dir)
         self._recover(sink_ids)
 
     # -- recovery -------------------------------------------------------------------------------
@@ -321,6 +326,9 @@ class Outbox:
             for fd in self._read_fds.values():
                 os.close(fd)
             self._read_fds.clear()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the lock
+                self._lock_fd = None
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -358,6 +366,24 @@ class Outbox:
             records, size = self.pending
             self._metrics.outbox_records.set(records)
             self._metrics.outbox_bytes.set(size)
+
+
+def _lock_directory(directory: Path) -> int | None:
+    """Hold an exclusive lock on the outbox for the life of the process (released by the kernel on
+    exit, even after SIGKILL). POSIX only; on Windows the service manager runs one instance."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise OutboxLocked(
+            f"{directory} is in use by another process (one agent or approver per state directory)"
+        ) from None
+    return fd
 
 
 def _parse_frame(line: bytes, segment: int, offset: int) -> _Loc | None:

@@ -21,9 +21,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from bridge.agent.diff import diff, is_change
+from bridge.agent.diff import Change, diff, is_change
 from bridge.agent.identity import IdentityResolver
 from bridge.agent.outbox import Outbox, OutboxFull
 from bridge.agent.record import build_record, encode
@@ -73,6 +74,8 @@ class Poller:
         self.api_version = api_version
         self.baseline: EventsDocument | None = baseline.load(outbox.last())
         self.current: Observation | None = None
+        #: Called with (previous, current, changes) after each change is durable (local policies).
+        self.listeners: list[Callable[[EventsDocument | None, EventsDocument, list[Change]], None]] = []
         self.first_success: float | None = None
         self._last_body: bytes | None = None  # body of the last answer fully processed
         self._last_error = ImdsError("none", "no error yet")
@@ -148,6 +151,11 @@ class Poller:
             log.error("cannot save baseline.json", extra={"error": str(err)})
         previous, self.baseline, self._last_body = self.baseline, doc, resp.body
         self._count(previous, doc, changes, record["recordId"])
+        for listener in self.listeners:  # after the record is durable: notify before acting
+            try:
+                listener(previous, doc, changes)
+            except Exception:
+                log.exception("change listener failed")
         return "changed"
 
     def _count(

@@ -21,16 +21,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from bridge import __version__
 from bridge.agent.api import AgentApi, json_route, metrics_route
 from bridge.agent.delivery import DeliveryWorker
 from bridge.agent.identity import IdentityResolver
-from bridge.agent.outbox import Outbox
+from bridge.agent.outbox import Outbox, OutboxLocked
+from bridge.agent.policy import ApprovalRule, LocalPolicy, PolicyConfig
 from bridge.agent.poller import Poller
+from bridge.agent.relay import Relay
 from bridge.agent.state import BaselineStore, IdentityCache
 from bridge.config import AgentConfig, ConfigError, is_loopback, parse_listen
 from bridge.imds.client import ImdsClient
 from bridge.observability import AgentMetrics
+from bridge.signing import KeyRing, RequestVerifier
 from bridge.sinks import Sink, SinkError, create_sink
 from bridge.timeutil import rfc3339
 
@@ -49,13 +54,16 @@ class Agent:
             os.chmod(state_dir, 0o700)
         except OSError as exc:
             raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None
-        self.outbox = Outbox(
-            state_dir / "outbox",
-            [s.id for s in self.sinks],
-            max_records=config.outbox_max_records,
-            max_bytes=config.outbox_max_bytes,
-            metrics=self.metrics,
-        )
+        try:
+            self.outbox = Outbox(
+                state_dir / "outbox",
+                [s.id for s in self.sinks],
+                max_records=config.outbox_max_records,
+                max_bytes=config.outbox_max_bytes,
+                metrics=self.metrics,
+            )
+        except OutboxLocked as exc:
+            raise ConfigError(f"state_dir: {exc}") from None
         self.client = ImdsClient(
             config.imds_url,
             config.api_version,
@@ -77,15 +85,53 @@ class Agent:
         self.workers = [
             DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter") for s in self.sinks
         ]
+        self.relay = Relay(
+            self.client,
+            lambda: self.poller.current.document if self.poller.current else None,
+            lambda: self.identity.current,
+            self.outbox,
+            self.metrics,
+            state_dir,
+            require_this_vm=config.relay_require_this_vm,
+            api_version=config.api_version,
+        )
+        try:
+            self.verifier = RequestVerifier(KeyRing.from_specs(config.relay_key))
+            policy = PolicyConfig(
+                rules=tuple(ApprovalRule.parse(r) for r in config.auto_approve),
+                prepare_hook=config.prepare_hook,
+                recover_hook=config.recover_hook,
+                hook_timeout=config.hook_timeout,
+                hook_margin=config.hook_margin,
+                approve_after_prepare=config.approve_after_prepare,
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.policy: LocalPolicy | None = None
+        if policy.active:
+            self.policy = LocalPolicy(
+                policy,
+                lambda body, requester: self.relay.handle(body, requester, component="policy"),
+                lambda: self.identity.current,
+                self.metrics,
+            )
+            self.poller.listeners.append(self.policy.on_change)
         self.api: AgentApi | None = None
         if config.listen:
             host, port = parse_listen(config.listen)
             if not is_loopback(host):
-                log.warning(
-                    "HTTP listener is not on loopback; expose it only on a trusted network",
-                    extra={"listen": config.listen},
-                )
-            self.api = AgentApi(host, port, self._routes())
+                if not self.verifier.keys:
+                    log.warning(
+                        "listener is not on loopback and no relay key is configured: the relay API "
+                        "refuses every non-loopback request",
+                        extra={"listen": config.listen},
+                    )
+                else:
+                    log.info(
+                        "listener is not on loopback: relay requests must be signed",
+                        extra={"listen": config.listen, "keyIds": self.verifier.keys.ids()},
+                    )
+            self.api = AgentApi(host, port, self._routes(), {"/v1/start-requests": self._start_requests})
 
     def _build_sinks(self, specs: tuple[str, ...]) -> list[Sink]:
         sinks: list[Sink] = []
@@ -143,6 +189,23 @@ class Agent:
             "/v1/document": json_route(document),
         }
 
+    def _start_requests(self, headers: Any, body: bytes, client: str) -> tuple[int, bytes, str]:
+        """``POST /v1/start-requests``: loopback callers are trusted, anyone else must sign."""
+        requester = "loopback"
+        if not is_loopback(client):
+            try:
+                requester = "key:" + self.verifier.verify(headers, body)
+            except PermissionError as exc:
+                self.metrics.relay_auth_failures.inc()
+                log.warning("relay request refused", extra={"client": client, "reason": str(exc)})
+                return 401, orjson.dumps({"error": f"unauthorized: {exc}"}), "application/json"
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            parsed = None
+        status, answer = self.relay.handle(parsed, requester)
+        return status, orjson.dumps(answer), "application/json"
+
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -193,6 +256,8 @@ class Agent:
         left = {w.sink.name: self.outbox.depth(w.sink.id) for w in self.workers}
         if self.api is not None:
             self.api.stop()
+        if self.policy is not None:
+            self.policy.close()
         self.client.close()
         self.outbox.close()
         log.info(

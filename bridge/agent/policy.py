@@ -1,0 +1,258 @@
+"""Local policies and hooks: approval without any bus, mirroring the documentation's loop.
+
+The documentation's sample is ``prepare_for_event(event)`` for new events, an approval when the
+preparation is done, and ``recover_from_event(event)`` for events that left the document. This
+module does the same, configured rather than coded:
+
+* **auto-approve rules** (``--auto-approve 'source=User'``, ``'type=Freeze,max_duration=9'``): a
+  Scheduled event affecting this VM that matches a rule is approved by the agent itself, through the
+  relay (so it is checked, posted once, and audited like any other approval);
+* **prepare hook** (``--prepare-hook CMD``): run for every Scheduled event affecting this VM (drain,
+  checkpoint, leave the load balancer). Its timeout ends ``--hook-margin`` seconds before the
+  event's NotBefore. When the event is to be approved locally (a rule matches, or
+  ``--approve-after-prepare``), the approval happens only if the hook exits 0 in time;
+* **recover hook** (``--recover-hook CMD``): run when an event that affected this VM is gone
+  (``completed``, ``canceled``, ``removed``).
+
+Hooks get the event as environment variables (``SE_EVENT_ID``, ``SE_EVENT_TYPE``, ``SE_EVENT_STATUS``,
+``SE_EVENT_SOURCE``, ``SE_NOT_BEFORE``, ``SE_DURATION_SECONDS``, ``SE_RESOURCES``, ``SE_CHANGE``,
+``SE_VM_NAME``, ``SE_VM_ID``) and as a JSON file (``SE_EVENT_FILE``). Their output is captured and
+logged. They run on their own threads, after the record is durable: a slow, failing or hanging hook
+never delays polling or forwarding, and the notification always goes out before local action.
+Commands are split like a shell would (``shlex``) but not run through a shell.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from bridge.agent.diff import Change
+from bridge.imds.document import SCHEDULED, EventsDocument, ScheduledEvent
+from bridge.imds.instance import VmIdentity
+
+log = logging.getLogger("bridge.policy")
+
+OUTPUT_LIMIT = 4096
+GONE = {"completed", "canceled", "removed"}
+NEW_SCHEDULED = {"scheduled", "present", "updated"}
+
+
+@dataclass(frozen=True)
+class ApprovalRule:
+    """``type=Freeze|Reboot,source=User,max_duration=9``: every given condition must hold."""
+
+    text: str
+    types: frozenset[str] | None = None
+    sources: frozenset[str] | None = None
+    max_duration: int | None = None  # DurationInSeconds known and strictly below this
+
+    @classmethod
+    def parse(cls, text: str) -> ApprovalRule:
+        types = sources = None
+        max_duration = None
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, value = part.partition("=")
+            values = frozenset(v.strip() for v in value.split("|") if v.strip())
+            if not sep or not values:
+                raise ValueError(f"auto-approve rule {text!r}: expected key=value[,key=value]")
+            if key == "type":
+                types = values
+            elif key == "source":
+                sources = values
+            elif key == "max_duration" and value.strip().isdigit():
+                max_duration = int(value)
+            else:
+                raise ValueError(
+                    f"auto-approve rule {text!r}: unknown condition {key!r} "
+                    "(type=, source=, max_duration=<seconds>)"
+                )
+        if types is None and sources is None and max_duration is None:
+            raise ValueError(f"auto-approve rule {text!r} has no condition")
+        return cls(text, types, sources, max_duration)
+
+    def matches(self, event: ScheduledEvent) -> bool:
+        if self.types is not None and event.event_type not in self.types:
+            return False
+        if self.sources is not None and event.event_source not in self.sources:
+            return False
+        return self.max_duration is None or (
+            event.duration_in_seconds is not None and event.duration_in_seconds < self.max_duration
+        )
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    rules: tuple[ApprovalRule, ...] = ()
+    prepare_hook: str | None = None
+    recover_hook: str | None = None
+    hook_timeout: float = 600.0
+    hook_margin: float = 30.0
+    approve_after_prepare: bool = False
+
+    @property
+    def active(self) -> bool:
+        return bool(self.rules or self.prepare_hook or self.recover_hook)
+
+
+class LocalPolicy:
+    """Reacts to recorded changes (called by the poller once the record is durable)."""
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        approve: Callable[[dict[str, Any], str], Any],
+        identity: Callable[[], VmIdentity],
+        metrics: Any,
+    ) -> None:
+        self.config = config
+        self._approve = approve  # relay.handle(body, requester, component="policy")
+        self._identity = identity
+        self._metrics = metrics
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hook")
+        self._handled: set[str] = set()
+
+    def on_change(
+        self, previous: EventsDocument | None, current: EventsDocument, changes: list[Change]
+    ) -> None:
+        vm = self._identity()
+        names = vm.names()
+        now = {e.event_id: e for e in current.events}
+        before = previous.by_id() if previous is not None else {}
+        for change in changes:
+            if change.change in NEW_SCHEDULED and change.event_id not in self._handled:
+                event = now[change.event_id]
+                if event.event_status == SCHEDULED and vm.affects(event.resources, names):
+                    self._handled.add(change.event_id)
+                    self._pool.submit(self._prepare_and_approve, event, change.change, vm)
+            elif change.change in GONE and self.config.recover_hook:
+                self._handled.discard(change.event_id)
+                event = before.get(change.event_id)
+                if event is not None and vm.affects(event.resources, names):
+                    self._pool.submit(
+                        self._run_hook,
+                        "recover",
+                        self.config.recover_hook,
+                        event,
+                        change.change,
+                        vm,
+                        self.config.hook_timeout,
+                    )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- work (on hook threads) ----------------------------------------------------------------------
+
+    def _prepare_and_approve(self, event: ScheduledEvent, change: str, vm: VmIdentity) -> None:
+        rule = next((r for r in self.config.rules if r.matches(event)), None)
+        wants_approval = rule is not None or (
+            self.config.approve_after_prepare and bool(self.config.prepare_hook)
+        )
+        if self.config.prepare_hook:
+            timeout = self._prepare_timeout(event)
+            ok = self._run_hook("prepare", self.config.prepare_hook, event, change, vm, timeout)
+            if not ok:
+                if wants_approval:
+                    log.warning(
+                        "prepare hook did not succeed: event not approved locally",
+                        extra={"eventId": event.event_id},
+                    )
+                return
+        if wants_approval:
+            requester = f"policy:{rule.text}" if rule else "policy:approve-after-prepare"
+            body = {
+                "decisionId": f"policy-{event.event_id}"[:128],
+                "eventIds": [event.event_id],
+                "target": vm.name,
+                "issuedBy": requester,
+            }
+            self._approve(body, requester)
+
+    def _prepare_timeout(self, event: ScheduledEvent) -> float:
+        timeout = self.config.hook_timeout
+        if event.not_before:
+            left = (
+                datetime.fromisoformat(event.not_before).timestamp() - time.time() - self.config.hook_margin
+            )
+            timeout = min(timeout, left)
+        return max(1.0, timeout)
+
+    def _run_hook(
+        self, name: str, command: str, event: ScheduledEvent, change: str, vm: VmIdentity, timeout: float
+    ) -> bool:
+        env = {
+            **os.environ,
+            "SE_EVENT_ID": event.event_id,
+            "SE_EVENT_TYPE": event.event_type,
+            "SE_EVENT_STATUS": event.event_status,
+            "SE_EVENT_SOURCE": event.event_source or "",
+            "SE_NOT_BEFORE": event.not_before or "",
+            "SE_DURATION_SECONDS": ""
+            if event.duration_in_seconds is None
+            else str(event.duration_in_seconds),
+            "SE_RESOURCES": ",".join(event.resources),
+            "SE_CHANGE": change,
+            "SE_VM_NAME": vm.name,
+            "SE_VM_ID": vm.vm_id or "",
+        }
+        started = time.monotonic()
+        with tempfile.NamedTemporaryFile("wb", prefix="se-event-", suffix=".json", delete=False) as f:
+            f.write(orjson.dumps({"change": change, "event": event.to_json(), "vm": vm.to_record()}))
+            env["SE_EVENT_FILE"] = f.name
+        try:
+            proc = subprocess.run(
+                shlex.split(command), env=env, capture_output=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            self._record(name, "timeout", event, started, None, exc.stdout, exc.stderr)
+            return False
+        except OSError as exc:
+            log.error("hook could not start", extra={"hook": name, "command": command, "error": str(exc)})
+            self._count(name, "error")
+            return False
+        finally:
+            os.unlink(env["SE_EVENT_FILE"])
+        result = "ok" if proc.returncode == 0 else "failed"
+        self._record(name, result, event, started, proc.returncode, proc.stdout, proc.stderr)
+        return proc.returncode == 0
+
+    def _record(
+        self,
+        name: str,
+        result: str,
+        event: ScheduledEvent,
+        started: float,
+        code: int | None,
+        stdout: bytes | None,
+        stderr: bytes | None,
+    ) -> None:
+        self._count(name, result)
+        level = logging.INFO if result == "ok" else logging.WARNING
+        log.log(
+            level,
+            f"{name} hook {result}",
+            extra={
+                "hook": name,
+                "eventId": event.event_id,
+                "exitCode": code,
+                "seconds": round(time.monotonic() - started, 3),
+                "stdout": (stdout or b"")[-OUTPUT_LIMIT:].decode("utf-8", "replace"),
+                "stderr": (stderr or b"")[-OUTPUT_LIMIT:].decode("utf-8", "replace"),
+            },
+        )
+
+    def _count(self, name: str, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.hook_runs.labels(name, result).inc()

@@ -1,0 +1,263 @@
+"""The relay: the only path from an approval to IMDS (``POST /v1/start-requests`` on the agent).
+
+The agent is the only process that talks to IMDS, so approvals come to it: from the VM-local
+approver, from a fleet approver over the network (authenticated), or from the agent's own local
+policies and hooks. For every request the relay:
+
+1. checks each event against the agent's *current* document: it must exist (``notFound``), be
+   ``Scheduled`` (a ``Started`` one is answered ``alreadyStarted``, not an error; any other status
+   ``notScheduled``), and name this VM in ``Resources`` unless configured otherwise (``notThisVm``);
+2. posts one ``StartRequests`` for the events that passed, through the agent's IMDS client (so it
+   shares the one connection and the request budget with the poller), retrying transient answers;
+3. answers per event (``approved``, ``alreadyStarted``, ``notFound``, ``notScheduled``,
+   ``notThisVm``, ``imdsError``) and publishes the attempt as an audit record
+   (``recordType: approval``) through the normal outbox and sinks.
+
+Exactly one POST per decision: the relay remembers each ``decisionId`` it handled (persisted in the
+state directory) and answers a repeat with the stored result without posting again. An approver that
+crashed between relaying and committing its offset therefore cannot approve twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bridge import __version__
+from bridge.agent.outbox import Outbox, OutboxFull
+from bridge.fsutil import write_atomic
+from bridge.imds.client import ImdsClient, ImdsError
+from bridge.imds.document import SCHEDULED, STARTED
+from bridge.imds.instance import VmIdentity
+from bridge.timeutil import rfc3339
+
+log = logging.getLogger("bridge.relay")
+
+MAX_EVENTS_PER_REQUEST = 20
+LEDGER_SIZE = 2000
+
+
+class RelayRequestError(ValueError):
+    """A malformed relay request (HTTP 400)."""
+
+
+class DecisionLedger:
+    """Decision ids the relay handled, with their answers: ``<state-dir>/relayed.json``.
+
+    Bounded to the last ``LEDGER_SIZE`` decisions; a decision older than that has expired long ago
+    (decisions live minutes, see ``max_ttl``), so forgetting it cannot re-approve anything.
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "relayed.json"
+        self._entries: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        try:
+            for item in orjson.loads(self.path.read_bytes()):
+                self._entries[item["decisionId"]] = item
+        except FileNotFoundError:
+            pass
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            log.error("relayed.json unreadable; starting an empty ledger", extra={"error": str(exc)})
+
+    def get(self, decision_id: str) -> dict[str, Any] | None:
+        return self._entries.get(decision_id)
+
+    def put(self, decision_id: str, answer: dict[str, Any]) -> None:
+        self._entries[decision_id] = {"decisionId": decision_id, **answer}
+        while len(self._entries) > LEDGER_SIZE:
+            self._entries.popitem(last=False)
+        write_atomic(self.path, orjson.dumps(list(self._entries.values())))
+
+
+class Relay:
+    def __init__(
+        self,
+        client: ImdsClient,
+        current_document: Any,
+        identity: Any,
+        outbox: Outbox,
+        metrics: Any,
+        state_dir: Path,
+        *,
+        require_this_vm: bool = True,
+        api_version: str,
+    ) -> None:
+        self._client = client
+        self._current = current_document  # callable -> EventsDocument | None
+        self._identity = identity  # callable -> VmIdentity
+        self._outbox = outbox
+        self._metrics = metrics
+        self._ledger = DecisionLedger(state_dir)
+        self._lock = threading.Lock()  # one approval at a time: the ledger check and the POST go together
+        self.require_this_vm = require_this_vm
+        self.api_version = api_version
+
+    def handle(
+        self,
+        body: Any,
+        requester: str,
+        component: str = "agent",
+    ) -> tuple[int, dict[str, Any]]:
+        """Process one request body (already JSON-decoded). Returns (HTTP status, answer)."""
+        try:
+            decision_id, event_ids, meta = _parse_request(body)
+        except RelayRequestError as err:
+            self._count("refused", "malformed")
+            self._audit(None, [], requester, component, "refused", "malformed", str(err), [], 0, {})
+            return 400, {"error": str(err)}
+        with self._lock:
+            earlier = self._ledger.get(decision_id)
+            if earlier is not None:
+                # Same decision again (an approver retried after a crash): same answer, no second POST.
+                answer = {**earlier, "repeat": True}
+                self._audit(
+                    decision_id,
+                    event_ids,
+                    requester,
+                    component,
+                    earlier["outcome"],
+                    earlier.get("reason"),
+                    "repeat of an earlier request: answered from the ledger, nothing posted",
+                    earlier["results"],
+                    0,
+                    meta,
+                )
+                return 200, answer
+            doc = self._current()
+            if doc is None:
+                return 503, {"error": "no Scheduled Events document observed yet; try again"}
+            results, posted = self._approve(doc, event_ids)
+            outcome, reason = _outcome(results)
+            answer = {
+                "decisionId": decision_id,
+                "outcome": outcome,
+                "reason": reason,
+                "results": results,
+                "documentIncarnation": doc.incarnation,
+            }
+            self._ledger.put(decision_id, answer)
+        self._count(outcome, reason or "ok")
+        self._audit(
+            decision_id, event_ids, requester, component, outcome, reason, None, results, posted, meta
+        )
+        return 200, answer
+
+    def _approve(self, doc: Any, event_ids: list[str]) -> tuple[list[dict[str, Any]], int]:
+        vm: VmIdentity = self._identity()
+        names = vm.names()
+        events = doc.by_id()
+        results: dict[str, dict[str, Any]] = {}
+        candidates: list[str] = []
+        for event_id in event_ids:
+            event = events.get(event_id)
+            if event is None:
+                results[event_id] = _result(event_id, "notFound", "no such event in the current document")
+            elif event.event_status == STARTED:
+                results[event_id] = _result(event_id, "alreadyStarted", "the event has already started")
+            elif event.event_status != SCHEDULED:
+                results[event_id] = _result(event_id, "notScheduled", f"status is {event.event_status}")
+            elif self.require_this_vm and not vm.affects(event.resources, names):
+                results[event_id] = _result(event_id, "notThisVm", "Resources does not name this VM")
+            else:
+                candidates.append(event_id)
+        posted = 0
+        if candidates:
+            try:
+                self._client.post_start_requests(candidates)
+                posted = 1
+                for event_id in candidates:
+                    results[event_id] = _result(event_id, "approved", None)
+                log.info("StartRequests posted", extra={"eventIds": candidates})
+            except ImdsError as err:
+                posted = 1
+                for event_id in candidates:
+                    results[event_id] = _result(event_id, "imdsError", str(err))
+                log.error("StartRequests failed", extra={"eventIds": candidates, "error": str(err)})
+        return [results[e] for e in event_ids], posted
+
+    def _count(self, outcome: str, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.relay_requests.labels(outcome, reason).inc()
+
+    def _audit(
+        self,
+        decision_id: str | None,
+        event_ids: list[str],
+        requester: str,
+        component: str,
+        outcome: str,
+        reason: str | None,
+        detail: str | None,
+        results: list[dict[str, Any]],
+        posted: int,
+        meta: dict[str, Any],
+    ) -> None:
+        vm: VmIdentity = self._identity()
+        now = time.time()
+        record = {
+            "schemaVersion": 1,
+            "recordType": "approval",
+            # An attempt is an occurrence, not a derivable change: a random id, fixed once in the outbox.
+            "recordId": str(uuid.uuid4()),
+            "observedAt": rfc3339(now),
+            "source": {"agentVersion": __version__, "apiVersion": self.api_version},
+            "component": component,
+            "vm": vm.to_record(),
+            "decisionId": decision_id,
+            "eventIds": event_ids,
+            "target": meta.get("target"),
+            "issuedBy": meta.get("issuedBy"),
+            "requester": requester,
+            "outcome": outcome,
+            "reason": reason,
+            "detail": detail,
+            "results": results,
+            "startRequestsPosted": posted,
+        }
+        try:
+            self._outbox.append(record["recordId"], orjson.dumps(record))
+        except (OutboxFull, OSError) as exc:
+            # The approval itself already happened (or was refused); the audit is best effort here
+            # and the log line is its trace.
+            log.error("audit record not admitted to the outbox", extra={"error": str(exc), "audit": record})
+
+
+def _parse_request(body: Any) -> tuple[str, list[str], dict[str, Any]]:
+    if not isinstance(body, dict):
+        raise RelayRequestError("body must be a JSON object")
+    decision_id = body.get("decisionId")
+    if not isinstance(decision_id, str) or not 8 <= len(decision_id) <= 128:
+        raise RelayRequestError("decisionId must be a string of 8 to 128 characters")
+    event_ids = body.get("eventIds")
+    if (
+        not isinstance(event_ids, list)
+        or not 1 <= len(event_ids) <= MAX_EVENTS_PER_REQUEST
+        or not all(isinstance(e, str) and 0 < len(e) <= 128 for e in event_ids)
+    ):
+        raise RelayRequestError(f"eventIds must be a list of 1 to {MAX_EVENTS_PER_REQUEST} event id strings")
+    meta = {k: body.get(k) for k in ("target", "issuedBy") if isinstance(body.get(k), str)}
+    return decision_id, list(dict.fromkeys(event_ids)), meta
+
+
+def _result(event_id: str, result: str, detail: str | None) -> dict[str, Any]:
+    return {"eventId": event_id, "result": result, "detail": detail}
+
+
+def _outcome(results: list[dict[str, Any]]) -> tuple[str, str | None]:
+    good = {"approved", "alreadyStarted"}
+    kinds = [r["result"] for r in results]
+    if all(k in good for k in kinds):
+        return "approved", None
+    failed = [k for k in kinds if k not in good]
+    if any(k in good for k in kinds):
+        return "partial", failed[0]
+    if all(k == "imdsError" for k in failed):
+        return "failed", "imdsError"
+    return "refused", failed[0]

@@ -1,0 +1,69 @@
+"""``se-bridge decide``: build, sign and publish one decision (the ops tool, and what tests use).
+
+It reuses the sink implementations, so it can publish to every transport the agent supports and
+reports failure honestly: it exits non-zero unless the transport confirmed the decision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import getpass
+import socket
+import sys
+import time
+
+import orjson
+
+from bridge.agent.outbox import Entry
+from bridge.approver.decision import new_decision, sign
+from bridge.signing import load_key
+from bridge.sinks import SinkError, create_sink
+
+
+def decide(args: argparse.Namespace) -> int:
+    try:
+        key = load_key(args.key_file)
+    except ValueError as exc:
+        return _fail(str(exc))
+    issued_by = args.issued_by or f"{getpass.getuser()}@{socket.gethostname()}"
+    decision = sign(
+        new_decision(args.event_id, args.target, issued_by, args.ttl, args.reason), args.key_id, key
+    )
+    payload = orjson.dumps(decision)
+    try:
+        sink = create_sink(args.sink)
+    except SinkError as exc:
+        return _fail(str(exc))
+    try:
+        sink.open()
+        sink.submit(Entry(1, decision["decisionId"], time.time(), payload))
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            outcomes = sink.poll(0.2)
+            if outcomes:
+                error = outcomes[0].error
+                if error is not None:
+                    return _fail(f"publishing to {sink.name} failed: {error}")
+                print(
+                    orjson.dumps(
+                        {
+                            "published": True,
+                            "decisionId": decision["decisionId"],
+                            "eventId": args.event_id,
+                            "target": args.target,
+                        }
+                    ).decode()
+                )
+                return 0
+        return _fail(f"{sink.name} did not confirm the decision within {args.timeout:g} s")
+    except SinkError as exc:
+        return _fail(str(exc))
+    finally:
+        with contextlib.suppress(Exception):  # closing must not hide the outcome already printed
+            sink.close(timeout=5.0)
+
+
+def _fail(message: str) -> int:
+    print(f"se-bridge decide: {message}", file=sys.stderr)
+    return 1

@@ -1,0 +1,130 @@
+"""Decisions: their canonical form, HMAC signatures, and the checks that prove one valid.
+
+Approvals change production VMs, so the rule is *deny anything not proven valid*. A decision is valid
+only when every check passes, in this order (the first failure is the refusal reason):
+
+1. ``schema``       it matches ``schemas/decision.v1.schema.json``;
+2. ``unsigned`` / ``unknownKey`` / ``badSignature``
+                    it carries an HMAC-SHA256 signature by a configured key (unsigned decisions are
+                    refused unless ``allow_unsigned`` was set explicitly, for labs);
+3. ``issuerNotAllowed``  its ``issuedBy`` is on the allow-list, when one is configured;
+4. ``expired`` / ``issuedInFuture`` / ``ttlTooLong``
+                    ``expiresAt`` is in the future, ``issuedAt`` not in the future beyond the allowed
+                    clock skew, and the decision does not live longer than ``max_ttl``;
+5. ``replayed``     its ``decisionId`` was not used before (checked by the approver's store).
+
+Canonical form (what is signed), so that a Logic App, a script or another language can produce a
+valid decision: the decision object **without** its ``signature`` member, serialized as RFC 8785
+JSON Canonicalization Scheme. For these fields (strings and one small integer) that is exactly
+``json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")`` in
+Python or ``JSON.stringify`` of an object whose keys were inserted in sorted order in JavaScript.
+The signature value is the lowercase hex HMAC-SHA256 of those bytes under the key named by
+``signature.keyId``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from bridge.signing import KeyRing
+
+SCHEMA_FILE = "decision.v1.schema.json"
+
+
+class DecisionRefused(Exception):
+    """A decision that is not proven valid. ``reason`` is a short code (audit records, metrics)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def canonical(decision: dict[str, Any]) -> bytes:
+    """RFC 8785 canonical JSON of the decision without its signature (see the module docstring)."""
+    body = {k: v for k, v in decision.items() if k != "signature"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sign(decision: dict[str, Any], key_id: str, key: bytes) -> dict[str, Any]:
+    value = hmac.new(key, canonical(decision), hashlib.sha256).hexdigest()
+    return {**decision, "signature": {"alg": "HMAC-SHA256", "keyId": key_id, "value": value}}
+
+
+def new_decision(
+    event_id: str,
+    target: str,
+    issued_by: str,
+    ttl: float,
+    reason: str | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    issued = datetime.now(UTC) if now is None else datetime.fromtimestamp(now, UTC)
+    expires = datetime.fromtimestamp(issued.timestamp() + ttl, UTC)
+    decision: dict[str, Any] = {
+        "schemaVersion": 1,
+        "recordType": "decision",
+        "decisionId": str(uuid.uuid4()),
+        "eventId": event_id,
+        "action": "approve",
+        "target": target,
+        "issuedBy": issued_by,
+        "issuedAt": _fmt(issued),
+        "expiresAt": _fmt(expires),
+    }
+    if reason:
+        decision["reason"] = reason
+    return decision
+
+
+@dataclass(frozen=True)
+class ValidationPolicy:
+    keys: KeyRing
+    allow_unsigned: bool = False
+    issuers: frozenset[str] = frozenset()  # empty: any issuer
+    max_skew: float = 300.0
+    max_ttl: float = 24 * 3600.0
+
+
+def validate(decision: Any, policy: ValidationPolicy, now: float) -> dict[str, Any]:
+    """Return the decision when every check passes; raise :class:`DecisionRefused` otherwise."""
+    from bridge.schemas import validate_document
+
+    errors = validate_document(decision, SCHEMA_FILE)
+    if errors:
+        raise DecisionRefused("schema", "; ".join(errors[:3]))
+    signature = decision.get("signature")
+    if signature is None:
+        if not policy.allow_unsigned:
+            raise DecisionRefused("unsigned", "decision is not signed (unsigned decisions are refused)")
+    else:
+        key = policy.keys.get(signature["keyId"])
+        if key is None:
+            raise DecisionRefused("unknownKey", f"signature key id {signature['keyId']!r} is not configured")
+        expected = hmac.new(key, canonical(decision), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, signature["value"]):
+            raise DecisionRefused("badSignature", "signature does not match the decision")
+    if policy.issuers and decision["issuedBy"] not in policy.issuers:
+        raise DecisionRefused("issuerNotAllowed", f"issuer {decision['issuedBy']!r} is not allowed")
+    issued, expires = _parse(decision["issuedAt"]), _parse(decision["expiresAt"])
+    if expires <= now:
+        raise DecisionRefused("expired", f"decision expired at {decision['expiresAt']}")
+    if issued > now + policy.max_skew:
+        raise DecisionRefused("issuedInFuture", f"issuedAt {decision['issuedAt']} is in the future")
+    if expires - issued > policy.max_ttl:
+        raise DecisionRefused("ttlTooLong", f"decision lives longer than {policy.max_ttl:.0f} s")
+    return decision
+
+
+def _fmt(dt: datetime) -> str:
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def _parse(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()

@@ -1,0 +1,140 @@
+"""Routing a decision to an agent's relay API, and the HTTP client that calls it.
+
+* **local** mode (what the VM extension installs): the agent on the same VM, at a loopback URL.
+* **fleet** mode (one horizontally scaled approver for many VMs): the approver reads the events
+  stream too and learns, from each record's ``vm`` block, where every agent listens
+  (``--relay-url-template``, default ``http://{privateIp}:8710``) and, from its ``events``, which VMs
+  each event names in ``Resources``. A decision goes to the agent of its ``target`` VM first, then
+  to the other VMs of the same event: approving through any of them releases the event for all, which
+  is the documentation's primary/secondary advice for when the primary VM does not answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import orjson
+
+from bridge.approver.sources import DecisionSource
+from bridge.signing import KeyRing, sign_request
+
+log = logging.getLogger("bridge.approver.routing")
+
+
+class RelayUnavailable(Exception):
+    """No agent answered (connection refused, timeout, 5xx)."""
+
+
+class RelayClient:
+    """POSTs relay requests; signs them when a relay key is configured."""
+
+    def __init__(self, keys: KeyRing, timeout: float = 15.0) -> None:
+        import requests
+
+        self._requests = requests
+        self._session = requests.Session()
+        self._session.trust_env = False  # agents are on loopback or the VNet: never through a proxy
+        self._keys = keys
+        self._timeout = timeout
+
+    def start_requests(self, relay_url: str, body: dict[str, Any]) -> dict[str, Any]:
+        data = orjson.dumps(body)
+        headers = {"Content-Type": "application/json"}
+        signer = self._keys.first()
+        if signer is not None:
+            headers.update(sign_request(signer[0], signer[1], data))
+        url = relay_url.rstrip("/") + "/v1/start-requests"
+        try:
+            resp = self._session.post(url, data=data, headers=headers, timeout=self._timeout)
+        except self._requests.RequestException as exc:
+            raise RelayUnavailable(f"{relay_url}: {type(exc).__name__}") from None
+        if resp.status_code >= 500 or resp.status_code == 429:
+            raise RelayUnavailable(f"{relay_url}: HTTP {resp.status_code}")
+        try:
+            answer = resp.json()
+        except ValueError:
+            raise RelayUnavailable(f"{relay_url}: answer is not JSON") from None
+        if resp.status_code != 200:
+            # 400/401: the agent refused the request itself; that is an outcome, not an outage.
+            return {
+                "outcome": "refused",
+                "reason": f"relayHttp{resp.status_code}",
+                "detail": str(answer.get("error"))[:200],
+                "results": [],
+            }
+        return answer
+
+
+class LocalRouter:
+    def __init__(self, relay_url: str) -> None:
+        self.relay_url = relay_url
+
+    def candidates(self, decision: dict[str, Any]) -> list[str]:
+        return [self.relay_url]
+
+    def start(self, stop: threading.Event) -> None:
+        pass
+
+
+class FleetRouter:
+    """Learns agents and events from the events stream (see the module docstring)."""
+
+    def __init__(self, sources: list[DecisionSource], template: str = "http://{privateIp}:8710") -> None:
+        self.sources = sources
+        self.template = template
+        self._lock = threading.Lock()
+        self._vms: dict[str, dict[str, Any]] = {}  # lower-cased VM name or vmId -> vm block
+        self._events: dict[str, list[str]] = {}  # eventId -> Resources
+        self._threads: list[threading.Thread] = []
+
+    def learn(self, record: dict[str, Any]) -> None:
+        vm = record.get("vm") or {}
+        if not isinstance(vm, dict) or not vm.get("name"):
+            return
+        with self._lock:
+            entry = {**vm, "seenAt": time.time()}
+            self._vms[str(vm["name"]).lower()] = entry
+            if vm.get("vmId"):
+                self._vms[str(vm["vmId"]).lower()] = entry
+            for event in record.get("events") or []:
+                if isinstance(event, dict) and event.get("eventId"):
+                    self._events[event["eventId"]] = list(event.get("resources") or [])
+
+    def candidates(self, decision: dict[str, Any]) -> list[str]:
+        with self._lock:
+            order = [decision.get("target", ""), *self._events.get(decision.get("eventId", ""), [])]
+            urls: list[str] = []
+            for name in order:
+                vm = self._vms.get(str(name).lower())
+                if vm is None or not vm.get("privateIp"):
+                    continue
+                url = self.template.format(
+                    privateIp=vm["privateIp"], name=vm["name"], vmId=vm.get("vmId") or ""
+                )
+                if url not in urls:
+                    urls.append(url)
+            return urls
+
+    def start(self, stop: threading.Event) -> None:
+        for source in self.sources:
+            thread = threading.Thread(
+                target=self._follow, args=(source, stop), name="fleet-learn", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def _follow(self, source: DecisionSource, stop: threading.Event) -> None:
+        source.open()
+        while not stop.is_set():
+            for message in source.poll(0.5):
+                try:
+                    record = orjson.loads(message.payload)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(record, dict) and record.get("recordType") == "scheduledEvents":
+                    self.learn(record)
+                source.commit(message)
+        source.close()

@@ -1,0 +1,319 @@
+"""The approver process: decisions -> validation -> routing -> agent relay -> audit record.
+
+For each message of the decisions source, in order:
+
+1. decode and validate it (:mod:`bridge.approver.decision`); anything not proven valid is refused;
+2. check the decision store: a decision id already final is a replay (refused), unless it is the very
+   same message read again after a crash (then it is only committed);
+3. record the decision as started, relay it to an agent (:mod:`bridge.approver.routing`), which
+   checks that the event still waits for approval and posts the StartRequest exactly once;
+4. record the final outcome, publish it as an audit record (``recordType: approval``) through the
+   approver's own outbox and sinks, and only then commit the message in the source.
+
+Every decision ends as exactly one audit record with an outcome (approved, refused with a reason,
+failed after retries): nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+from prometheus_client import Counter
+
+from bridge import __version__
+from bridge.agent.delivery import DeliveryWorker
+from bridge.agent.outbox import Outbox, OutboxLocked
+from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
+from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
+from bridge.approver.sources import DecisionSource, Message, SourceError, StdinSource, create_source
+from bridge.approver.store import DecisionStore
+from bridge.observability import AgentMetrics, ErrorStreak
+from bridge.retry import Backoff
+from bridge.sinks import Sink
+from bridge.timeutil import rfc3339
+
+log = logging.getLogger("bridge.approver")
+
+
+class ApproverMetrics(AgentMetrics):
+    """The agent's sink/outbox series (same names, so dashboards work for both) plus decisions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decisions = Counter(
+            "se_bridge_approver_decisions",
+            "Decisions by outcome and reason.",
+            ["outcome", "reason"],
+            registry=self.registry,
+        )
+
+
+class Approver:
+    def __init__(
+        self,
+        source: DecisionSource,
+        router: LocalRouter | FleetRouter,
+        relay: RelayClient,
+        policy: ValidationPolicy,
+        sinks: list[Sink],
+        state_dir: Path,
+        *,
+        relay_attempts: int = 3,
+        metrics: ApproverMetrics | None = None,
+    ) -> None:
+        self.source = source
+        self.router = router
+        self.relay = relay
+        self.policy = policy
+        self.metrics = metrics or ApproverMetrics()
+        self.stop_event = threading.Event()
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.store = DecisionStore(state_dir)
+        try:
+            self.outbox = Outbox(state_dir / "outbox", [s.id for s in sinks], metrics=self.metrics)
+        except OutboxLocked as exc:
+            from bridge.config import ConfigError
+
+            raise ConfigError(f"state_dir: {exc}") from None
+        self.workers = [
+            DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter") for s in sinks
+        ]
+        self.relay_attempts = relay_attempts
+        self._streak = ErrorStreak(log, f"reading decisions from {source.name}")
+
+    # -- one decision ---------------------------------------------------------------------------------
+
+    def process(self, message: Message, now: float | None = None) -> dict[str, Any]:
+        """Take one message to a final outcome and publish its audit record. Returns the audit."""
+        now = time.time() if now is None else now
+        try:
+            decision: Any = orjson.loads(message.payload)
+        except orjson.JSONDecodeError:
+            decision = None
+        decision_id = decision.get("decisionId") if isinstance(decision, dict) else None
+        decision_id = decision_id if isinstance(decision_id, str) else None
+        if decision_id is not None:
+            earlier = self.store.get(decision_id)
+            if earlier is not None and earlier["state"] == "final":
+                if earlier.get("position") == message.position:
+                    log.info(
+                        "decision already final (re-read after a restart)", extra={"decisionId": decision_id}
+                    )
+                    return {"outcome": earlier["outcome"], "reason": earlier.get("reason"), "reread": True}
+                return self._finish(
+                    decision,
+                    message,
+                    "refused",
+                    "replayed",
+                    f"decision id already used ({earlier['outcome']})",
+                    [],
+                    record_final=False,
+                )
+        if decision is None:
+            return self._finish(None, message, "refused", "schema", "message is not JSON", [])
+        try:
+            validate(decision, self.policy, now)
+        except DecisionRefused as refusal:
+            return self._finish(decision, message, "refused", refusal.reason, refusal.detail, [])
+        assert decision_id is not None
+        self.store.started(decision_id, message.position)
+        body = {
+            "decisionId": decision_id,
+            "eventIds": [decision["eventId"]],
+            "target": decision["target"],
+            "issuedBy": decision["issuedBy"],
+        }
+        answer, detail = self._relay(decision, body)
+        if answer is None:
+            return self._finish(decision, message, "failed", "relayUnavailable", detail, [])
+        return self._finish(
+            decision,
+            message,
+            answer.get("outcome", "failed"),
+            answer.get("reason"),
+            answer.get("detail"),
+            answer.get("results") or [],
+            relay=answer.get("relay"),
+        )
+
+    def _relay(self, decision: dict[str, Any], body: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        """Try each candidate agent (fleet failover), each a few times; None when none answered."""
+        errors: list[str] = []
+        backoff = Backoff(base=0.5, cap=5.0)
+        for attempt in range(self.relay_attempts):
+            candidates = self.router.candidates(decision)
+            if not candidates:
+                errors.append("no agent known for the event's VMs")
+            for url in candidates:
+                try:
+                    answer = self.relay.start_requests(url, body)
+                except RelayUnavailable as exc:
+                    errors.append(str(exc))
+                    log.warning(
+                        "agent did not answer, trying the next", extra={"relay": url, "error": str(exc)}
+                    )
+                    continue
+                return {**answer, "relay": url}, ""
+            if attempt + 1 < self.relay_attempts and not self.stop_event.is_set():
+                self.stop_event.wait(backoff.next_delay())
+        return None, "; ".join(errors[-3:])
+
+    def _finish(
+        self,
+        decision: Any,
+        message: Message,
+        outcome: str,
+        reason: str | None,
+        detail: str | None,
+        results: list[dict[str, Any]],
+        *,
+        relay: str | None = None,
+        record_final: bool = True,
+    ) -> dict[str, Any]:
+        d = decision if isinstance(decision, dict) else {}
+
+        def text(key: str) -> str | None:
+            value = d.get(key)
+            return value if isinstance(value, str) else None
+
+        event_id = text("eventId")
+        if not results and event_id:
+            results = [{"eventId": event_id, "result": "refused", "detail": reason}]
+        audit = {
+            "schemaVersion": 1,
+            "recordType": "approval",
+            "recordId": str(uuid.uuid4()),
+            "observedAt": rfc3339(time.time()),
+            "source": {"agentVersion": __version__},
+            "component": "approver",
+            "vm": None,
+            "decisionId": text("decisionId"),
+            "eventIds": [event_id] if event_id else [],
+            "target": text("target"),
+            "issuedBy": text("issuedBy"),
+            "requester": relay,
+            "outcome": outcome if outcome in ("approved", "refused", "failed", "partial") else "failed",
+            "reason": reason,
+            "detail": (detail or None) and str(detail)[:500],
+            "results": [
+                {
+                    "eventId": r.get("eventId", ""),
+                    "result": r.get("result", "refused"),
+                    "detail": r.get("detail"),
+                }
+                for r in results
+            ],
+        }
+        # Durable first, then the store, then (in the caller) the source commit: a crash anywhere
+        # re-reads the message and ends with the same outcome.
+        self.outbox.append(audit["recordId"], orjson.dumps(audit))
+        if record_final and audit["decisionId"]:
+            self.store.final(audit["decisionId"], message.position, audit["outcome"], reason)
+        self.metrics.decisions.labels(audit["outcome"], reason or "ok").inc()
+        level = logging.INFO if audit["outcome"] == "approved" else logging.WARNING
+        log.log(
+            level,
+            f"decision {audit['outcome']}",
+            extra={
+                "decisionId": audit["decisionId"],
+                "eventId": event_id,
+                "reason": reason,
+                "detail": audit["detail"],
+                "relay": relay,
+            },
+        )
+        return audit
+
+    # -- the loop ---------------------------------------------------------------------------------------
+
+    def run(self, install_signals: bool = True) -> int:
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop_event.set())
+        for worker in self.workers:
+            worker.open_at_start()
+            worker.start()
+        self.router.start(self.stop_event)
+        log.info(
+            "approver started",
+            extra={
+                "version": __version__,
+                "source": self.source.name,
+                "sinks": [w.sink.name for w in self.workers],
+            },
+        )
+        try:
+            self.source.open()
+            while not self.stop_event.is_set():
+                try:
+                    messages = self.source.poll(0.5)
+                except Exception as exc:  # a broken source must not end the approver: back off
+                    self._streak.failure(type(exc).__name__, str(exc))
+                    self.stop_event.wait(2.0)
+                    continue
+                self._streak.success()
+                for message in messages:
+                    self.process(message)
+                    self.source.commit(message)
+                    if self.stop_event.is_set():
+                        break
+                if isinstance(self.source, StdinSource) and self.source.exhausted:
+                    break
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        self.stop_event.set()
+        for worker in self.workers:
+            worker.stop(10.0)
+        for worker in self.workers:
+            worker.join(15.0)
+        self.source.close()
+        self.store.close()
+        self.outbox.close()
+        log.info("approver stopped")
+
+
+def build_approver(config: Any) -> Approver:
+    """From an :class:`bridge.approver.config.ApproverConfig` (CLI, TOML, environment)."""
+    from bridge.config import ConfigError
+    from bridge.signing import KeyRing
+    from bridge.sinks import SinkError, create_sink
+
+    try:
+        keys = KeyRing.from_specs(config.key)
+        relay_keys = KeyRing.from_specs(config.relay_key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not keys and not config.allow_unsigned:
+        raise ConfigError(
+            "key: at least one --key KEYID=PATH is required (or --allow-unsigned, for labs only)"
+        )
+    policy = ValidationPolicy(
+        keys, config.allow_unsigned, frozenset(config.issuer), config.max_skew, config.max_ttl
+    )
+    state_dir = Path(config.state_dir)
+    try:
+        source = create_source(config.source, state_dir)
+        sinks = [create_sink(spec) for spec in config.sink]
+        if config.mode == "fleet":
+            if not config.events_source:
+                raise ConfigError("events_source: fleet mode needs --events-source (the events stream)")
+            learn = [
+                create_source(s, state_dir / "fleet", group=f"{config.group}-fleet")
+                for s in config.events_source
+            ]
+            router: LocalRouter | FleetRouter = FleetRouter(learn, config.relay_url_template)
+        else:
+            router = LocalRouter(config.relay)
+    except (SinkError, SourceError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    return Approver(source, router, RelayClient(relay_keys, config.relay_timeout), policy, sinks, state_dir)

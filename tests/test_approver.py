@@ -1,0 +1,416 @@
+"""The approver end to end on this machine: emulator -> agent -> decisions file -> approver -> relay -> IMDS.
+
+Every process is real (emulator, agent, approver, ``se-bridge decide``) and talks over loopback HTTP
+and files; the Kafka and Event Hubs decision sources are tested with their brokers in their own
+modules. Refusals are checked for their audit record *and* for zero StartRequests at the emulator.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from procs import Emulator, wait_until
+
+from bridge.approver.decision import new_decision, sign
+from bridge.schemas import validate_record
+
+KEY = b"k" * 40
+OTHER_KEY = b"o" * 40
+
+
+class Approver:
+    def __init__(self, workdir: Path, relay: str, *extra: str) -> None:
+        self.workdir = workdir
+        self.decisions = workdir / "decisions.jsonl"
+        self.audit = workdir / "audit.jsonl"
+        self.key_file = workdir / "ops.key"
+        self.key_file.write_bytes(KEY)
+        self.args = [
+            sys.executable,
+            "-m",
+            "bridge",
+            "approver",
+            "--source",
+            f"file://{self.decisions}",
+            "--sink",
+            f"file://{self.audit}",
+            "--relay",
+            relay,
+            "--state-dir",
+            str(workdir / "approver-state"),
+            "--key",
+            f"ops={self.key_file}",
+            "--relay-timeout",
+            "3",
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Approver:
+        log = open(self.workdir / "approver.log", "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(self.args, stderr=log, stdout=subprocess.DEVNULL)
+        log.close()
+        return self
+
+    def audits(self) -> list[dict[str, Any]]:
+        if not self.audit.exists():
+            return []
+        return [orjson.loads(line) for line in self.audit.read_bytes().splitlines() if line.strip()]
+
+    def publish(self, decision: dict[str, Any]) -> None:
+        with open(self.decisions, "ab") as f:
+            f.write(orjson.dumps(decision) + b"\n")
+
+    def decide(self, event_id: str, target: str = "vm-bridge-0", *extra: str) -> dict[str, Any]:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bridge",
+                "decide",
+                "--sink",
+                f"file://{self.decisions}",
+                "--event-id",
+                event_id,
+                "--target",
+                target,
+                "--key-id",
+                "ops",
+                "--key-file",
+                str(self.key_file),
+                "--reason",
+                "test",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return orjson.loads(proc.stdout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture
+def setup(emulator: Emulator, make_agent, tmp_path: Path):
+    agent = make_agent(emulator.url).start()
+    approver = Approver(tmp_path, agent.api)
+    yield emulator, agent, approver
+    approver.stop()
+
+
+def audit_for(approver: Approver, decision_id: str) -> dict[str, Any]:
+    return wait_until(
+        lambda: next((a for a in approver.audits() if a["decisionId"] == decision_id), None),
+        30,
+        what=f"audit of {decision_id}",
+    )
+
+
+def test_decide_approver_agent_imds_end_to_end(setup) -> None:
+    emulator, agent, approver = setup
+    approver.start()
+    eid = emulator.add_event(eventType="Reboot", eventSource="User")
+    agent.wait_for_change(eid, "scheduled")
+    published = approver.decide(eid)
+    audit = audit_for(approver, published["decisionId"])
+    assert audit["outcome"] == "approved" and audit["results"][0]["result"] == "approved"
+    assert validate_record(audit) == []
+    agent.wait_for_change(eid, "started", timeout=30)  # the emulator started it after the approval
+    assert emulator.state()["startRequests"] == {eid: 1}
+    agent_audits = agent.records("approval")
+    assert [a["outcome"] for a in agent_audits] == ["approved"] and agent_audits[0][
+        "startRequestsPosted"
+    ] == 1
+    assert validate_record(agent_audits[0]) == []
+
+
+def signed(
+    event_id: str,
+    target: str = "vm-bridge-0",
+    ttl: float = 600,
+    key: bytes = KEY,
+    key_id: str = "ops",
+    **changes: Any,
+) -> dict[str, Any]:
+    decision = {**new_decision(event_id, target, "tests", ttl), **changes}
+    return sign(decision, key_id, key)
+
+
+def test_refusals_are_audited_and_post_nothing(setup) -> None:
+    emulator, agent, approver = setup
+    approver.start()
+    eid = emulator.add_event(eventType="Freeze")
+    started = emulator.add_event(eventType="Reboot")
+    other = emulator.add_event(eventType="Freeze", resources=["some-other-vm"])
+    agent.wait_for_change(other, "scheduled")
+    emulator.control("POST", f"events/{started}/start")
+    agent.wait_for_change(started, "started")
+
+    tampered = signed(eid)
+    tampered["target"] = "vm-bridge-1"
+    unsigned = new_decision(eid, "vm-bridge-0", "tests", 600)
+    expired = signed(eid, ttl=600, issuedAt="2020-01-01T00:00:00.000Z", expiresAt="2020-01-01T00:10:00.000Z")
+    cases = {
+        "badSignature": tampered,
+        "unknownKey": signed(eid, key=OTHER_KEY, key_id="stranger"),
+        "unsigned": unsigned,
+        "expired": expired,
+        "schema": {**signed(eid), "action": "delete"},
+        "notFound": signed("00000000-0000-0000-0000-000000000000"),
+        "alreadyStarted": signed(started),
+        "notThisVm": signed(other),
+    }
+    for decision in cases.values():
+        approver.publish(decision)
+    approver.publish(b"not json at all".decode())  # type: ignore[arg-type]
+    for reason, decision in cases.items():
+        audit = audit_for(approver, decision["decisionId"])
+        assert validate_record(audit) == []
+        if reason == "alreadyStarted":  # not an error: the event is already on its way
+            assert audit["outcome"] == "approved" and audit["results"][0]["result"] == "alreadyStarted"
+        else:
+            assert audit["outcome"] == "refused", (reason, audit)
+            assert audit["reason"] == reason, (reason, audit)
+    wait_until(
+        lambda: any(a["decisionId"] is None and a["reason"] == "schema" for a in approver.audits()),
+        what="audit of the non-JSON message",
+    )
+    assert emulator.state()["startRequests"] == {}  # nothing was posted for any of them
+
+
+def test_replayed_decision_is_refused(setup) -> None:
+    emulator, agent, approver = setup
+    approver.start()
+    eid = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(eid, "scheduled")
+    decision = signed(eid)
+    approver.publish(decision)
+    approver.publish(decision)  # the same message published again: a replay
+    wait_until(
+        lambda: len([a for a in approver.audits() if a["decisionId"] == decision["decisionId"]]) == 2,
+        30,
+        what="two audits",
+    )
+    first, second = [a for a in approver.audits() if a["decisionId"] == decision["decisionId"]]
+    assert first["outcome"] == "approved"
+    assert (second["outcome"], second["reason"]) == ("refused", "replayed")
+    assert emulator.state()["startRequests"] == {eid: 1}
+
+
+def test_approver_killed_before_relaying_processes_after_restart_once(
+    emulator: Emulator, make_agent, tmp_path: Path
+) -> None:
+    agent = make_agent(emulator.url).start()
+    eid = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(eid, "scheduled")
+    # First run: the relay URL answers nothing (closed port), so the approver consumed the decision
+    # and is stuck retrying the relay when it is killed.
+    dead = Approver(
+        tmp_path,
+        "http://127.0.0.1:9",
+    )
+    decision = signed(eid)
+    dead.publish(decision)
+    dead.start()
+    store = tmp_path / "approver-state" / "decisions.jsonl"
+    wait_until(lambda: store.exists() and b'"started"' in store.read_bytes(), what="decision started")
+    assert dead.proc is not None
+    dead.proc.kill()
+    dead.proc.wait(10)
+    assert emulator.state()["startRequests"] == {}
+    # Second run: same state, working relay: the decision is relayed exactly once.
+    again = Approver(tmp_path, agent.api)
+    again.start()
+    try:
+        audit = audit_for(again, decision["decisionId"])
+        assert audit["outcome"] == "approved"
+        time.sleep(1.0)  # give a wrong second attempt the chance to show up
+        assert emulator.state()["startRequests"] == {eid: 1}
+        approved = [a for a in again.audits() if a["decisionId"] == decision["decisionId"]]
+        assert len(approved) == 1
+    finally:
+        again.stop()
+
+
+def test_approver_killed_after_relaying_does_not_post_twice(
+    emulator: Emulator, make_agent, tmp_path: Path
+) -> None:
+    """Relay done, offset not committed (crash): the re-read decision gets the agent's ledger answer."""
+    from bridge.approver.decision import ValidationPolicy
+    from bridge.approver.routing import LocalRouter, RelayClient
+    from bridge.approver.service import Approver as ApproverService
+    from bridge.approver.sources import FileSource, Message
+    from bridge.signing import KeyRing
+    from bridge.sinks import create_sink
+
+    agent = make_agent(emulator.url).start()
+    eid = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(eid, "scheduled")
+    decision = signed(eid)
+    message = Message(orjson.dumps(decision), "line:1")
+
+    def service() -> ApproverService:
+        return ApproverService(
+            source=FileSource(f"file://{tmp_path}/decisions.jsonl", tmp_path),  # process() is driven directly
+            router=LocalRouter(agent.api),
+            relay=RelayClient(KeyRing()),
+            policy=ValidationPolicy(KeyRing({"ops": KEY})),
+            sinks=[create_sink(f"file://{tmp_path}/audit.jsonl")],
+            state_dir=tmp_path / "approver-state",
+        )
+
+    first = service()
+    assert first.process(message)["outcome"] == "approved"
+    first.store.close()
+    first.outbox.close()
+    # The store says final for this position: a re-read is only committed, nothing is relayed.
+    second = service()
+    assert second.process(message).get("reread") is True
+    second.store.close()
+    second.outbox.close()
+    # Even with the store lost (worst case), the agent's ledger answers without a second POST.
+    lost = service()
+    lost.store._entries.clear()
+    answer = lost.process(message)
+    assert answer["outcome"] == "approved"
+    assert emulator.state()["startRequests"] == {eid: 1}
+    repeats = [r for r in agent.records("approval") if r["startRequestsPosted"] == 0]
+    assert repeats and "repeat" in repeats[-1]["detail"]
+
+
+def test_local_policy_auto_approves_user_events_after_the_prepare_hook(
+    emulator: Emulator, make_agent, tmp_path: Path
+) -> None:
+    marker = tmp_path / "prepared"
+    hook = tmp_path / "prepare.sh"
+    hook.write_text(
+        f'#!/bin/sh\necho "draining for $SE_EVENT_ID ($SE_EVENT_TYPE)"\necho "$SE_EVENT_ID" >> {marker}\n'
+    )
+    hook.chmod(0o755)
+    recovered = tmp_path / "recovered"
+    recover = tmp_path / "recover.sh"
+    recover.write_text(f'#!/bin/sh\necho "$SE_EVENT_ID $SE_CHANGE" >> {recovered}\n')
+    recover.chmod(0o755)
+    agent = make_agent(
+        emulator.url,
+        "--auto-approve",
+        "source=User",
+        "--prepare-hook",
+        str(hook),
+        "--recover-hook",
+        str(recover),
+    ).start()
+    user = emulator.add_event(eventType="Reboot", eventSource="User")
+    platform = emulator.add_event(eventType="Freeze", eventSource="Platform")
+    agent.wait_for_change(user, "started", timeout=30)
+    wait_until(lambda: marker.exists() and len(marker.read_text().split()) == 2, what="both prepared")
+    assert emulator.state()["startRequests"] == {user: 1}  # the Platform event was prepared, not approved
+    emulator.control("POST", f"events/{user}/complete")
+    wait_until(
+        lambda: recovered.exists() and f"{user} completed" in recovered.read_text(), what="recover hook"
+    )
+    logs = [e for e in agent.logs() if e.get("msg") == "prepare hook ok"]
+    assert any("draining for" in e["stdout"] for e in logs)
+    assert platform in marker.read_text()
+
+
+def test_a_failing_or_hanging_hook_blocks_neither_polling_nor_approval_of_others(
+    emulator: Emulator, make_agent, tmp_path: Path
+) -> None:
+    hook = tmp_path / "hang.sh"
+    hook.write_text(
+        '#!/bin/sh\nif [ "$SE_EVENT_TYPE" = "Freeze" ]; then sleep 30; fi\n'
+        'if [ "$SE_EVENT_TYPE" = "Redeploy" ]; then exit 3; fi\nexit 0\n'
+    )
+    hook.chmod(0o755)
+    agent = make_agent(
+        emulator.url,
+        "--auto-approve",
+        "type=Freeze|Redeploy|Reboot",
+        "--prepare-hook",
+        str(hook),
+        "--hook-timeout",
+        "3",
+    ).start()
+    hanging = emulator.add_event(eventType="Freeze")
+    failing = emulator.add_event(eventType="Redeploy")
+    good = emulator.add_event(eventType="Reboot")
+    agent.wait_for_change(good, "started", timeout=30)  # approved while the Freeze hook still hangs
+    wait_until(
+        lambda: agent.metric("se_bridge_hook_runs_total", hook="prepare", result="timeout") == 1,
+        20,
+        what="hook timeout counted",
+    )
+    assert agent.metric("se_bridge_hook_runs_total", hook="prepare", result="failed") == 1
+    assert emulator.state()["startRequests"] == {good: 1}
+    assert {hanging, failing}.isdisjoint(emulator.state()["startRequests"])
+
+
+def test_relay_refuses_unsigned_remote_requests_and_accepts_signed_ones(tmp_path: Path) -> None:
+    from bridge.signing import KeyRing, RequestVerifier, sign_request
+
+    verifier = RequestVerifier(KeyRing({"fleet": KEY}))
+    body = b'{"decisionId": "d-12345678", "eventIds": ["e"]}'
+    with pytest.raises(PermissionError, match="unsigned"):
+        verifier.verify({}, body)
+    headers = sign_request("fleet", KEY, body)
+    assert verifier.verify(headers, body) == "fleet"
+    with pytest.raises(PermissionError, match="replayed nonce"):
+        verifier.verify(headers, body)
+    with pytest.raises(PermissionError, match="bad signature"):
+        verifier.verify(sign_request("fleet", KEY, body), body + b" ")
+    with pytest.raises(PermissionError, match="replay window"):
+        verifier.verify(sign_request("fleet", KEY, body, now=time.time() - 3600), body)
+    with pytest.raises(PermissionError, match="unknown key"):
+        verifier.verify(sign_request("other", KEY, body), body)
+
+
+def test_canonical_form_matches_an_independent_implementation() -> None:
+    """What a Logic App or a script in another language must produce (docs/approvals.md)."""
+    import hashlib
+    import hmac
+    import json
+
+    decision = signed("EV-1", reason="Noël maintenance")
+    body = {k: v for k, v in decision.items() if k != "signature"}
+    canonical = json.dumps(dict(sorted(body.items())), separators=(",", ":"), ensure_ascii=False).encode()
+    assert decision["signature"]["value"] == hmac.new(KEY, canonical, hashlib.sha256).hexdigest()
+
+
+def test_approver_refuses_to_start_without_keys(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bridge",
+            "approver",
+            "--source",
+            f"file://{tmp_path}/d.jsonl",
+            "--sink",
+            "stdout:",
+            "--state-dir",
+            str(tmp_path / "s"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ},
+    )
+    assert proc.returncode == 2 and "at least one --key" in proc.stderr
