@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from procs import Emulator, wait_until
+from procs import Agent, Emulator, wait_until
 
 from bridge.approver.decision import new_decision, sign
 from bridge.schemas import validate_record
@@ -414,3 +414,54 @@ def test_approver_refuses_to_start_without_keys(tmp_path: Path) -> None:
         env={**os.environ},
     )
     assert proc.returncode == 2 and "at least one --key" in proc.stderr
+
+
+def test_fleet_mode_learns_agents_and_fails_over_to_another_vm_of_the_event(tmp_path: Path) -> None:
+    """Two VMs (each its own emulator and agent on its own loopback address) share one event. The
+    approver learns both from their records; the target VM's agent is down, so the approval goes
+    through the other VM: approving through any VM of the event releases it for all."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = s.getsockname()[1]
+    event_id = "5DD55B64-45AD-49D3-BBC9-F57D4EA97BD7"
+    vms = {}
+    try:
+        for name, ip in (("vm-a", "127.0.0.2"), ("vm-b", "127.0.0.3")):
+            emu = Emulator("--rate-limit", "0", "--vm-name", name, "--private-ip", ip)
+            workdir = tmp_path / name
+            workdir.mkdir()
+            agent = Agent(emu.url, workdir).start("--listen", f"{ip}:{port}")
+            vms[name] = (emu, agent)
+        for emu, _ in vms.values():
+            emu.add_event(eventType="Freeze", eventId=event_id, resources=["vm-a", "vm-b"])
+        for _, agent in vms.values():
+            agent.wait_for_change(event_id, "scheduled")
+        approver = Approver(
+            tmp_path,
+            "http://unused:1",
+            "--mode",
+            "fleet",
+            "--events-source",
+            f"file://{vms['vm-a'][1].sink_path}",
+            "--events-source",
+            f"file://{vms['vm-b'][1].sink_path}",
+            "--relay-url-template",
+            f"http://{{privateIp}}:{port}",
+        )
+        vms["vm-a"][1].kill()  # the primary does not answer
+        approver.start()
+        time.sleep(2)  # let it learn the fleet from the events stream
+        decision = signed(event_id, target="vm-a")
+        approver.publish(decision)
+        audit = audit_for(approver, decision["decisionId"])
+        assert audit["outcome"] == "approved", audit
+        assert audit["requester"] == f"http://127.0.0.3:{port}"
+        assert vms["vm-b"][0].state()["startRequests"] == {event_id: 1}
+        assert vms["vm-a"][0].state()["startRequests"] == {}
+        approver.stop()
+    finally:
+        for emu, agent in vms.values():
+            agent.stop()
+            emu.stop()

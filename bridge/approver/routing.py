@@ -127,14 +127,20 @@ class FleetRouter:
             self._threads.append(thread)
 
     def _follow(self, source: DecisionSource, stop: threading.Event) -> None:
-        source.open()
+        # Nothing is committed: records are written only on changes, so after a restart the fleet must
+        # be learned again from what the stream still retains.
         while not stop.is_set():
-            for message in source.poll(0.5):
-                try:
-                    record = orjson.loads(message.payload)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(record, dict) and record.get("recordType") == "scheduledEvents":
-                    self.learn(record)
-                source.commit(message)
+            try:
+                source.open()
+                while not stop.is_set():
+                    for message in source.poll(0.5):
+                        try:
+                            record = orjson.loads(message.payload)
+                        except orjson.JSONDecodeError:
+                            continue
+                        if isinstance(record, dict) and record.get("recordType") == "scheduledEvents":
+                            self.learn(record)
+            except Exception as exc:  # keep learning whatever a source throws
+                log.error("events stream failed; retrying", extra={"source": source.name, "error": str(exc)})
+                stop.wait(2.0)
         source.close()

@@ -69,6 +69,7 @@ class FileSource(DecisionSource):
         parts = urlsplit(spec)
         self.path = Path(unquote(parts.path))
         digest = hashlib.sha256(str(self.path).encode()).hexdigest()[:12]
+        state_dir.mkdir(parents=True, exist_ok=True)
         self._cursor_path = state_dir / f"source-file-{digest}.cursor"
         try:
             self._committed = int(self._cursor_path.read_text().strip())

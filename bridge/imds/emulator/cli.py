@@ -78,6 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"scale-set instance index (default {DEFAULT_VMSS_INSTANCE}); implies a scale-set profile",
     )
+    parser.add_argument(
+        "--private-ip",
+        default=None,
+        help="the VM's private IP in /metadata/instance (default 10.0.0.4; fleet tests use loopback ones)",
+    )
     parser.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
     parser.add_argument(
         "--log-requests",
@@ -89,11 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _profile(args: argparse.Namespace) -> VmProfile | None:
     if args.vm_name and (args.vmss_name or args.instance_id is not None):
         raise ValueError("use either --vm-name or --vmss-name/--instance-id")
+    extra = {"private_ip": args.private_ip} if args.private_ip else {}
     if args.vmss_name or args.instance_id is not None:
         instance = DEFAULT_VMSS_INSTANCE if args.instance_id is None else args.instance_id
-        return VmProfile.scale_set(args.vmss_name or DEFAULT_VMSS_NAME, instance)
-    if args.vm_name:
-        return VmProfile(name=args.vm_name)
+        return VmProfile.scale_set(args.vmss_name or DEFAULT_VMSS_NAME, instance, **extra)
+    if args.vm_name or extra:
+        return VmProfile(name=args.vm_name or "vm-bridge-0", **extra)
     return None  # let the scenario pick (terminate -> scale-set instance)
 
 
