@@ -15,11 +15,13 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 # --------------------------------------------------------------------------------------------------
 # Redaction
@@ -175,6 +177,36 @@ class ErrorStreak:
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+class SinkLagCollector:
+    """``se_bridge_sink_queue_depth`` and ``se_bridge_sink_oldest_unsent_age_seconds`` per sink."""
+
+    def __init__(self) -> None:
+        self._providers: list[Callable[[], tuple[str, int, float]]] = []
+
+    def add(self, provider: Callable[[], tuple[str, int, float]]) -> None:
+        """``provider()`` returns (sink id, records not confirmed, age in seconds of the oldest)."""
+        self._providers.append(provider)
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        depth = GaugeMetricFamily(
+            "se_bridge_sink_queue_depth", "Records not yet confirmed by a sink.", labels=["sink"]
+        )
+        age = GaugeMetricFamily(
+            "se_bridge_sink_oldest_unsent_age_seconds",
+            "Age of the oldest record a sink has not confirmed.",
+            labels=["sink"],
+        )
+        for provider in self._providers:
+            sink, records, oldest = provider()
+            depth.add_metric([sink], records)
+            age.add_metric([sink], oldest)
+        yield depth
+        yield age
+
+
 class AgentMetrics:
     """Every Prometheus series the agent exports, on a private registry (no global state in tests)."""
 
@@ -256,15 +288,10 @@ class AgentMetrics:
             ["sink"],
             registry=r,
         )
-        self.sink_queue = Gauge(
-            "se_bridge_sink_queue_depth", "Records not yet confirmed by a sink.", ["sink"], registry=r
-        )
-        self.sink_oldest_age = Gauge(
-            "se_bridge_sink_oldest_unsent_age_seconds",
-            "Age of the oldest record a sink has not confirmed.",
-            ["sink"],
-            registry=r,
-        )
+        # Queue depth and the age of the oldest unsent record are computed when scraped, from the
+        # outbox itself: an idle agent then never wakes up just to refresh a gauge.
+        self.sink_lag = SinkLagCollector()
+        r.register(self.sink_lag)
         self.sink_last_success = Gauge(
             "se_bridge_sink_last_success_timestamp_seconds",
             "Unix time of the sink's last confirmation.",

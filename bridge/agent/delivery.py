@@ -52,6 +52,7 @@ class DeliveryWorker(threading.Thread):
         self._streak = ErrorStreak(log, f"delivery to {sink.name}")
         self._opened = False
         self.last_success: float | None = None
+        metrics.sink_lag.add(self.lag)
         self.sink_failed: SinkError | None = None  # set when submit() raised instead of reporting
 
     # -- control ----------------------------------------------------------------------------------
@@ -79,7 +80,6 @@ class DeliveryWorker(threading.Thread):
                 self.caught_up or time.monotonic() >= (self._drain_deadline or 0)
             ):
                 break
-            self._update_gauges()
             if not self._opened and not self._open():
                 continue
             # Fill the transport's window.
@@ -100,7 +100,8 @@ class DeliveryWorker(threading.Thread):
                 self.sink_failed = None
                 continue
             if not in_flight:
-                self.outbox.wait(submitted, 0.5 if not self._stopping.is_set() else 0.05)
+                # Idle: sleep until a record is appended or stop() wakes us; no periodic wake-up.
+                self.outbox.wait(submitted, None if not self._stopping.is_set() else 0.05)
                 continue
             failure, self.sink_failed = self.sink_failed, None
             try:
@@ -136,7 +137,6 @@ class DeliveryWorker(threading.Thread):
                 in_flight.clear()
                 confirmed.clear()
                 submitted = cursor
-        self._update_gauges()
         try:
             self.sink.close(timeout=2.0)
         except Exception as exc:  # a failing close must not hide the shutdown
@@ -207,10 +207,8 @@ class DeliveryWorker(threading.Thread):
         finally:
             os.close(fd)
 
-    def _update_gauges(self) -> None:
+    def lag(self) -> tuple[str, int, float]:
+        """(sink id, records not confirmed, seconds since the oldest of them became durable)."""
         label = self.sink.id
-        self.metrics.sink_queue.labels(label).set(self.outbox.depth(label))
         oldest = self.outbox.oldest_unconfirmed(label)
-        self.metrics.sink_oldest_age.labels(label).set(
-            0 if oldest is None else max(0.0, time.time() - oldest)
-        )
+        return label, self.outbox.depth(label), 0.0 if oldest is None else max(0.0, time.time() - oldest)

@@ -269,7 +269,7 @@ class Outbox:
                 out.append(Entry(loc.seq, loc.record_id, loc.appended_at, self._read_payload(loc)))
             return out
 
-    def wait(self, after: int, timeout: float) -> bool:
+    def wait(self, after: int, timeout: float | None) -> bool:
         """Block until an entry with seq > ``after`` exists (True) or ``timeout`` passes (False)."""
         with self._changed:
             if self._next_seq - 1 > after:
