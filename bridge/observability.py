@@ -301,6 +301,11 @@ class AgentMetrics:
         self.config_errors = Counter(
             "se_bridge_config_errors", "Configuration values refused at start-up.", registry=r
         )
+        self.internal_errors = Counter(
+            "se_bridge_internal_errors",
+            "Unexpected errors caught by the poll loop (a bug: please report).",
+            registry=r,
+        )
         self.identity_known = Gauge(
             "se_bridge_vm_identity_known", "1 when the VM identity came from /metadata/instance.", registry=r
         )

@@ -217,3 +217,17 @@ def test_agent_started_from_toml_and_environment(emulator: Emulator, tmp_path: P
         assert (tmp_path / "st" / "baseline.json").exists()
     finally:
         agent.stop()
+
+
+def test_kill_9_then_event_starts_and_completes_unseen(emulator: Emulator, make_agent) -> None:
+    """The usual reboot case: the agent saw Scheduled, was down while the event started and finished."""
+    agent = make_agent(emulator.url).start()
+    eid = emulator.add_event(eventType="Reboot", noticeSeconds=1)
+    agent.wait_for_change(eid, "scheduled")
+    agent.kill()
+    wait_until(lambda: any(e["eventStatus"] == "Started" for e in emulator.state()["events"]), what="started")
+    emulator.control("POST", f"events/{eid}/complete")
+    agent.start(first_record=False)
+    record = agent.wait_for_change(eid, "completed")
+    assert record["changes"][0]["previousStatus"] == "Scheduled"  # the start itself was not observed
+    assert_consistent(agent.records())

@@ -36,14 +36,16 @@ def test_canceled_hardware_failure_updated_and_overlapping() -> None:
     assert kinds(doc(4, event("a")), both) == [("a", "started"), ("b", "scheduled")]
 
 
-def test_scheduled_event_gone_after_its_not_before_went_through_started_unseen() -> None:
-    # NotBefore 2022-04-11T22:26:58Z (helpers.event): observed long after it, the event must have started.
+def test_scheduled_event_gone_while_watched_is_canceled_after_a_gap_it_may_have_started() -> None:
+    # NotBefore 2022-04-11T22:26:58Z (helpers.event).
     (change,) = diff(doc(2, event("a")), doc(3), observed_at=1_700_000_000)
-    assert (change.change, change.previous_status) == ("completed", "Scheduled")
-    (change,) = diff(doc(2, event("a")), doc(3), observed_at=1_600_000_000)  # before NotBefore: withdrawn
-    assert change.change == "canceled"
-    (change,) = diff(doc(2, event("a", not_before="")), doc(3), observed_at=1_700_000_000)  # no time known
-    assert change.change == "canceled"
+    assert change.change == "canceled"  # watched continuously: it really vanished while Scheduled
+    (change,) = diff(doc(2, event("a")), doc(3), observed_at=1_700_000_000, continuous=False)
+    assert (change.change, change.previous_status) == ("completed", "Scheduled")  # started unseen
+    (change,) = diff(doc(2, event("a")), doc(3), observed_at=1_600_000_000, continuous=False)
+    assert change.change == "canceled"  # before its NotBefore: withdrawn
+    (change,) = diff(doc(2, event("a", not_before="")), doc(3), observed_at=1_700_000_000, continuous=False)
+    assert change.change == "canceled"  # no time known
 
 
 def test_undocumented_statuses_are_reported_not_invented() -> None:

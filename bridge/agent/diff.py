@@ -21,12 +21,13 @@ Transitions (the ``change`` field of a record):
 ``removed``                 gone with an undocumented status
 ==========================  ==========================================================================
 
-A ``Scheduled`` event that disappears is ``canceled`` only while its NotBefore is still ahead. IMDS
-starts every Scheduled event at its NotBefore at the latest ("the event is automatically approved
-when the NotBefore time is reached") and Azure cancels only before the start; so an event that is
-gone after its NotBefore went through ``Started`` unseen, typically while the agent was down for the
-very reboot or redeploy it announced. It is reported ``completed`` with ``previousStatus: Scheduled``,
-which tells a consumer that the ``Started`` state itself was not observed.
+A ``Scheduled`` event that disappears while the agent was watching is ``canceled``: IMDS starts every
+event at its NotBefore at the latest and keeps it ``Started`` for minutes, which a 1-second poll
+cannot miss. After a gap in observation (the agent was down, typically for the very reboot or
+redeploy the event announced) the last status seen is stale: an event last seen ``Scheduled`` whose
+NotBefore has passed went through ``Started`` unseen, so it is reported ``completed`` with
+``previousStatus: Scheduled`` (which tells a consumer that the start itself was not observed); one
+whose NotBefore is still ahead was withdrawn, ``canceled``.
 """
 
 from __future__ import annotations
@@ -70,10 +71,15 @@ class Change:
 
 
 def diff(
-    previous: EventsDocument | None, current: EventsDocument, observed_at: float | None = None
+    previous: EventsDocument | None,
+    current: EventsDocument,
+    observed_at: float | None = None,
+    *,
+    continuous: bool = True,
 ) -> list[Change]:
     """Changes from ``previous`` (None at the very first observation) to ``current``, seen at
-    ``observed_at`` (Unix time; now when omitted).
+    ``observed_at`` (Unix time; now when omitted). ``continuous`` is False when the agent was not
+    watching between the two (restart, long outage): see the module docstring.
 
     Events keep the order of the current document; disappeared events follow in their previous order.
     """
@@ -102,18 +108,18 @@ def diff(
     when = time.time() if observed_at is None else observed_at
     for old in previous.events:
         if old.event_id not in still_there:
-            changes.append(Change(old.event_id, _gone(old, when), old.event_type, old.event_status, None))
+            kind = _gone(old, when, continuous)
+            changes.append(Change(old.event_id, kind, old.event_type, old.event_status, None))
     return changes
 
 
-def _gone(event: ScheduledEvent, observed_at: float) -> str:
+def _gone(event: ScheduledEvent, observed_at: float, continuous: bool) -> str:
     if event.event_status == STARTED:
         return "completed"
     if event.event_status == SCHEDULED:
-        due = (
-            event.not_before is not None
-            and datetime.fromisoformat(event.not_before).timestamp() <= observed_at
-        )
+        if continuous or event.not_before is None:
+            return "canceled"
+        due = datetime.fromisoformat(event.not_before).timestamp() <= observed_at
         return "completed" if due else "canceled"
     return "removed"
 

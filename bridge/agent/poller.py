@@ -79,6 +79,9 @@ class Poller:
         self.first_success: float | None = None
         self._last_body: bytes | None = None  # body of the last answer fully processed
         self._last_error = ImdsError("none", "no error yet")
+        self._baseline_from_disk = self.baseline is not None
+        self._last_seen_at: float | None = None  # when IMDS last answered
+        self._gap_seconds = max(30.0, 5 * interval)
         self._imds_streak = ErrorStreak(log, "polling IMDS scheduled events")
         self._doc_streak = ErrorStreak(log, "reading the scheduled events document")
         self._full_streak = ErrorStreak(
@@ -107,6 +110,7 @@ class Poller:
             return "error"
         self._imds_streak.success()
         self.metrics.polls.inc()
+        previous_seen, self._last_seen_at = self._last_seen_at, resp.received_at
         if self.first_success is None:
             self.first_success = resp.received_at
         if resp.body == self._last_body:
@@ -124,7 +128,12 @@ class Poller:
         if not is_change(self.baseline, doc):
             self._last_body = resp.body
             return "unchanged"
-        changes = diff(self.baseline, doc, resp.received_at)
+        # Watching without a break since the baseline was seen? Not after a restart (the baseline came
+        # from disk) nor after a long IMDS outage: then a vanished Scheduled event may have started.
+        gap = self._baseline_from_disk or (
+            previous_seen is not None and resp.received_at - previous_seen > self._gap_seconds
+        )
+        changes = diff(self.baseline, doc, resp.received_at, continuous=not gap)
         identity = self.identity.current
         record = build_record(identity, self.baseline, doc, changes, resp.received_at)
         try:
@@ -150,6 +159,7 @@ class Poller:
         except OSError as err:  # the outbox has the record; recovery rebuilds the baseline from it
             log.error("cannot save baseline.json", extra={"error": str(err)})
         previous, self.baseline, self._last_body = self.baseline, doc, resp.body
+        self._baseline_from_disk = False
         self._count(previous, doc, changes, record["recordId"])
         for listener in self.listeners:  # after the record is durable: notify before acting
             try:
@@ -191,7 +201,13 @@ class Poller:
         gone_since: float | None = None
         next_due = time.monotonic()
         while not stop.is_set():
-            outcome = self.poll_once()
+            try:
+                outcome = self.poll_once()
+            except Exception as exc:  # a bug must not end the agent: keep the state, count, go on
+                log.exception("internal error while polling; state kept, polling goes on")
+                self.metrics.internal_errors.inc()
+                self._last_error = ImdsError("internal", f"{type(exc).__name__}: {exc}")
+                outcome = "error"
             now = time.monotonic()
             if outcome == "error":
                 err = self._last_error
