@@ -15,7 +15,7 @@ SUPPORTED = {
     "stdout": "stdout:",
     "kafka": "kafka://host:port[,host:port]/topic[?options]",
     "eventhubs": "eventhubs://<namespace>.servicebus.windows.net/<hub>[?options]",
-    "https": "https://host/path (webhook; http:// only to loopback unless allowed)",
+    "https": "https://host/path[?query][#options] (webhook; http:// only to loopback unless allowed)",
 }
 
 # scheme -> (module, class); imported on first use so an unused transport costs nothing.
