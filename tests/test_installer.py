@@ -1,0 +1,399 @@
+"""The Linux installer (deploy/linux/install.sh) run for real, under a temporary root.
+
+``SE_BRIDGE_ROOT`` puts every path of the install under a prefix, so no root, no systemd and no real
+/etc are needed: the test builds the project's wheel, installs it with the installer into a fresh
+virtual environment (dependencies through the machine's pip configuration), checks the rendered
+config, secrets and systemd units (``systemd-analyze verify`` where it exists), runs the installed
+``se-bridge agent`` from that environment against the IMDS emulator until a scenario reaches the file
+sink, and checks that a second run upgrades in place without touching the state or a hand-edited
+config. The wheel build and the first install happen once per module (the pip install is the slow part).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from procs import Emulator, wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTALLER = ROOT / "deploy" / "linux" / "install.sh"
+WEBHOOK_KEY = "webhook-secret-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
+APPROVER_KEY = "approver-secret-0a1b2c3d4e5f60718293a4b5c6d7e8f9"
+CONNECTION_SECRET = "SharedAccessKey=c2VjcmV0LXZhbHVlLW5ldmVyLWxvZ2dlZA=="
+
+
+@dataclass
+class Install:
+    root: Path
+    wheel: Path
+    settings: Path
+    secrets: Path
+    first: subprocess.CompletedProcess[str]
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc" / "se-bridge"
+
+    @property
+    def venv(self) -> Path:
+        return self.root / "opt" / "se-bridge" / "venv"
+
+    @property
+    def units(self) -> Path:
+        return self.root / "etc" / "systemd" / "system"
+
+    @property
+    def sink(self) -> Path:
+        return self.root / "var" / "log" / "se-bridge" / "records.jsonl"
+
+    def run(self, *extra: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run_installer(self.root, self.wheel, self.settings, self.secrets, *extra, check=check)
+
+
+def run_installer(
+    root: Path, wheel: Path, settings: Path, secrets: Path | None, *extra: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    args = ["sh", str(INSTALLER), "--wheel", str(wheel), "--find-links", str(wheel.parent), "--extras", ""]
+    args += ["--settings", str(settings)]
+    if secrets is not None:
+        args += ["--secrets", str(secrets)]
+    proc = subprocess.run(
+        [*args, *extra],
+        env={**os.environ, "SE_BRIDGE_ROOT": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if check:
+        assert proc.returncode == 0, f"installer failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (built,) = out.glob("scheduled_events_bridge-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Install:
+    root = tmp_path_factory.mktemp("root")
+    inputs = tmp_path_factory.mktemp("inputs")
+    settings = inputs / "settings.json"
+    settings.write_text(
+        json.dumps(
+            {
+                "agent": {
+                    "sink": [f"file://{root}/var/log/se-bridge/records.jsonl"],
+                    "poll_interval": 0.2,
+                    "shutdown_timeout": 5,
+                },
+                "approver": {"source": f"file://{root}/var/lib/se-bridge-approver/decisions.jsonl"},
+            }
+        )
+    )
+    secrets = inputs / "secrets.json"
+    secrets.write_text(
+        json.dumps(
+            {
+                "files": {"webhook.key": WEBHOOK_KEY},
+                "env": {
+                    "EVENTHUBS_CONNECTION_STRING": f"Endpoint=sb://x.servicebus.windows.net/;{CONNECTION_SECRET}"
+                },
+                "approverKeys": {"ops-2026": APPROVER_KEY},
+            }
+        )
+    )
+    first = run_installer(root, wheel, settings, secrets)
+    return Install(root, wheel, settings, secrets, first)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+# -- static ------------------------------------------------------------------------------------------
+
+
+def test_installer_is_posix_sh() -> None:
+    """The Custom Script extension runs its protected script with /bin/sh (dash on Ubuntu)."""
+    for shell in ("sh", "dash"):
+        if shutil.which(shell):
+            proc = subprocess.run([shell, "-n", str(INSTALLER)], capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stderr
+    if shutil.which("shellcheck"):
+        proc = subprocess.run(
+            ["shellcheck", "-s", "sh", "-S", "warning", str(INSTALLER)], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout
+
+
+def test_windows_installer_renders_config_with_the_same_program() -> None:
+    linux = INSTALLER.read_text()
+    start = linux.index("\n", linux.index("<<'PYEOF' || die")) + 1
+    renderer = linux[start : linux.index("\nPYEOF\n", start)] + "\n"
+    windows = (ROOT / "deploy" / "windows" / "install.ps1").read_text()
+    start = windows.index("$RenderConfig = @'\n") + len("$RenderConfig = @'\n")
+    assert windows[start : windows.index("\n'@\n", start) + 1] == renderer
+
+
+def test_cloud_init_is_built_from_the_current_installer() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "linux" / "build_cloud_init.py")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (ROOT / "deploy" / "linux" / "cloud-init.yaml").read_text(), (
+        "deploy/linux/cloud-init.yaml is stale: "
+        "python3 deploy/linux/build_cloud_init.py > deploy/linux/cloud-init.yaml"
+    )
+
+
+# -- first install -----------------------------------------------------------------------------------
+
+
+def test_install_lays_out_venv_config_secrets_and_state(installed: Install) -> None:
+    version = subprocess.run(
+        [str(installed.venv / "bin" / "se-bridge"), "--version"], capture_output=True, text=True
+    )
+    assert version.returncode == 0 and version.stdout.startswith("se-bridge ")
+    assert installed.wheel.name.split("-")[1] in version.stdout
+    config_path = installed.etc / "config.toml"
+    assert mode(config_path) == 0o600
+    config = tomllib.loads(config_path.read_text())
+    assert config["agent"]["sink"] == [f"file://{installed.root}/var/log/se-bridge/records.jsonl"]
+    assert config["agent"]["poll_interval"] == 0.2
+    assert config["agent"]["state_dir"] == f"{installed.root}/var/lib/se-bridge"
+    approver = config["approver"]
+    assert approver["mode"] == "local" and approver["relay"] == "http://127.0.0.1:8710"
+    assert approver["state_dir"] == f"{installed.root}/var/lib/se-bridge-approver"
+    key_file = installed.etc / "keys" / "ops-2026.key"
+    assert approver["key"] == [f"ops-2026={key_file}"]
+    assert key_file.read_text() == APPROVER_KEY and mode(key_file) == 0o600
+    assert mode(key_file.parent) == 0o750
+    assert (installed.etc / "webhook.key").read_text() == WEBHOOK_KEY
+    assert mode(installed.etc / "webhook.key") == 0o600
+    environment = (installed.etc / "environment").read_text()
+    assert (
+        environment
+        == f'EVENTHUBS_CONNECTION_STRING="Endpoint=sb://x.servicebus.windows.net/;{CONNECTION_SECRET}"\n'
+    )
+    assert mode(installed.etc / "environment") == 0o600
+    for state in ("se-bridge", "se-bridge-approver"):
+        assert mode(installed.root / "var" / "lib" / state) == 0o700
+    output = installed.first.stdout + installed.first.stderr
+    for secret in (WEBHOOK_KEY, APPROVER_KEY, CONNECTION_SECRET):
+        assert secret not in output
+    assert "config " in output and ": written; approver: enabled" in output
+
+
+def test_units_are_hardened_and_point_at_the_install(installed: Install) -> None:
+    agent = (installed.units / "se-bridge-agent.service").read_text()
+    approver = (installed.units / "se-bridge-approver.service").read_text()
+    for unit, command, state in ((agent, "agent", "se-bridge"), (approver, "approver", "se-bridge-approver")):
+        lines = set(unit.splitlines())
+        exec_start = (
+            f"ExecStart={installed.venv}/bin/se-bridge {command} --config {installed.etc}/config.toml"
+        )
+        assert exec_start in lines
+        for directive in (
+            "User=se-bridge",
+            "Restart=always",
+            "RestartSec=5",
+            "ProtectSystem=strict",
+            "NoNewPrivileges=yes",
+            f"StateDirectory={state}",
+            "StateDirectoryMode=0700",
+            "CapabilityBoundingSet=",
+            f"EnvironmentFile=-{installed.etc}/environment",
+            "WantedBy=multi-user.target",
+        ):
+            assert directive in lines, f"{command}: {directive}"
+    assert "After=se-bridge-agent.service" in approver.splitlines()
+    assert os.access(installed.venv / "bin" / "se-bridge", os.X_OK)
+
+
+def test_units_pass_systemd_analyze_verify(installed: Install) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed here")
+    units = [
+        str(installed.units / "se-bridge-agent.service"),
+        str(installed.units / "se-bridge-approver.service"),
+    ]
+    proc = subprocess.run(
+        [analyze, "verify", *units],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{installed.units}:"},
+    )
+    # verify exits 0 on unknown keys too, warning on stderr: any line about our units is a failure.
+    complaints = [line for line in (proc.stdout + proc.stderr).splitlines() if "se-bridge" in line]
+    assert proc.returncode == 0 and complaints == [], proc.stdout + proc.stderr
+
+
+def test_installed_agent_forwards_a_scenario_to_the_file_sink(installed: Install, tmp_path: Path) -> None:
+    emulator = Emulator("--rate-limit", "0")
+    log_path = tmp_path / "agent.log"
+    agent: subprocess.Popen[bytes] | None = None
+    try:
+        before = len(installed.sink.read_text().splitlines()) if installed.sink.exists() else 0
+        with open(log_path, "wb") as log:
+            agent = subprocess.Popen(
+                [
+                    str(installed.venv / "bin" / "se-bridge"),
+                    "agent",
+                    "--config",
+                    str(installed.etc / "config.toml"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env={
+                    **os.environ,
+                    "SE_BRIDGE_IMDS_URL": emulator.url,
+                    "SE_BRIDGE_LISTEN": "127.0.0.1:0",
+                    "SE_BRIDGE_IMDS_FIRST_TIMEOUT": "10",
+                },
+            )
+
+        def records() -> list[dict]:
+            if not installed.sink.exists():
+                return []
+            return [json.loads(line) for line in installed.sink.read_text().splitlines()[before:] if line]
+
+        def alive() -> None:
+            assert agent is not None
+            if agent.poll() is not None:
+                raise AssertionError(f"agent exited with {agent.returncode}: {log_path.read_text()[-3000:]}")
+
+        wait_until(lambda: alive() or len(records()) >= 1, 30, what="first record of the installed agent")
+        emulator.control("POST", "scenario", {"name": "user-reboot", "speed": 300})
+        expected = ["scheduled", "started", "completed"]
+
+        def transitions() -> list[str]:
+            alive()
+            return [c["change"] for r in records() for c in r["changes"] if c["change"] != "present"]
+
+        wait_until(lambda: transitions() == expected, 60, what=f"transitions {expected}")
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(30) == 0, log_path.read_text()[-3000:]
+        agent = None
+        got = records()
+        assert got[0]["vm"]["name"] and all(r["recordType"] == "scheduledEvents" for r in got)
+        state = installed.root / "var" / "lib" / "se-bridge"
+        assert (state / "baseline.json").exists(), "the agent used the state_dir of the rendered config"
+        validated = subprocess.run(
+            [str(installed.venv / "bin" / "se-bridge"), "validate", str(installed.sink)],
+            capture_output=True,
+            text=True,
+        )
+        assert validated.returncode == 0, validated.stdout + validated.stderr
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+            agent.wait(10)
+        emulator.stop()
+
+
+# -- second run --------------------------------------------------------------------------------------
+
+
+def test_second_run_upgrades_in_place_and_keeps_state_and_config(installed: Install) -> None:
+    config = installed.etc / "config.toml"
+    python = installed.venv / "bin" / "python"
+    venv_inode = python.lstat().st_ino
+    units_before = {p.name: p.read_text() for p in installed.units.glob("*.service")}
+    state = installed.root / "var" / "lib" / "se-bridge"
+    (state / "marker").write_text("kept")
+    edited = config.read_text() + "# edited by hand\n"
+    config.write_text(edited)
+
+    second = installed.run()
+    output = second.stderr
+    assert "reusing" in output and ": kept;" in output
+    assert config.read_text() == edited, "a second run must not clobber the config"
+    assert (state / "marker").read_text() == "kept", "the state directory survives an upgrade"
+    assert python.lstat().st_ino == venv_inode, "the virtual environment is upgraded in place"
+    assert {p.name: p.read_text() for p in installed.units.glob("*.service")} == units_before
+
+    forced = installed.run("--force-config")
+    assert ": written;" in forced.stderr
+    assert "# edited by hand" not in config.read_text()
+    assert (installed.etc / "config.toml.previous").read_text() == edited
+    assert mode(installed.etc / "config.toml.previous") == 0o600
+    assert (state / "marker").exists()
+
+
+def test_bad_settings_are_refused_and_change_nothing(installed: Install, tmp_path: Path) -> None:
+    config = installed.etc / "config.toml"
+    before = config.read_text()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"agent": {"sink": ["stdout:"], "pol_interval": 1}}))
+    proc = run_installer(installed.root, installed.wheel, bad, None, "--force-config", check=False)
+    assert proc.returncode != 0
+    assert "pol_interval" in proc.stderr and "configuration refused" in proc.stderr
+    assert config.read_text() == before
+    assert not list(installed.etc.glob(".config.toml*")), "no half-written config is left behind"
+
+
+def test_extension_bootstrap_runs_the_installer(wheel: Path, tmp_path: Path) -> None:
+    """What deploy/vm-extension.bicep hands to the Custom Script extension: settings and secrets in
+    environment variables, the arguments set with `set --`, then install.sh itself, run by /bin/sh."""
+    import base64
+
+    root = tmp_path / "root"
+    settings = {"agent": {"sink": [f"file://{root}/records.jsonl"], "poll_interval": 1.0}}
+    secrets = {"approverKeys": {}, "env": {}, "files": {"webhook.key": WEBHOOK_KEY}, "pipIndexUrl": ""}
+    script = "\n".join(
+        [
+            "#!/bin/sh",
+            "# se-bridge VM extension bootstrap, generated by deploy/vm-extension.bicep",
+            f"SE_BRIDGE_INSTALL_SETTINGS_B64='{base64.b64encode(json.dumps(settings).encode()).decode()}'",
+            f"SE_BRIDGE_INSTALL_SECRETS_B64='{base64.b64encode(json.dumps(secrets).encode()).decode()}'",
+            "export SE_BRIDGE_INSTALL_SETTINGS_B64 SE_BRIDGE_INSTALL_SECRETS_B64",
+            f"set -- --force-config --extras '' --wheel \"$PWD/{wheel.name}\" --find-links {wheel.parent}",
+            INSTALLER.read_text(),
+        ]
+    )
+    bicep = (ROOT / "deploy" / "vm-extension.bicep").read_text()
+    assert "'SE_BRIDGE_INSTALL_SETTINGS_B64=\\'${settingsB64}\\''" in bicep
+    assert "'set -- --force-config --extras \\'${packageExtras}\\' ${linuxPackageArgs}'" in bicep
+    assert "loadTextContent('linux/install.sh')" in bicep
+    download = tmp_path / "download"  # the extension runs the script where it downloaded fileUris
+    download.mkdir()
+    shutil.copy(wheel, download / wheel.name)
+    (download / "script.sh").write_text(script)
+    proc = subprocess.run(
+        ["sh", "script.sh"],
+        cwd=download,
+        env={**os.environ, "SE_BRIDGE_ROOT": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    config = tomllib.loads((root / "etc" / "se-bridge" / "config.toml").read_text())
+    assert config["agent"]["sink"] == [f"file://{root}/records.jsonl"]
+    assert "approver" not in config
+    assert (root / "etc" / "se-bridge" / "webhook.key").read_text() == WEBHOOK_KEY
+    assert WEBHOOK_KEY not in proc.stdout + proc.stderr
