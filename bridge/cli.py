@@ -19,9 +19,12 @@ Every flag can also be set in the TOML file given by --config (keys as the flag 
 at the top level or in an [agent] table) or in an environment variable {ENV_PREFIX}<NAME>.
 Precedence: flag > environment > file > default.
 
-Sinks:
-  file:///var/log/se-bridge/records.jsonl   append one record per line, fsync before confirming
-  stdout:                                    one record per line on standard output
+Sinks (details and every option: README.md and docs/sink-*.md):
+  file:///var/log/se-bridge/records.jsonl            one record per line, fsync before confirming
+  stdout:                                             one record per line on standard output
+  kafka://broker:9092/topic[?options]                 idempotent producer, key = vmId
+  eventhubs://<ns>.servicebus.windows.net/<hub>[?..]  managed identity by default
+  https://host/path[?query][#options]                 webhook: JSON, CloudEvents or Event Grid, HMAC
 
 Examples:
   se-bridge agent --sink file:///var/log/se-bridge/records.jsonl --state-dir /var/lib/se-bridge

@@ -194,8 +194,9 @@ AGENT_SETTINGS: tuple[Setting, ...] = (
         "sink",
         text,
         (),
-        "Where records go; repeat for several. file:///path.jsonl or stdout: "
-        "(in the environment: several specs separated by spaces).",
+        "Where records go; repeat for several: file:///path.jsonl, stdout:, kafka://host:port/topic?..., "
+        "eventhubs://<namespace>/<hub>?..., https://host/path#options (in the environment: several specs "
+        "separated by spaces).",
         multiple=True,
         metavar="SPEC",
     ),

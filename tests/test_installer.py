@@ -146,13 +146,13 @@ def test_installer_is_posix_sh() -> None:
         assert proc.returncode == 0, proc.stdout
 
 
-def test_windows_installer_renders_config_with_the_same_program() -> None:
+def test_both_installers_render_config_with_the_packaged_renderer() -> None:
+    """One renderer, in the package (bridge/install_config.py): no copy in either script."""
     linux = INSTALLER.read_text()
-    start = linux.index("\n", linux.index("<<'PYEOF' || die")) + 1
-    renderer = linux[start : linux.index("\nPYEOF\n", start)] + "\n"
     windows = (ROOT / "deploy" / "windows" / "install.ps1").read_text()
-    start = windows.index("$RenderConfig = @'\n") + len("$RenderConfig = @'\n")
-    assert windows[start : windows.index("\n'@\n", start) + 1] == renderer
+    assert '"$VENV/bin/python" -m bridge.install_config' in linux
+    assert "@('-m', 'bridge.install_config')" in windows
+    assert "def write_private" not in linux and "def write_private" not in windows
 
 
 def test_cloud_init_is_built_from_the_current_installer() -> None:
