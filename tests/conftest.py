@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -29,3 +30,11 @@ def make_agent(tmp_path: Path) -> Iterator[Callable[..., Agent]]:
     yield make
     for agent in agents:
         agent.stop()
+
+# Property tests: random exploration on developer machines (failures are kept in .hypothesis/), a
+# fixed, reproducible set of examples in CI so a run never fails on an example nobody can replay.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")

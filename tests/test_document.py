@@ -105,6 +105,10 @@ def test_unreadable_not_before_keeps_the_event_with_a_warning() -> None:
         (b'{"DocumentIncarnation": true, "Events": []}', "bad_incarnation"),
         (b'{"DocumentIncarnation": "x1", "Events": []}', "bad_incarnation"),
         (b'{"DocumentIncarnation": 1.5, "Events": []}', "bad_incarnation"),
+        (
+            '{"DocumentIncarnation": "\u00b2", "Events": []}'.encode(),
+            "bad_incarnation",
+        ),  # found by hypothesis
         (b'{"DocumentIncarnation": 1}', "missing_events"),
         (b'{"DocumentIncarnation": 1, "Events": {}}', "bad_events"),
         (b'{"DocumentIncarnation": 1, "Events": [1]}', "bad_event"),

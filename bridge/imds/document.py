@@ -19,6 +19,7 @@ Quirks handled here, each seen in real answers or documented for an api-version:
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,9 @@ API_VERSIONS = (
 )
 # Before this version IaaS resource names carried a leading underscore.
 _UNDERSCORE_UNTIL = "2017-08-01"
+
+# ASCII digits only: str.isdigit() also accepts "²" or Arabic-Indic digits, which int() may refuse.
+_INTEGER = re.compile(r"\s*-?[0-9]{1,18}\s*\Z")
 
 KNOWN_EVENT_TYPES = frozenset({"Freeze", "Reboot", "Redeploy", "Preempt", "Terminate"})
 KNOWN_EVENT_STATUSES = frozenset({"Scheduled", "Started"})
@@ -171,8 +175,8 @@ def _incarnation(value: Any) -> int:
     # bool is an int subclass in Python; true/false is not an incarnation.
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 32:
-        return int(value.strip())
+    if isinstance(value, str) and _INTEGER.match(value):
+        return int(value)
     raise DocumentError("bad_incarnation", f"DocumentIncarnation {str(value)[:40]!r} is not an integer")
 
 
@@ -191,7 +195,7 @@ def _event(item: Any, index: int, strip_underscore: bool, warnings: list[str]) -
     resources = tuple(r[1:] if strip_underscore and r.startswith("_") else r for r in resources_raw)
     not_before = _not_before(item.get("NotBefore"), where, warnings)
     duration = item.get("DurationInSeconds")
-    if isinstance(duration, str) and duration.strip().lstrip("-").isdigit() and len(duration) < 16:
+    if isinstance(duration, str) and _INTEGER.match(duration):
         duration = int(duration)
     if duration is not None and (not isinstance(duration, int) or isinstance(duration, bool)):
         raise DocumentError("bad_event", f"{where}.DurationInSeconds is not an integer")
