@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint bench clean venv infra-tools
+.PHONY: demo test lint bench clean venv infra-tools azurite
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,20 @@ $(INFRA_VENV)/.installed: infra/requirements.txt
 
 infra-tools: $(INFRA_VENV)/.installed
 
+# Azurite (Microsoft's Azure Storage emulator, from npm) is the Blob service of the Event Hubs decision
+# source's checkpoint tests (tests/azurite.py). Pinned, installed into a project-local folder (ignored
+# by git); the stamp names the version, so changing AZURITE_VERSION installs again. 3.35 is the newest
+# that runs on Node.js 20 (3.36 wants 21, 3.37 wants 22).
+TOOLS           ?= .tools
+AZURITE_VERSION ?= 3.35.0
+
+$(TOOLS)/.installed-azurite-$(AZURITE_VERSION):
+	mkdir -p $(TOOLS)
+	npm install --prefix $(TOOLS) azurite@$(AZURITE_VERSION) --no-audit --no-fund
+	@touch $@
+
+azurite: $(TOOLS)/.installed-azurite-$(AZURITE_VERSION)
+
 demo: $(VENV)/.installed
 	$(BIN)/se-bridge demo
 
@@ -41,12 +55,13 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check bridge tests bench
 	$(BIN)/ruff format --check bridge tests bench
 
-# SE_BRIDGE_INFRA_VENV tells the tests where the tools are and that they must not skip without them.
-test: $(VENV)/.installed-test $(INFRA_VENV)/.installed lint
-	SE_BRIDGE_INFRA_VENV=$(abspath $(INFRA_VENV)) $(BIN)/python -m pytest
+# SE_BRIDGE_INFRA_VENV and SE_BRIDGE_AZURITE tell the tests where the tools are and that they must not
+# skip without them.
+test: $(VENV)/.installed-test $(INFRA_VENV)/.installed $(TOOLS)/.installed-azurite-$(AZURITE_VERSION) lint
+	SE_BRIDGE_INFRA_VENV=$(abspath $(INFRA_VENV)) SE_BRIDGE_AZURITE=$(abspath $(TOOLS)) $(BIN)/python -m pytest
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/poll_bench.py
 
 clean:
-	rm -rf $(VENV) $(INFRA_VENV) build dist .pytest_cache .ruff_cache .hypothesis demo-output
+	rm -rf $(VENV) $(INFRA_VENV) $(TOOLS) build dist .pytest_cache .ruff_cache .hypothesis demo-output

@@ -31,6 +31,7 @@ def make_agent(tmp_path: Path) -> Iterator[Callable[..., Agent]]:
     for agent in agents:
         agent.stop()
 
+
 # Property tests: random exploration on developer machines (failures are kept in .hypothesis/), a
 # fixed, reproducible set of examples in CI so a run never fails on an example nobody can replay.
 from hypothesis import settings  # noqa: E402

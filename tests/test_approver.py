@@ -427,6 +427,7 @@ def test_fleet_mode_learns_agents_and_fails_over_to_another_vm_of_the_event(tmp_
         port = s.getsockname()[1]
     event_id = "5DD55B64-45AD-49D3-BBC9-F57D4EA97BD7"
     vms = {}
+    cleanup: list = []
     try:
         for name, ip in (("vm-a", "127.0.0.2"), ("vm-b", "127.0.0.3")):
             emu = Emulator("--rate-limit", "0", "--vm-name", name, "--private-ip", ip)
@@ -451,6 +452,7 @@ def test_fleet_mode_learns_agents_and_fails_over_to_another_vm_of_the_event(tmp_
             f"http://{{privateIp}}:{port}",
         )
         vms["vm-a"][1].kill()  # the primary does not answer
+        cleanup.append(approver.stop)
         approver.start()
         time.sleep(2)  # let it learn the fleet from the events stream
         decision = signed(event_id, target="vm-a")
@@ -460,8 +462,9 @@ def test_fleet_mode_learns_agents_and_fails_over_to_another_vm_of_the_event(tmp_
         assert audit["requester"] == f"http://127.0.0.3:{port}"
         assert vms["vm-b"][0].state()["startRequests"] == {event_id: 1}
         assert vms["vm-a"][0].state()["startRequests"] == {}
-        approver.stop()
     finally:
+        for stop in cleanup:
+            stop()
         for emu, agent in vms.values():
             agent.stop()
             emu.stop()

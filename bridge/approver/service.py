@@ -250,7 +250,8 @@ class Approver:
             },
         )
         try:
-            self.source.open()
+            if not self._open_source():
+                return 2
             while not self.stop_event.is_set():
                 try:
                     messages = self.source.poll(0.5)
@@ -267,6 +268,24 @@ class Approver:
         finally:
             self.shutdown()
         return 0
+
+    def _open_source(self) -> bool:
+        """Open the decisions source: a configuration that can never work ends the approver (exit 2,
+        one clear line); an unreachable source is retried until it answers or the approver stops."""
+        backoff = Backoff(base=1.0, cap=30.0)
+        while not self.stop_event.is_set():
+            try:
+                self.source.open()
+                return True
+            except SourceError as exc:
+                if not exc.transient:
+                    log.error(
+                        "decisions source refused", extra={"source": self.source.name, "error": str(exc)}
+                    )
+                    return False
+                self._streak.failure("unreachable", str(exc))
+                self.stop_event.wait(backoff.next_delay())
+        return True
 
     def _handle(self, message: Message) -> bool:
         """Process and commit one message, retrying it until it is final (order is kept: the next
@@ -320,7 +339,7 @@ def build_approver(config: Any) -> Approver:
     )
     state_dir = Path(config.state_dir)
     try:
-        source = create_source(config.source, state_dir)
+        source = create_source(config.source, state_dir, group=config.group)
         sinks = [create_sink(spec) for spec in config.sink]
         if config.mode == "fleet":
             if not config.events_source:

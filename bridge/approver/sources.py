@@ -147,7 +147,7 @@ def create_source(spec: str, state_dir: Path, group: str = "se-bridge-approver")
             from bridge.approver.eventhubs_source import EventHubsSource
         except ImportError as exc:
             raise SourceError(f"the eventhubs source needs the 'eventhubs' extra: {exc}") from None
-        return EventHubsSource(spec, state_dir)
+        return EventHubsSource(spec, state_dir, group=group)
     raise SourceError(
         f"unsupported source {redact(spec)!r}: expected kafka://host:port/topic, "
         "eventhubs://<namespace>/<hub>, file:///path.jsonl or stdin:"

@@ -269,6 +269,84 @@ def inspect_connection_string(text: str) -> ConnectionStringInfo:
 
 
 # --------------------------------------------------------------------------------------------------
+# Clients and credentials (shared with the Event Hubs decision source)
+# --------------------------------------------------------------------------------------------------
+
+
+def read_connection_string(opts: EventHubsOptions) -> str:
+    """The connection string the spec points at (read at each call, so a rotated key is picked up)."""
+    if opts.connection_string_env is not None:
+        value = os.environ.get(opts.connection_string_env, "")
+        if not value.strip():
+            raise _config_error(
+                f"eventhubs sink: environment variable {opts.connection_string_env} is not set or empty"
+            )
+        return value.strip()
+    assert opts.connection_string_file is not None
+    try:
+        value = Path(opts.connection_string_file).read_text(encoding="utf-8")
+    except OSError as err:
+        raise _config_error(
+            f"eventhubs sink: cannot read connection_string_file {opts.connection_string_file}: "
+            f"{err.strerror or type(err).__name__}"
+        ) from None
+    if not value.strip():
+        raise _config_error(f"eventhubs sink: connection_string_file {opts.connection_string_file} is empty")
+    return value.strip()
+
+
+def make_credential(opts: EventHubsOptions) -> Any:
+    """The Entra ID credential the spec asks for (``credential=managed|default``, ``client_id``)."""
+    try:
+        from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+    except ImportError as exc:
+        raise _config_error(
+            f"eventhubs sink: credential={opts.credential} needs azure-identity ({exc}); "
+            "pip install 'scheduled-events-bridge[eventhubs]'"
+        ) from None
+    client_id = opts.client_id
+    if opts.credential == "managed":
+        return ManagedIdentityCredential(client_id=client_id) if client_id else ManagedIdentityCredential()
+    return (
+        DefaultAzureCredential(managed_identity_client_id=client_id)
+        if client_id
+        else DefaultAzureCredential()
+    )
+
+
+def client_options(opts: EventHubsOptions) -> dict[str, Any]:
+    """Keyword arguments every azure-eventhub client gets: short SDK retries, transport, user agent."""
+    from azure.eventhub import TransportType
+
+    return {
+        "retry_total": opts.retry_total,
+        "retry_backoff_factor": 0.5,
+        "retry_backoff_max": 4,
+        "transport_type": TransportType.AmqpOverWebsocket
+        if opts.transport == "websockets"
+        else TransportType.Amqp,
+        "user_agent": f"se-bridge/{__version__}",
+    }
+
+
+def resolve_connection_string(opts: EventHubsOptions, text: str) -> tuple[ConnectionStringInfo, str]:
+    """Check a connection string against the spec: its non-secret parts and the hub to use."""
+    info = inspect_connection_string(text)
+    if info.entity_path and opts.hub and info.entity_path != opts.hub:
+        raise _config_error(
+            f"eventhubs sink: the spec names hub {opts.hub!r} but the connection string's EntityPath "
+            f"is {info.entity_path!r}"
+        )
+    hub = opts.hub or info.entity_path
+    if not hub:
+        raise _config_error(
+            "eventhubs sink: no event hub named: put it in the spec's path or in the connection "
+            "string's EntityPath"
+        )
+    return info, hub
+
+
+# --------------------------------------------------------------------------------------------------
 # Threads the SDK leaves blocked
 # --------------------------------------------------------------------------------------------------
 
@@ -297,7 +375,7 @@ def unblock_thread(thread: threading.Thread) -> int:
     return len(found)
 
 
-class _Abandoned(Exception):
+class Abandoned(Exception):
     """A call did not finish in time (or belongs to a sender the watchdog gave up on)."""
 
     def __init__(self, name: str, thread: threading.Thread | None = None) -> None:
@@ -310,7 +388,7 @@ REAP_SECONDS = 60.0
 
 
 def call_with_deadline(fn: Callable[[], Any], timeout: float, name: str) -> Any:
-    """Run ``fn`` in a daemon thread: its result, its exception, or :class:`_Abandoned` (carrying the
+    """Run ``fn`` in a daemon thread: its result, its exception, or :class:`Abandoned` (carrying the
     thread, still running) after ``timeout``."""
     box: dict[str, Any] = {}
 
@@ -324,7 +402,7 @@ def call_with_deadline(fn: Callable[[], Any], timeout: float, name: str) -> Any:
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        raise _Abandoned(name, thread)
+        raise Abandoned(name, thread)
     if "error" in box:
         raise box["error"]
     return box.get("result")
@@ -374,12 +452,12 @@ def abandon(thread: threading.Thread | None, client: Any) -> threading.Thread:
 # --------------------------------------------------------------------------------------------------
 
 
-def _one_line(exc: BaseException, limit: int = 400) -> str:
+def one_line(exc: BaseException, limit: int = 400) -> str:
     text = " ".join(f"{type(exc).__name__}: {exc}".split())
     return redact(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
-def _identity_error(exc: BaseException) -> BaseException | None:
+def identity_error(exc: BaseException) -> BaseException | None:
     """An azure-identity / azure-core authentication error anywhere in the exception chain."""
     try:
         from azure.core.exceptions import ClientAuthenticationError
@@ -393,6 +471,58 @@ def _identity_error(exc: BaseException) -> BaseException | None:
             return current
         current = current.__cause__ or current.__context__
     return None
+
+
+def classify_error(exc: BaseException, where: str, *, opening: bool) -> SinkError:
+    """Classify an SDK failure for ``where`` (endpoint/hub): at start a refused credential or a missing
+    hub is permanent (the process stops with the message), later everything is retried."""
+    if isinstance(exc, SinkError):
+        if exc.permanent and not opening:  # e.g. the connection string file vanished at run time
+            return SinkError(str(exc), kind=exc.kind)
+        return exc
+    detail = one_line(exc)
+    identity = identity_error(exc)
+    if identity is not None:
+        status = getattr(identity, "status_code", None)
+        unavailable = type(identity).__name__ == "CredentialUnavailableError"
+        refused = unavailable or status in (400, 401, 403)  # no identity, or one Entra ID refuses
+        what = "credential refused: Entra ID gave no token" if refused else "Entra ID token request failed"
+        return SinkError(
+            f"{what} for {where}: {one_line(identity)}", kind="auth", permanent=opening and refused
+        )
+    try:
+        from azure.eventhub.exceptions import (
+            AuthenticationError,
+            ConnectError,
+            ConnectionLostError,
+            OperationTimeoutError,
+        )
+    except ImportError:  # pragma: no cover
+        return SinkError(f"event hubs failure: {detail}", kind="error")
+    condition = getattr(exc, "error", None) or ""
+    if (
+        isinstance(exc, AuthenticationError)
+        or condition == "unauthorized-access"
+        or "Status code: 401" in detail
+    ):
+        return SinkError(
+            f"credential refused by the Event Hubs namespace for {where}: {detail}",
+            kind="auth",
+            permanent=opening,
+        )
+    if condition == "not-found" or "Status code: 404" in detail:
+        return SinkError(
+            f"hub not found: event hub {where} does not exist (or the namespace is wrong): {detail}",
+            kind="not_found",
+            permanent=opening,
+        )
+    if isinstance(exc, OperationTimeoutError):
+        kind = "timeout"
+    elif isinstance(exc, ConnectError | ConnectionLostError):
+        kind = "connect"
+    else:
+        kind = "error"
+    return SinkError(f"event hubs unreachable or failing ({where}): {detail}", kind=kind)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -432,71 +562,24 @@ class EventHubsSink(Sink):
     # -- clients ----------------------------------------------------------------------------------
 
     def _read_connection_string(self) -> str:
-        opts = self.options
-        if opts.connection_string_env is not None:
-            value = os.environ.get(opts.connection_string_env, "")
-            if not value.strip():
-                raise _config_error(
-                    f"eventhubs sink: environment variable {opts.connection_string_env} is not set or empty"
-                )
-            return value.strip()
-        assert opts.connection_string_file is not None
-        try:
-            value = Path(opts.connection_string_file).read_text(encoding="utf-8")
-        except OSError as err:
-            raise _config_error(
-                f"eventhubs sink: cannot read connection_string_file {opts.connection_string_file}: "
-                f"{err.strerror or type(err).__name__}"
-            ) from None
-        if not value.strip():
-            raise _config_error(
-                f"eventhubs sink: connection_string_file {opts.connection_string_file} is empty"
-            )
-        return value.strip()
+        return read_connection_string(self.options)
 
     def _make_credential(self) -> Any:
         if self._credential is None:
-            try:
-                from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
-            except ImportError as exc:
-                raise _config_error(
-                    f"eventhubs sink: credential={self.options.credential} needs azure-identity ({exc}); "
-                    "pip install 'scheduled-events-bridge[eventhubs]'"
-                ) from None
-            client_id = self.options.client_id
-            if self.options.credential == "managed":
-                self._credential = (
-                    ManagedIdentityCredential(client_id=client_id)
-                    if client_id
-                    else ManagedIdentityCredential()
-                )
-            else:
-                self._credential = (
-                    DefaultAzureCredential(managed_identity_client_id=client_id)
-                    if client_id
-                    else DefaultAzureCredential()
-                )
+            self._credential = make_credential(self.options)
         return self._credential
 
     def _build_client(self) -> Any:
         """A new producer client (connects lazily: building it contacts nothing)."""
         try:
-            from azure.eventhub import EventHubProducerClient, TransportType
+            from azure.eventhub import EventHubProducerClient
         except ImportError as exc:
             raise _config_error(
                 f"eventhubs sink: azure-eventhub is not installed ({exc}); "
                 "pip install 'scheduled-events-bridge[eventhubs]'"
             ) from None
         opts = self.options
-        kwargs: dict[str, Any] = {
-            "retry_total": opts.retry_total,
-            "retry_backoff_factor": 0.5,
-            "retry_backoff_max": 4,
-            "transport_type": TransportType.AmqpOverWebsocket
-            if opts.transport == "websockets"
-            else TransportType.Amqp,
-            "user_agent": f"se-bridge/{__version__}",
-        }
+        kwargs = client_options(opts)
         if not opts.uses_connection_string:
             return EventHubProducerClient(
                 fully_qualified_namespace=opts.namespace,
@@ -505,18 +588,7 @@ class EventHubsSink(Sink):
                 **kwargs,
             )
         text = self._read_connection_string()
-        info = inspect_connection_string(text)
-        if info.entity_path and opts.hub and info.entity_path != opts.hub:
-            raise _config_error(
-                f"eventhubs sink: the spec names hub {opts.hub!r} but the connection string's EntityPath "
-                f"is {info.entity_path!r}"
-            )
-        hub = opts.hub or info.entity_path
-        if not hub:
-            raise _config_error(
-                "eventhubs sink: no event hub named: put it in the spec's path or in the connection "
-                "string's EntityPath"
-            )
+        info, hub = resolve_connection_string(opts, text)
         self._hub = hub
         self._where = f"{info.host}/{hub}"
         spec_host = f"{opts.namespace}:{opts.port}" if opts.port else opts.namespace
@@ -540,56 +612,7 @@ class EventHubsSink(Sink):
 
     def _error(self, exc: BaseException, *, opening: bool) -> SinkError:
         """Classify an SDK failure: at start a refused credential or a missing hub is permanent."""
-        if isinstance(exc, SinkError):
-            if exc.permanent and not opening:  # e.g. the connection string file vanished at run time
-                return SinkError(str(exc), kind=exc.kind)
-            return exc
-        where = self._where
-        detail = _one_line(exc)
-        identity = _identity_error(exc)
-        if identity is not None:
-            status = getattr(identity, "status_code", None)
-            unavailable = type(identity).__name__ == "CredentialUnavailableError"
-            refused = unavailable or status in (400, 401, 403)  # no identity, or one Entra ID refuses
-            what = (
-                "credential refused: Entra ID gave no token" if refused else "Entra ID token request failed"
-            )
-            return SinkError(
-                f"{what} for {where}: {_one_line(identity)}", kind="auth", permanent=opening and refused
-            )
-        try:
-            from azure.eventhub.exceptions import (
-                AuthenticationError,
-                ConnectError,
-                ConnectionLostError,
-                OperationTimeoutError,
-            )
-        except ImportError:  # pragma: no cover
-            return SinkError(f"event hubs failure: {detail}", kind="error")
-        condition = getattr(exc, "error", None) or ""
-        if (
-            isinstance(exc, AuthenticationError)
-            or condition == "unauthorized-access"
-            or "Status code: 401" in detail
-        ):
-            return SinkError(
-                f"credential refused by the Event Hubs namespace for {where}: {detail}",
-                kind="auth",
-                permanent=opening,
-            )
-        if condition == "not-found" or "Status code: 404" in detail:
-            return SinkError(
-                f"hub not found: event hub {where} does not exist (or the namespace is wrong): {detail}",
-                kind="not_found",
-                permanent=opening,
-            )
-        if isinstance(exc, OperationTimeoutError):
-            kind = "timeout"
-        elif isinstance(exc, ConnectError | ConnectionLostError):
-            kind = "connect"
-        else:
-            kind = "error"
-        return SinkError(f"event hubs unreachable or failing ({where}): {detail}", kind=kind)
+        return classify_error(exc, self._where, opening=opening)
 
     # -- start-up ---------------------------------------------------------------------------------
 
@@ -603,7 +626,7 @@ class EventHubsSink(Sink):
             props = call_with_deadline(
                 client.get_eventhub_properties, self.options.open_timeout, "eventhubs-open"
             )
-        except _Abandoned as stuck:
+        except Abandoned as stuck:
             abandon(stuck.thread, client)
             raise SinkError(
                 f"the Event Hubs namespace did not answer within {self.options.open_timeout:g} s "
@@ -676,7 +699,7 @@ class EventHubsSink(Sink):
     def _current_client(self, generation: int) -> Any:
         with self._cond:
             if generation != self._generation:
-                raise _Abandoned("generation")
+                raise Abandoned("generation")
             client = self._client
         if client is not None:
             return client
@@ -686,7 +709,7 @@ class EventHubsSink(Sink):
                 self._client = client
                 return client
         abandon(None, client)
-        raise _Abandoned("generation")
+        raise Abandoned("generation")
 
     def _send(self, generation: int, entries: list[Entry]) -> None:
         from azure.eventhub import EventData

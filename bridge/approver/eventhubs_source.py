@@ -1,0 +1,780 @@
+"""``eventhubs://<namespace>.servicebus.windows.net/<hub>?...``: decisions (or, in fleet mode, event
+records) from Azure Event Hubs, with ``EventHubConsumerClient`` and checkpoints in Azure Blob Storage
+(``azure-eventhub-checkpointstoreblob``).
+
+Why it is built this way:
+
+* **One spec syntax for both directions.** The hub part of the spec (namespace, hub, ``credential``,
+  ``client_id``, ``connection_string_env|file``, ``open_timeout``, ``retry_total``, ``transport``) is
+  parsed, read and classified by the Event Hubs sink's own helpers (:mod:`bridge.sinks.eventhubs`), so
+  ``se-bridge decide --sink X`` and ``se-bridge approver --source X`` accept the same ``X``; the sink's
+  delivery options (``send_timeout``, ``max_in_flight``) are accepted and ignored. The source adds
+  ``consumer_group`` and the checkpoint store.
+* **Checkpoint only when final.** The SDK's ``receive`` runs in a background thread and hands events
+  to :meth:`EventHubsSource.poll` through a bounded queue, each partition in order. Nothing is
+  checkpointed by the SDK: :meth:`EventHubsSource.commit` writes the partition's checkpoint (offset
+  and sequence number, the dict ``BlobCheckpointStore.update_checkpoint`` expects, under the same
+  namespace/hub/consumer group names the SDK reads them back with) only once the approver says the
+  decision's outcome is final. An approver killed before that re-reads the decision after the
+  restart, and its decision store recognises it (same position ``<partition>@<sequence number>``).
+* **Load balancing is the SDK's.** With a checkpoint store, approvers sharing a consumer group split
+  the partitions (ownership blobs next to the checkpoints; each partition has one epoch reader). The
+  SDK gives every processor a random owner id, so an approver killed with SIGKILL would leave
+  ownerships that a restarted one must wait out (``ownership_expiration``, 3 minutes by default) or
+  steal one partition per round. The store handed to the SDK therefore writes a *stable* owner id
+  kept in the state directory (locked by one process at a time): a restarted approver recognises its
+  previous incarnation's ownerships as released and claims them at once.
+* **No store, no sharing.** Without a checkpoint store every partition is read by this instance (no
+  load balancing, non-epoch readers: at most 5 per partition and consumer group, an Event Hubs limit)
+  and positions are kept in the state directory: what a per-VM approver, or a fleet approver learning
+  the events stream (it never commits and must see every partition), needs.
+* **Fail fast at start, retry later.** The hub is checked like the sink does (a ``$management`` READ)
+  and the checkpoint container too (one listing of its checkpoints): a refused credential, a missing
+  hub or a missing container can never work, so they stop the approver when the source is built
+  ("configuration refused", exit 2: the check runs in the constructor because that is where the
+  approver turns a :class:`SourceError` into a configuration error). An unreachable namespace or
+  storage account is only logged: the SDK keeps trying (ownership rounds every
+  ``load_balancing_interval``), :meth:`poll` reports the failure to the approver's error streak while
+  nothing arrives, and decisions flow as soon as both answer.
+* **Secrets stay out.** Connection strings come from environment variables or files named in the
+  spec; ``checkpoint_url`` refuses a SAS query; every message goes through :func:`redact`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+
+from bridge.approver.sources import DecisionSource, Message, SourceError
+from bridge.fsutil import write_atomic
+from bridge.observability import redact
+from bridge.sinks.base import SinkError
+from bridge.sinks.eventhubs import OPTIONS as HUB_OPTIONS
+from bridge.sinks.eventhubs import (
+    Abandoned,
+    EventHubsOptions,
+    abandon,
+    call_with_deadline,
+    classify_error,
+    client_options,
+    identity_error,
+    make_credential,
+    one_line,
+    parse_eventhubs_spec,
+    read_connection_string,
+    resolve_connection_string,
+)
+
+log = logging.getLogger("bridge.approver.eventhubs")
+
+#: The options the source adds to the sink's (see :data:`bridge.sinks.eventhubs.OPTIONS`).
+SOURCE_OPTIONS: dict[str, str] = {
+    "consumer_group": "the hub's consumer group (default $Default)",
+    "checkpoint_url": "https://<account>.blob.core.windows.net/<container> (the hub's Entra ID credential)",
+    "checkpoint_connection_string_env": "environment variable holding the storage connection string",
+    "checkpoint_connection_string_file": "absolute path of a file holding the storage connection string",
+    "checkpoint_container": "the container, with checkpoint_connection_string_*",
+    "load_balancing_interval": "seconds between the SDK's ownership rounds (default 30)",
+    "ownership_expiration": "seconds after which a silent instance's partitions are taken over "
+    "(default 6 x load_balancing_interval)",
+}
+SINK_ONLY = ("send_timeout", "max_in_flight")  # accepted (one spec for both directions), ignored
+DEFAULT_CONSUMER_GROUP = "$Default"
+MAX_QUEUED = 200  # events received and not yet handed out: the SDK's receive thread waits beyond
+MAX_BATCH = 100  # messages handed out by one poll
+
+_CONTAINER = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(?:-[a-z0-9]+)*$")
+_CONSUMER_GROUP = re.compile(r"^(?:\$Default|[A-Za-z0-9][A-Za-z0-9._-]{0,49})$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRETISH = re.compile(r"(?i)(key|sas|secret|token|password|connection_?string$|signature)")
+
+# The storage client's own retries: a few quick ones (its default waits 15 s, then 18 s, then 24 s).
+_STORE_OPTIONS: dict[str, Any] = {
+    "retry_total": 2,
+    "initial_backoff": 1,
+    "increment_base": 2,
+    "random_jitter_range": 1,
+    "connection_timeout": 10,
+    "read_timeout": 10,
+}
+
+
+def _error(message: str) -> SourceError:
+    return SourceError(message.replace("eventhubs sink", "eventhubs source"))
+
+
+class SourceOptions:
+    """What the source adds to an ``eventhubs://`` spec, validated. Holds no secret."""
+
+    def __init__(self, values: dict[str, str], hub: EventHubsOptions, group: str | None) -> None:
+        self.consumer_group = values.get("consumer_group") or group or DEFAULT_CONSUMER_GROUP
+        if not _CONSUMER_GROUP.match(self.consumer_group):
+            raise _error(
+                "eventhubs source: consumer_group must be $Default or 1-50 letters, digits, '.', '_', '-'"
+            )
+        self.checkpoint_url = values.get("checkpoint_url") or None
+        self.checkpoint_env = values.get("checkpoint_connection_string_env") or None
+        self.checkpoint_file = values.get("checkpoint_connection_string_file") or None
+        self.container = values.get("checkpoint_container") or None
+        self.account_url: str | None = None
+        if self.checkpoint_env and self.checkpoint_file:
+            raise _error(
+                "eventhubs source: give checkpoint_connection_string_env or "
+                "checkpoint_connection_string_file, not both"
+            )
+        by_string = bool(self.checkpoint_env or self.checkpoint_file)
+        if self.checkpoint_url and (by_string or self.container):
+            raise _error(
+                "eventhubs source: checkpoint_url names the container itself; it excludes "
+                "checkpoint_connection_string_* and checkpoint_container"
+            )
+        if self.checkpoint_url:
+            self._parse_url(self.checkpoint_url, hub)
+        elif by_string:
+            if self.checkpoint_env is not None and not _ENV_NAME.match(self.checkpoint_env):
+                raise _error(
+                    "eventhubs source: checkpoint_connection_string_env must be an environment variable name"
+                )
+            if self.checkpoint_file is not None and not Path(self.checkpoint_file).is_absolute():
+                raise _error("eventhubs source: checkpoint_connection_string_file must be an absolute path")
+            if not self.container:
+                raise _error(
+                    "eventhubs source: checkpoint_connection_string_* needs checkpoint_container=NAME"
+                )
+        elif self.container:
+            raise _error(
+                "eventhubs source: checkpoint_container needs checkpoint_connection_string_env or _file "
+                "(or use checkpoint_url=https://<account>.blob.core.windows.net/<container>)"
+            )
+        if self.container is not None and not _CONTAINER.match(self.container):
+            raise _error(
+                "eventhubs source: the checkpoint container must be a blob container name "
+                "(3-63 lower-case letters, digits and single hyphens)"
+            )
+        interval = _number(values, "load_balancing_interval", 30.0, 1.0, 3600.0)
+        expiration = _number(values, "ownership_expiration", 6 * interval, 2.0, 86_400.0)
+        if expiration <= interval:
+            raise _error("eventhubs source: ownership_expiration must be longer than load_balancing_interval")
+        self.load_balancing_interval = interval
+        self.ownership_expiration = expiration
+
+    def _parse_url(self, url: str, hub: EventHubsOptions) -> None:
+        parts = urlsplit(url)
+        if parts.query or parts.fragment or "@" in parts.netloc:
+            raise _error(
+                "eventhubs source: no SAS token or credentials in checkpoint_url; it uses the hub's Entra "
+                "ID credential (or use checkpoint_connection_string_env/_file)"
+            )
+        if parts.scheme.lower() != "https" or not parts.hostname:
+            raise _error(
+                "eventhubs source: checkpoint_url must be "
+                "https://<account>.blob.core.windows.net/<container> (Entra ID tokens are only sent over TLS)"
+            )
+        segments = [s for s in parts.path.split("/") if s]
+        if not segments:
+            raise _error(
+                "eventhubs source: checkpoint_url names no container: "
+                "https://<account>.blob.core.windows.net/<container>"
+            )
+        if hub.uses_connection_string:
+            raise _error(
+                "eventhubs source: checkpoint_url uses the hub's Entra ID credential (credential=managed or "
+                "default); with connection_string_* give checkpoint_connection_string_env/_file and "
+                "checkpoint_container"
+            )
+        self.container = segments[-1]
+        path = "/".join(segments[:-1])
+        self.account_url = urlunsplit((parts.scheme, parts.netloc, f"/{path}" if path else "", "", ""))
+
+    @property
+    def has_store(self) -> bool:
+        return bool(self.checkpoint_url or self.checkpoint_env or self.checkpoint_file)
+
+
+def _number(values: dict[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = values.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        number = float(raw)
+    except ValueError:
+        raise _error(f"eventhubs source: {name} must be a number of seconds, got {raw!r}") from None
+    if not low <= number <= high:
+        raise _error(f"eventhubs source: {name} must be between {low:g} and {high:g}, got {number:g}")
+    return number
+
+
+def parse_source_spec(spec: str, group: str | None = None) -> tuple[EventHubsOptions, SourceOptions]:
+    """Split an ``eventhubs://`` source spec into the hub part (parsed by the sink's parser) and the
+    source's own options. Every mistake is a :class:`SourceError` naming the option, never a value."""
+    parts = urlsplit(spec.strip())
+    hub_pairs: list[tuple[str, str]] = []
+    own: dict[str, str] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        name = key.strip().lower()
+        if name in SOURCE_OPTIONS:
+            if name in own:
+                raise _error(f"eventhubs source: option {name} given twice")
+            own[name] = value.strip()
+        elif name.startswith("checkpoint_") and _SECRETISH.search(name):
+            raise _error(
+                f"eventhubs source: {key} is refused: never put a secret in the source spec; use "
+                "checkpoint_connection_string_env=VARIABLE, checkpoint_connection_string_file=/path or "
+                "checkpoint_url with credential=managed|default"
+            )
+        elif name in HUB_OPTIONS or _SECRETISH.search(name):
+            hub_pairs.append((key, value))  # the sink's parser refuses secrets with its own message
+        else:
+            known = ", ".join([*HUB_OPTIONS, *SOURCE_OPTIONS])
+            raise _error(f"eventhubs source: unknown option {key!r} (known: {known})")
+    hub_spec = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(hub_pairs), ""))
+    try:
+        hub = parse_eventhubs_spec(hub_spec)
+    except SinkError as exc:
+        raise _error(str(exc)) from None
+    return hub, SourceOptions(own, hub, group)
+
+
+def _payload(event: Any) -> bytes:
+    """The event's body as bytes (a data body may come as one bytes object or as several)."""
+    body = event.body
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode()
+    try:
+        return b"".join(bytes(part) for part in body)
+    except TypeError:
+        return event.body_as_str().encode()
+
+
+class _StoreHealth:
+    """The last failure of the checkpoint store as the SDK's load balancing met it (None: fine)."""
+
+    def __init__(self) -> None:
+        self.failure: str | None = None
+
+
+def _stable_owner_store(inner: Any, owner_id: str, health: _StoreHealth) -> Any:
+    """A ``CheckpointStore`` that writes ``owner_id`` instead of the processor's random one.
+
+    The processor's own id is learned from its first claim (every ownership it claims carries it) and
+    translated both ways, so the SDK sees a consistent picture. Before that first claim, ownerships of
+    ``owner_id`` (a previous incarnation of this approver, killed without releasing them) are shown as
+    released: claimable at once instead of after ``ownership_expiration``.
+    """
+    from azure.eventhub import CheckpointStore
+
+    class StableOwnerStore(CheckpointStore):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.runtime_id: str | None = None
+
+        def _track(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                health.failure = one_line(exc)
+                raise
+            health.failure = None
+            return result
+
+        def list_ownership(self, namespace: str, hub: str, group: str, **kwargs: Any) -> Any:
+            out = []
+            for ownership in self._track(inner.list_ownership, namespace, hub, group, **kwargs):
+                if ownership.get("owner_id") == owner_id:
+                    ownership = {**ownership, "owner_id": self.runtime_id or ""}
+                out.append(ownership)
+            return out
+
+        def claim_ownership(self, ownership_list: Any, **kwargs: Any) -> Any:
+            to_write = []
+            for ownership in ownership_list:
+                owner = ownership.get("owner_id")
+                if owner and owner != owner_id:  # the processor's own (random) id
+                    self.runtime_id = owner
+                    ownership = {**ownership, "owner_id": owner_id}
+                to_write.append(ownership)
+            claimed = self._track(inner.claim_ownership, to_write, **kwargs)
+            return [
+                {**c, "owner_id": self.runtime_id} if c.get("owner_id") == owner_id else c for c in claimed
+            ]
+
+        def update_checkpoint(self, checkpoint: Any, **kwargs: Any) -> None:
+            inner.update_checkpoint(checkpoint, **kwargs)
+
+        def list_checkpoints(self, namespace: str, hub: str, group: str, **kwargs: Any) -> Any:
+            return self._track(inner.list_checkpoints, namespace, hub, group, **kwargs)
+
+    return StableOwnerStore()
+
+
+class EventHubsSource(DecisionSource):
+    """Event Hubs through ``EventHubConsumerClient.receive`` in a background thread (see the module)."""
+
+    def __init__(self, spec: str, state_dir: Path, group: str | None = None) -> None:
+        super().__init__(spec)
+        self.options, self.source_options = parse_source_spec(spec, group)
+        opts = self.options
+        self.consumer_group = self.source_options.consumer_group
+        self._credential: Any = None
+        if opts.uses_connection_string:
+            try:
+                info, self.hub = resolve_connection_string(opts, read_connection_string(opts))
+            except SinkError as exc:
+                raise _error(str(exc)) from None
+            self._where = f"{info.host}/{self.hub}"
+        else:
+            self.hub = opts.hub
+            self._where = f"{opts.namespace}/{opts.hub}"
+        digest = hashlib.sha256(f"{self._where}/{self.consumer_group}".lower().encode()).hexdigest()[:12]
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self._owner_path = state_dir / f"source-eventhubs-{digest}.owner"
+        self._positions_path = state_dir / f"source-eventhubs-{digest}.positions"
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[str, int, str, bytes]] = deque()  # partition, sequence, offset, body
+        self._seen: dict[str, int] = {}  # partition -> highest sequence number queued or handed out
+        self._handed: dict[str, int] = {}  # partition -> highest sequence number handed out
+        self._pending: dict[str, tuple[str, int, str]] = {}  # position -> (partition, sequence, offset)
+        self._committed: dict[str, int] = {}  # partition -> sequence number of the last checkpoint
+        self._contexts: dict[str, tuple[str, str, str]] = {}  # partition -> namespace, hub, group (SDK's)
+        self._errors: deque[str] = deque(maxlen=20)  # one-shot receive errors, reported by poll
+        self._health = _StoreHealth()
+        self._closing = False
+        self._client: Any = None
+        self._thread: threading.Thread | None = None
+        self._store: Any = None  # the SDK's (stable owner id), None without a checkpoint store
+        self._committer: Any = None  # our own store client for update_checkpoint
+        self._sdk_store: Any = None  # the blob store inside self._store
+        self._store_where = ""
+        self._positions: dict[str, dict[str, Any]] = {}
+        if self.source_options.has_store:
+            self._build_stores()
+            self._check_store()
+        else:
+            self._positions = self._read_positions()
+        self._check_hub()
+
+    # -- building ---------------------------------------------------------------------------------
+
+    def _hub_credential(self) -> Any:
+        if self._credential is None:
+            try:
+                self._credential = make_credential(self.options)
+            except SinkError as exc:
+                raise _error(str(exc)) from None
+        return self._credential
+
+    def _owner_id(self) -> str:
+        try:
+            owner = self._owner_path.read_text().strip()
+        except FileNotFoundError:
+            owner = ""
+        if not owner:
+            owner = str(uuid.uuid4())
+            write_atomic(self._owner_path, owner.encode() + b"\n")
+        return owner
+
+    def _read_store_connection_string(self) -> str:
+        so = self.source_options
+        if so.checkpoint_env is not None:
+            value = os.environ.get(so.checkpoint_env, "").strip()
+            if not value:
+                raise _error(
+                    f"eventhubs source: environment variable {so.checkpoint_env} is not set or empty"
+                )
+            return value
+        assert so.checkpoint_file is not None
+        try:
+            value = Path(so.checkpoint_file).read_text(encoding="utf-8").strip()
+        except OSError as err:
+            raise _error(
+                f"eventhubs source: cannot read checkpoint_connection_string_file {so.checkpoint_file}: "
+                f"{err.strerror or type(err).__name__}"
+            ) from None
+        if not value:
+            raise _error(f"eventhubs source: checkpoint_connection_string_file {so.checkpoint_file} is empty")
+        return value
+
+    def _new_store(self) -> Any:
+        try:
+            from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
+        except ImportError as exc:
+            raise _error(
+                f"eventhubs source: the checkpoint store needs azure-eventhub-checkpointstoreblob ({exc}); "
+                "pip install 'scheduled-events-bridge[eventhubs]'"
+            ) from None
+        so = self.source_options
+        assert so.container is not None
+        if so.account_url is not None:
+            return BlobCheckpointStore(
+                so.account_url, so.container, credential=self._hub_credential(), **_STORE_OPTIONS
+            )
+        text = self._read_store_connection_string()
+        try:
+            return BlobCheckpointStore.from_connection_string(text, so.container, **_STORE_OPTIONS)
+        except (ValueError, TypeError, KeyError) as exc:
+            # The SDK's parse errors are generic, but never echo anything derived from the secret.
+            raise _error(
+                f"eventhubs source: the checkpoint connection string is not usable ({type(exc).__name__})"
+            ) from None
+
+    def _build_stores(self) -> None:
+        self._committer = self._new_store()
+        container = getattr(self._committer, "_container_client", None)  # its URL, for messages only
+        self._store_where = redact(
+            str(getattr(container, "url", self.source_options.container)).split("?")[0]
+        )
+        self._sdk_store = self._new_store()
+        self._store = _stable_owner_store(self._sdk_store, self._owner_id(), self._health)
+
+    def _build_client(self) -> Any:
+        try:
+            from azure.eventhub import EventHubConsumerClient
+        except ImportError as exc:
+            raise _error(
+                f"eventhubs source: azure-eventhub is not installed ({exc}); "
+                "pip install 'scheduled-events-bridge[eventhubs]'"
+            ) from None
+        opts, so = self.options, self.source_options
+        kwargs: dict[str, Any] = {
+            **client_options(opts),
+            "consumer_group": self.consumer_group,
+            "checkpoint_store": self._store,
+            "load_balancing_interval": so.load_balancing_interval,
+            "partition_ownership_expiration_interval": so.ownership_expiration,
+        }
+        if not opts.uses_connection_string:
+            return EventHubConsumerClient(
+                fully_qualified_namespace=opts.namespace,
+                eventhub_name=opts.hub,
+                credential=self._hub_credential(),
+                **kwargs,
+            )
+        try:
+            text = read_connection_string(opts)
+            info, hub = resolve_connection_string(opts, text)
+        except SinkError as exc:
+            raise _error(str(exc)) from None
+        try:
+            return EventHubConsumerClient.from_connection_string(
+                text, eventhub_name=None if info.entity_path else hub, **kwargs
+            )
+        except (ValueError, TypeError) as exc:
+            raise _error(
+                f"eventhubs source: the connection string is not usable ({type(exc).__name__})"
+            ) from None
+
+    # -- start-up checks --------------------------------------------------------------------------
+
+    def _check_store(self) -> None:
+        """List this hub's checkpoints (one request on the container): a refused credential or a
+        missing container is permanent, anything else is retried later."""
+        timeout = self.options.open_timeout
+
+        def check() -> Any:
+            return self._committer.list_checkpoints("se-bridge-start-check", self.hub, self.consumer_group)
+
+        try:
+            call_with_deadline(check, timeout, "eventhubs-source-check")
+        except Abandoned as stuck:
+            abandon(stuck.thread, None)
+            self._store_unreachable(f"no answer within {timeout:g} s")
+        except Exception as exc:
+            permanent, detail = self._classify_store_error(exc)
+            if permanent:
+                raise SourceError(
+                    f"eventhubs source: checkpoint store {self._store_where}: {detail}"
+                ) from None
+            self._store_unreachable(detail)
+
+    def _classify_store_error(self, exc: BaseException) -> tuple[bool, str]:
+        """(permanent, detail) of a failed container check."""
+        identity = identity_error(exc)  # Entra ID's refusal, or the account's (storage raises it too)
+        if identity is not None:
+            status = getattr(identity, "status_code", None)
+            if type(identity).__name__ == "CredentialUnavailableError" or status in (400, 401, 403):
+                return True, (
+                    "credential refused (no Entra ID token, or the storage account refused the key or the "
+                    f"identity: check the Storage Blob Data Contributor role): {one_line(identity)}"
+                )
+            return False, f"token request failed: {one_line(identity)}"
+        status = getattr(exc, "status_code", None)
+        if status in (401, 403):
+            return True, (
+                "credential refused by the storage account (check the key, or the Storage Blob Data "
+                f"Contributor role on the container): {one_line(exc)}"
+            )
+        if status == 404:
+            return True, (
+                f"container {self.source_options.container!r} not found (the infrastructure creates it; "
+                f"the source does not): {one_line(exc)}"
+            )
+        return False, one_line(exc)
+
+    def _store_unreachable(self, detail: str) -> None:
+        self._health.failure = f"unreachable at start: {detail}"
+        log.warning(
+            "checkpoint store unreachable at start; the source retries every load balancing round",
+            extra={
+                "source": self.name,
+                "store": self._store_where,
+                "error": redact(detail),
+                "retryEvery": self.source_options.load_balancing_interval,
+            },
+        )
+
+    def _check_hub(self) -> None:
+        """The hub's properties through a consumer client, classified like the sink does at start."""
+        client = self._build_client()
+        timeout = self.options.open_timeout
+        try:
+            props = call_with_deadline(client.get_eventhub_properties, timeout, "eventhubs-source-check")
+        except Abandoned as stuck:
+            abandon(stuck.thread, client)
+            self._hub_unreachable(f"no answer within {timeout:g} s")
+            return
+        except Exception as exc:
+            abandon(None, client)
+            error = classify_error(exc, self._where, opening=True)
+            if error.permanent:
+                raise _error(f"eventhubs source: {error}") from None
+            self._hub_unreachable(str(error))
+            return
+        self._client = client
+        log.info(
+            "event hub reachable",
+            extra={
+                "source": self.name,
+                "hub": self.hub,
+                "consumerGroup": self.consumer_group,
+                "partitions": len((props or {}).get("partition_ids") or []),
+                "checkpoints": self._store_where or "state directory",
+            },
+        )
+
+    def _hub_unreachable(self, detail: str) -> None:
+        log.warning(
+            "event hubs namespace unreachable at start; the source retries",
+            extra={"source": self.name, "error": redact(detail)},
+        )
+
+    # -- local positions (no checkpoint store) ----------------------------------------------------
+
+    def _read_positions(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = orjson.loads(self._positions_path.read_bytes())
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            return {}
+        return {str(k): v for k, v in data.items() if isinstance(v, dict) and "offset" in v}
+
+    # -- receiving --------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        with self._cond:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._closing = False
+        client, self._client = self._client, None
+        if client is None:
+            client = self._build_client()
+        if self._store is None and self._positions:
+            starting: Any = {p: str(v["offset"]) for p, v in self._positions.items()}
+            self._committed = {p: int(v.get("sequenceNumber", -1)) for p, v in self._positions.items()}
+        else:
+            starting = "-1"  # where no checkpoint exists: the start of the partition's retention
+        thread = threading.Thread(
+            target=self._receive, args=(client, starting), name="eventhubs-source", daemon=True
+        )
+        with self._cond:
+            self._client = client
+            self._thread = thread
+        thread.start()
+
+    def _receive(self, client: Any, starting: Any) -> None:
+        try:
+            client.receive(
+                on_event=self._on_event,
+                on_error=self._on_error,
+                on_partition_initialize=self._on_partition_initialize,
+                on_partition_close=self._on_partition_close,
+                starting_position=starting,
+            )
+        except Exception as exc:  # receive() only returns on close(); anything else is reported
+            with self._cond:
+                if not self._closing:
+                    self._errors.append(f"receiving stopped: {one_line(exc)}")
+                    self._cond.notify_all()
+
+    def _on_event(self, context: Any, event: Any) -> None:
+        if event is None:
+            return
+        partition = str(context.partition_id)
+        sequence = int(event.sequence_number)
+        payload = _payload(event)
+        with self._cond:
+            self._contexts[partition] = (
+                context.fully_qualified_namespace,
+                context.eventhub_name,
+                context.consumer_group,
+            )
+            if sequence <= self._seen.get(partition, -1):
+                return  # read again after the partition was re-opened: already queued or handed out
+            while len(self._queue) >= MAX_QUEUED and not self._closing:
+                self._cond.wait(0.5)
+            if self._closing:
+                return
+            self._seen[partition] = sequence
+            self._queue.append((partition, sequence, str(event.offset), payload))
+            self._cond.notify_all()
+
+    def _on_error(self, context: Any, error: Exception) -> None:
+        where = f"partition {context.partition_id}" if context is not None else "load balancing"
+        detail = f"{where}: {one_line(error)}"
+        log.debug("event hubs receive error", extra={"source": self.name, "error": detail})
+        with self._cond:
+            self._errors.append(detail)
+            self._cond.notify_all()
+
+    def _on_partition_initialize(self, context: Any) -> None:
+        log.info(
+            "partition claimed",
+            extra={
+                "source": self.name,
+                "partition": context.partition_id,
+                "consumerGroup": self.consumer_group,
+            },
+        )
+
+    def _on_partition_close(self, context: Any, reason: Any) -> None:
+        partition = str(context.partition_id)
+        with self._cond:
+            # What was queued and not handed out is left to whoever reads the partition next (from
+            # the checkpoint); what was handed out is still finished and committed here.
+            self._queue = deque(item for item in self._queue if item[0] != partition)
+            self._seen[partition] = self._handed.get(partition, -1)
+            self._cond.notify_all()
+        log.info(
+            "partition released",
+            extra={
+                "source": self.name,
+                "partition": partition,
+                "reason": getattr(reason, "name", str(reason)),
+            },
+        )
+
+    def _take_error_locked(self) -> str | None:
+        if self._errors:
+            return self._errors.popleft()
+        if self._health.failure is not None:
+            return f"checkpoint store {self._store_where}: {self._health.failure}"
+        return None
+
+    def poll(self, timeout: float) -> list[Message]:
+        with self._cond:
+            thread = self._thread
+        if thread is None or not thread.is_alive():
+            if thread is not None and self._client is not None:  # receive() gave up: start again
+                abandon(None, self._client)
+                self._client = None
+            self.open()
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._queue:
+                if self._closing:
+                    return []
+                error = self._take_error_locked()
+                if error is not None:
+                    raise SourceError(f"eventhubs source {self.name}: {error}", transient=True)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self._cond.wait(min(remaining, 0.25))
+            out: list[Message] = []
+            while self._queue and len(out) < MAX_BATCH:
+                partition, sequence, offset, payload = self._queue.popleft()
+                position = f"{partition}@{sequence}"
+                self._handed[partition] = max(sequence, self._handed.get(partition, -1))
+                self._pending[position] = (partition, sequence, offset)
+                out.append(Message(payload, position))
+            self._cond.notify_all()  # room again for the receive thread
+        return out
+
+    # -- committing -------------------------------------------------------------------------------
+
+    def commit(self, message: Message) -> None:
+        with self._cond:
+            pending = self._pending.pop(message.position, None)
+            if pending is None:
+                raise SourceError(
+                    f"eventhubs source {self.name}: nothing to commit at {message.position}", transient=True
+                )
+            partition, sequence, offset = pending
+            if sequence <= self._committed.get(partition, -1):
+                return  # never move a checkpoint back (a message handed out twice)
+            context = self._contexts.get(partition)
+        if self._committer is None:
+            self._commit_locally(partition, sequence, offset)
+            return
+        assert context is not None
+        namespace, hub, group = context
+        checkpoint = {
+            "fully_qualified_namespace": namespace,
+            "eventhub_name": hub,
+            "consumer_group": group,
+            "partition_id": partition,
+            "offset": offset,
+            "sequence_number": sequence,
+        }
+        try:
+            self._committer.update_checkpoint(checkpoint)
+        except Exception as exc:
+            raise SourceError(
+                f"eventhubs source {self.name}: checkpoint of partition {partition} not written to "
+                f"{self._store_where}: {one_line(exc)}",
+                transient=True,
+            ) from None
+        with self._cond:
+            self._committed[partition] = max(sequence, self._committed.get(partition, -1))
+
+    def _commit_locally(self, partition: str, sequence: int, offset: str) -> None:
+        with self._cond:
+            self._committed[partition] = sequence
+            self._positions[partition] = {"offset": offset, "sequenceNumber": sequence}
+            data = orjson.dumps(self._positions, option=orjson.OPT_SORT_KEYS)
+        write_atomic(self._positions_path, data + b"\n")
+
+    # -- shutdown ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            client, self._client = self._client, None
+            thread, self._thread = self._thread, None
+        if client is not None:
+            # close() stops the processor, which releases its partitions (another approver takes them
+            # over at once); a client stuck in the SDK is left to the reaper instead of blocking exit.
+            try:
+                call_with_deadline(client.close, 10.0, "eventhubs-source-close")
+            except Abandoned as stuck:
+                abandon(stuck.thread, None)
+            except Exception as exc:
+                log.debug("closing the consumer failed", extra={"error": one_line(exc)})
+        if thread is not None:
+            thread.join(10.0)
+        for store in (self._committer, self._sdk_store):
+            if store is not None:
+                with contextlib.suppress(Exception):
+                    store.close()

@@ -1,0 +1,522 @@
+"""The approver's Event Hubs source: the real azure-eventhub SDK against the AMQP test peer
+(``tests/peers/amqp_eventhubs.py``), checkpoints and partition ownership in a real Azurite (Blob
+Storage emulator from npm, ``tests/azurite.py``), the IMDS emulator, the agent and the approver as real
+processes.
+
+* emulator -> agent -> (file sink); ``se-bridge decide`` publishes to the peer's decisions hub; the
+  approver reads it, relays through the agent; exactly one StartRequest, the audit records, and the
+  partition's checkpoint blob in Azurite;
+* an approver killed (SIGKILL) after consuming a decision and before committing it: the restarted one
+  takes its partitions back at once, processes the decision with exactly one StartRequest, and a
+  second restart does not read it again (the checkpoint is honoured);
+* start-up: a refused storage key, a missing container or a refused hub credential stop the approver
+  with exit 2 and no secret in what it prints; an unreachable storage account does not: the approver
+  waits for it and works once it answers.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from azurite import Azurite, require_azurite
+from brokers import free_port
+from peers.amqp_eventhubs import EventHubsPeer, StoredEvent
+from procs import Emulator, wait_until
+
+from bridge.approver.eventhubs_source import parse_source_spec
+from bridge.approver.sources import SourceError
+
+KEY = b"e" * 40
+EH_KEY = secrets.token_urlsafe(32)  # the hub's SAS key: must never reach a log line
+CONTAINER = "checkpoints"
+
+
+# --------------------------------------------------------------------------------------------------
+# The spec (no process, no network)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_spec_options_and_defaults() -> None:
+    hub, source = parse_source_spec(
+        "eventhubs://ns.servicebus.windows.net/decisions?credential=managed"
+        "&client_id=0f8fad5b-d9cb-469f-a165-70867728950e"
+        "&checkpoint_url=https://acct.blob.core.windows.net/checkpoints&consumer_group=se-bridge-approver"
+        "&load_balancing_interval=10&send_timeout=5"
+    )
+    assert (hub.namespace, hub.hub, hub.credential) == ("ns.servicebus.windows.net", "decisions", "managed")
+    assert source.consumer_group == "se-bridge-approver"
+    assert (source.account_url, source.container) == ("https://acct.blob.core.windows.net", "checkpoints")
+    assert (source.load_balancing_interval, source.ownership_expiration) == (10.0, 60.0)
+    assert source.has_store
+
+    hub, source = parse_source_spec(
+        "eventhubs://127.0.0.1:5672/decisions?connection_string_env=EH&checkpoint_connection_string_file="
+        "/etc/se-bridge/storage.conn&checkpoint_container=cp-1",
+        group="from-the-command-line",
+    )
+    assert hub.uses_connection_string and source.container == "cp-1" and source.account_url is None
+    assert source.consumer_group == "from-the-command-line"  # the spec's consumer_group wins when given
+    hub, source = parse_source_spec("eventhubs://ns.servicebus.windows.net/decisions")
+    assert source.consumer_group == "$Default" and not source.has_store
+    assert (source.load_balancing_interval, source.ownership_expiration) == (30.0, 180.0)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("checkpoint_connection_string=DefaultEndpointsProtocol", "never put a secret"),
+        ("checkpoint_account_key=c2VjcmV0", "never put a secret"),
+        ("connection_string=Endpoint", "never put a secret"),
+        ("checkpoint_url=https://a.blob.core.windows.net/cp%3Fsv%3D1%26sig%3Dtopsecret", "no SAS token"),
+        ("checkpoint_url=http://a.blob.core.windows.net/cpts", "only sent over TLS"),
+        ("checkpoint_url=https://a.blob.core.windows.net/", "names no container"),
+        ("checkpoint_container=cpts", "checkpoint_container needs"),
+        ("checkpoint_connection_string_env=CP", "needs checkpoint_container"),
+        (
+            "checkpoint_connection_string_env=CP&checkpoint_connection_string_file=/x&checkpoint_container=cpt",
+            "not both",
+        ),
+        ("checkpoint_connection_string_env=CP&checkpoint_container=Bad_Name", "blob container name"),
+        ("checkpoint_connection_string_file=relative&checkpoint_container=cpts", "absolute path"),
+        ("consumer_group=a/b", "consumer_group"),
+        ("load_balancing_interval=10&ownership_expiration=5", "longer than"),
+        ("load_balancing_interval=soon", "number of seconds"),
+        ("prefetch=3", "unknown option 'prefetch'"),
+    ],
+)
+def test_spec_mistakes_are_refused_without_echoing_values(query: str, expected: str) -> None:
+    with pytest.raises(SourceError) as caught:
+        parse_source_spec(f"eventhubs://ns.servicebus.windows.net/decisions?{query}")
+    message = str(caught.value)
+    assert expected in message and message.startswith("eventhubs source"), message
+    assert "topsecret" not in message and "c2VjcmV0" not in message
+
+
+def test_checkpoint_url_needs_the_hubs_entra_id_credential() -> None:
+    with pytest.raises(SourceError, match="uses the hub's Entra ID credential"):
+        parse_source_spec(
+            "eventhubs://ns.servicebus.windows.net/decisions?connection_string_env=EH"
+            "&checkpoint_url=https://a.blob.core.windows.net/cpts"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Real processes: helpers
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def peer() -> Iterator[EventHubsPeer]:
+    with EventHubsPeer({"decisions": 2, "single": 1}, keys={"K": EH_KEY}) as p:
+        yield p
+    assert p.errors == [], p.errors
+
+
+@pytest.fixture
+def store() -> Iterator[Azurite]:
+    with Azurite(require_azurite()) as running:
+        running.create_container(CONTAINER)
+        yield running
+
+
+def env_for(peer: EventHubsPeer, store: Azurite, hub: str = "decisions", **more: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "EH_CONN": peer.connection_string(hub, "K", EH_KEY),
+        "CP_CONN": store.connection_string(),
+        **more,
+    }
+
+
+def source_spec(peer: EventHubsPeer, hub: str = "decisions", **options: str) -> str:
+    query = {
+        "connection_string_env": "EH_CONN",
+        "checkpoint_connection_string_env": "CP_CONN",
+        "checkpoint_container": CONTAINER,
+        "open_timeout": "10",
+        **options,
+    }
+    return f"eventhubs://127.0.0.1:{peer.port}/{hub}?" + "&".join(f"{k}={v}" for k, v in query.items())
+
+
+def approver_args(tmp_path: Path, spec: str, relay: str, *extra: str) -> list[str]:
+    key = tmp_path / "ops.key"
+    key.write_bytes(KEY)
+    return [
+        sys.executable,
+        "-m",
+        "bridge",
+        "approver",
+        "--source",
+        spec,
+        "--sink",
+        f"file://{tmp_path}/approver-audit.jsonl",
+        "--relay",
+        relay,
+        "--key",
+        f"ops={key}",
+        "--state-dir",
+        str(tmp_path / "approver-state"),
+        "--group",
+        "$Default",  # the peer's checkpoint paths below name this consumer group
+        "--relay-timeout",
+        "3",
+        *extra,
+    ]
+
+
+def start_approver(
+    tmp_path: Path, spec: str, relay: str, env: dict[str, str], *extra: str
+) -> subprocess.Popen[bytes]:
+    log = open(tmp_path / "approver.log", "ab")  # noqa: SIM115 - handed to the child
+    log.write(b'{"msg": "--- approver start ---"}\n')
+    log.flush()
+    proc = subprocess.Popen(
+        approver_args(tmp_path, spec, relay, *extra), stderr=log, stdout=subprocess.DEVNULL, env=env
+    )
+    log.close()
+    return proc
+
+
+def approver_logs(tmp_path: Path, last_run_only: bool = False) -> list[dict[str, Any]]:
+    path = tmp_path / "approver.log"
+    if not path.exists():
+        return []
+    lines = path.read_bytes().splitlines()
+    out: list[dict[str, Any]] = []
+    for line in lines:
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            entry = {"msg": line.decode(errors="replace")}
+        if last_run_only and entry.get("msg") == "--- approver start ---":
+            out = []
+        out.append(entry)
+    return out
+
+
+def decide(tmp_path: Path, peer: EventHubsPeer, env: dict[str, str], event_id: str, hub: str) -> str:
+    (tmp_path / "ops.key").write_bytes(KEY)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bridge",
+            "decide",
+            "--sink",
+            f"eventhubs://127.0.0.1:{peer.port}/{hub}?connection_string_env=EH_CONN",
+            "--event-id",
+            event_id,
+            "--target",
+            "vm-bridge-0",
+            "--key-id",
+            "ops",
+            "--key-file",
+            str(tmp_path / "ops.key"),
+            "--reason",
+            "event hubs e2e",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert EH_KEY not in proc.stdout + proc.stderr
+    return orjson.loads(proc.stdout)["decisionId"]
+
+
+def audits(tmp_path: Path, decision_id: str) -> list[dict[str, Any]]:
+    path = tmp_path / "approver-audit.jsonl"
+    if not path.exists():
+        return []
+    records = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    return [r for r in records if r.get("decisionId") == decision_id]
+
+
+def decision_event(peer: EventHubsPeer, hub: str, decision_id: str) -> StoredEvent:
+    return wait_until(
+        lambda: next(
+            (e for e in peer.messages(hub=hub) if orjson.loads(e.body)["decisionId"] == decision_id), None
+        ),
+        10,
+        what="the decision on the hub",
+    )
+
+
+def checkpoint_of(store: Azurite, peer: EventHubsPeer, hub: str, partition: str) -> dict[str, str] | None:
+    """The checkpoint blob's metadata, under the names the SDK reads it back with."""
+    name = f"127.0.0.1:{peer.port}/{hub}/$default/checkpoint/{partition}"
+    return store.blobs(CONTAINER).get(name)
+
+
+def owners(store: Azurite, peer: EventHubsPeer, hub: str) -> dict[str, str | None]:
+    prefix = f"127.0.0.1:{peer.port}/{hub}/$default/ownership/"
+    return {
+        name.rsplit("/", 1)[1]: meta.get("ownerid")
+        for name, meta in store.blobs(CONTAINER).items()
+        if name.startswith(prefix)
+    }
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
+def assert_no_secret(tmp_path: Path, store: Azurite) -> None:
+    text = (tmp_path / "approver.log").read_text()
+    assert EH_KEY not in text and store.key not in text
+
+
+# --------------------------------------------------------------------------------------------------
+# Real processes: the tests
+# --------------------------------------------------------------------------------------------------
+
+
+def test_end_to_end_through_event_hubs_with_blob_checkpoints(
+    emulator: Emulator, make_agent, peer: EventHubsPeer, store: Azurite, tmp_path: Path
+) -> None:
+    env = env_for(peer, store)
+    agent = make_agent(emulator.url).start()
+    eid = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(eid, "scheduled")
+    approver = start_approver(tmp_path, source_spec(peer), agent.api or "", env)
+    try:
+        decision_id = decide(tmp_path, peer, env, eid, "decisions")
+        wait_until(lambda: emulator.state()["startRequests"] == {eid: 1}, 60, what="one StartRequest")
+        mine = wait_until(lambda: audits(tmp_path, decision_id), 30, what="the approver's audit record")
+        assert [(a["component"], a["outcome"]) for a in mine] == [("approver", "approved")]
+        theirs = wait_until(
+            lambda: [a for a in agent.records("approval") if a["decisionId"] == decision_id],
+            30,
+            what="the agent's audit record",
+        )
+        assert [(a["component"], a["outcome"]) for a in theirs] == [("agent", "approved")]
+        agent.wait_for_change(eid, "started", timeout=30)
+
+        event = decision_event(peer, "decisions", decision_id)
+        checkpoint = wait_until(
+            lambda: checkpoint_of(store, peer, "decisions", event.partition), 30, what="checkpoint blob"
+        )
+        assert checkpoint == {"offset": str(event.offset), "sequencenumber": str(event.sequence_number)}
+        # Both partitions are owned under the stable owner id kept in the state directory.
+        owner_file = next((tmp_path / "approver-state").glob("source-eventhubs-*.owner"))
+        assert owners(store, peer, "decisions") == {
+            "0": owner_file.read_text().strip(),
+            "1": owner_file.read_text().strip(),
+        }
+        assert emulator.state()["startRequests"] == {eid: 1}
+    finally:
+        assert stop(approver) == 0
+    # A clean stop releases the partitions (another approver could take them over at once).
+    assert set(owners(store, peer, "decisions").values()) == {None}
+    assert_no_secret(tmp_path, store)
+
+
+def test_killed_before_commit_reprocessed_once_then_checkpoint_honoured(
+    emulator: Emulator, make_agent, peer: EventHubsPeer, store: Azurite, tmp_path: Path
+) -> None:
+    """One partition: a restarted approver must take it back at once (without the stable owner id the
+    SDK would wait 3 minutes for the killed owner's claim to expire), and a later decision on the same
+    partition proves what comes before it was not read again."""
+    env = env_for(peer, store, hub="single")
+    spec = source_spec(peer, hub="single")
+    agent = make_agent(emulator.url).start()
+    eid = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(eid, "scheduled")
+    # A relay that accepts the connection and never answers: the approver consumes the decision,
+    # records it as started and is stuck waiting for the agent, before any checkpoint.
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        first = start_approver(
+            tmp_path, spec, f"http://127.0.0.1:{silent.getsockname()[1]}", env, "--relay-timeout", "120"
+        )
+        decision_id = decide(tmp_path, peer, env, eid, "single")
+        journal = tmp_path / "approver-state" / "decisions.jsonl"
+        wait_until(
+            lambda: journal.exists() and decision_id.encode() in journal.read_bytes(), 60, what="consumed"
+        )
+        first.kill()
+        first.wait(10)
+    finally:
+        silent.close()
+    assert emulator.state()["startRequests"] == {}
+    assert checkpoint_of(store, peer, "single", "0") is None
+    event = decision_event(peer, "single", decision_id)
+
+    second = start_approver(tmp_path, spec, agent.api or "", env)
+    try:
+        wait_until(lambda: emulator.state()["startRequests"] == {eid: 1}, 60, what="one StartRequest")
+        wait_until(
+            lambda: (
+                checkpoint_of(store, peer, "single", "0")
+                == {"offset": str(event.offset), "sequencenumber": str(event.sequence_number)}
+            ),
+            30,
+            what="the checkpoint after the restart",
+        )
+    finally:
+        assert stop(second) == 0
+    assert [a["outcome"] for a in audits(tmp_path, decision_id)] == ["approved"]
+
+    third = start_approver(tmp_path, spec, agent.api or "", env)
+    try:
+        later = emulator.add_event(eventType="Freeze")
+        agent.wait_for_change(later, "scheduled")
+        later_id = decide(tmp_path, peer, env, later, "single")
+        wait_until(
+            lambda: emulator.state()["startRequests"] == {eid: 1, later: 1}, 60, what="the later decision"
+        )
+        wait_until(lambda: audits(tmp_path, later_id), 30, what="the later audit record")
+    finally:
+        assert stop(third) == 0
+    third_run = approver_logs(tmp_path, last_run_only=True)
+    assert not [e for e in third_run if "re-read" in str(e.get("msg"))], third_run
+    assert [a["outcome"] for a in audits(tmp_path, decision_id)] == ["approved"]
+    assert emulator.state()["startRequests"] == {eid: 1, later: 1}
+    assert_no_secret(tmp_path, store)
+
+
+def run_approver_once(tmp_path: Path, spec: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        approver_args(tmp_path, spec, "http://127.0.0.1:9"),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=90,
+        check=False,
+    )
+
+
+def test_refused_credentials_or_missing_container_stop_the_approver_with_exit_2(
+    peer: EventHubsPeer, store: Azurite, tmp_path: Path
+) -> None:
+    wrong_key = secrets.token_urlsafe(32)
+    wrong_storage_key = base64.b64encode(secrets.token_bytes(48)).decode()
+    cases = [
+        (
+            env_for(peer, store, CP_CONN=store.connection_string(key=wrong_storage_key)),
+            source_spec(peer),
+            "credential refused",
+        ),
+        (env_for(peer, store), source_spec(peer, checkpoint_container="missing-container"), "not found"),
+        (
+            {**env_for(peer, store), "EH_CONN": peer.connection_string("decisions", "K", wrong_key)},
+            source_spec(peer),
+            "credential refused by the Event Hubs namespace",
+        ),
+        (env_for(peer, store, hub="nohub"), source_spec(peer, hub="nohub"), "hub not found"),
+    ]
+    for env, spec, expected in cases:
+        done = run_approver_once(tmp_path, spec, env)
+        output = done.stdout + done.stderr
+        assert done.returncode == 2, output
+        assert "configuration refused" in output and expected in output, output
+        for secret in (EH_KEY, store.key, wrong_key, wrong_storage_key):
+            assert secret not in output
+    assert not (tmp_path / "approver-audit.jsonl").exists()
+
+
+def test_unreachable_namespace_and_checkpoint_store_are_waited_for(
+    emulator: Emulator, make_agent, tmp_path: Path
+) -> None:
+    """Decided behaviour: a namespace or a storage account that does not answer at start is not a
+    configuration error. The approver starts, says so, retries every load balancing round and works
+    once both answer (nothing listens on their ports at first: connections are refused)."""
+    late_peer = EventHubsPeer({"decisions": 2}, port=free_port(), keys={"K": EH_KEY})
+    late_store = Azurite(require_azurite())
+    late_store.port = free_port()
+    env = env_for(late_peer, late_store)
+    agent = make_agent(emulator.url).start()
+    eid = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(eid, "scheduled")
+    spec = source_spec(late_peer, load_balancing_interval="1")
+    approver = start_approver(tmp_path, spec, agent.api or "", env)
+    try:
+
+        def warned(prefix: str) -> dict[str, Any] | None:
+            return next((e for e in approver_logs(tmp_path) if str(e.get("msg")).startswith(prefix)), None)
+
+        store_warning = wait_until(lambda: warned("checkpoint store unreachable"), 60, what="store warning")
+        assert f"127.0.0.1:{late_store.port}" in store_warning["store"]
+        wait_until(lambda: warned("event hubs namespace unreachable"), 60, what="namespace warning")
+        wait_until(lambda: warned("approver started"), 30, what="the approver running")
+        assert approver.poll() is None
+
+        late_peer.start()
+        decision_id = decide(tmp_path, late_peer, env, eid, "decisions")
+        time.sleep(2.0)
+        assert emulator.state()["startRequests"] == {}  # nothing is read without the checkpoint store
+        late_store.start(port=late_store.port)
+        late_store.create_container(CONTAINER)
+        wait_until(lambda: emulator.state()["startRequests"] == {eid: 1}, 60, what="one StartRequest")
+        wait_until(lambda: audits(tmp_path, decision_id), 30, what="the audit record")
+        event = decision_event(late_peer, "decisions", decision_id)
+        wait_until(
+            lambda: checkpoint_of(late_store, late_peer, "decisions", event.partition), 30, what="checkpoint"
+        )
+        assert approver.poll() is None
+    finally:
+        assert stop(approver) == 0
+        late_store.close()
+        late_peer.stop()
+    assert_no_secret(tmp_path, late_store)
+    assert late_peer.errors == []
+
+
+def test_without_a_checkpoint_store_positions_stay_in_the_state_directory(
+    emulator: Emulator, make_agent, peer: EventHubsPeer, tmp_path: Path
+) -> None:
+    """Local mode (one approver per VM, each reading every decision): no store, no load balancing,
+    positions in the state directory; a restart does not read a committed decision again."""
+    env = {**os.environ, "EH_CONN": peer.connection_string("single", "K", EH_KEY)}
+    spec = f"eventhubs://127.0.0.1:{peer.port}/single?connection_string_env=EH_CONN"
+    agent = make_agent(emulator.url).start()
+    first_event = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(first_event, "scheduled")
+    approver = start_approver(tmp_path, spec, agent.api or "", env)
+    try:
+        first_id = decide(tmp_path, peer, env, first_event, "single")
+        wait_until(lambda: emulator.state()["startRequests"] == {first_event: 1}, 60, what="StartRequest")
+        wait_until(lambda: audits(tmp_path, first_id), 30, what="the audit record")
+    finally:
+        assert stop(approver) == 0
+    positions_file = next((tmp_path / "approver-state").glob("source-eventhubs-*.positions"))
+    stored = decision_event(peer, "single", first_id)
+    assert orjson.loads(positions_file.read_bytes()) == {
+        "0": {"offset": str(stored.offset), "sequenceNumber": stored.sequence_number}
+    }
+
+    approver = start_approver(tmp_path, spec, agent.api or "", env)
+    try:
+        later = emulator.add_event(eventType="Freeze")
+        agent.wait_for_change(later, "scheduled")
+        later_id = decide(tmp_path, peer, env, later, "single")
+        wait_until(lambda: audits(tmp_path, later_id), 60, what="the later decision's audit record")
+    finally:
+        assert stop(approver) == 0
+    last_run = approver_logs(tmp_path, last_run_only=True)
+    assert not [e for e in last_run if "re-read" in str(e.get("msg"))], last_run
+    assert emulator.state()["startRequests"] == {first_event: 1, later: 1}
+    assert [a["outcome"] for a in audits(tmp_path, first_id)] == ["approved"]
+    text = (tmp_path / "approver.log").read_text()
+    assert EH_KEY not in text
