@@ -50,7 +50,8 @@ expired, replayed or unknown-key decisions are refused and audited, never relaye
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line; ``command`` (the sub-command about to run) lets heavy sub-parsers load lazily."""
     from bridge.config import add_arguments
 
     parser = argparse.ArgumentParser(
@@ -74,9 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="A faithful IMDS Scheduled Events emulator with real and accelerated scenarios, "
         "fault injection and a control API (see docs/emulator.md).",
     )
-    from bridge.imds.emulator.cli import add_arguments as add_emulator_arguments
+    if command == "simulate":  # the emulator is imported only when it runs, never by the agent
+        from bridge.imds.emulator.cli import add_arguments as add_emulator_arguments
 
-    add_emulator_arguments(simulate)
+        add_emulator_arguments(simulate)
 
     demo = sub.add_parser(
         "demo",
@@ -133,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     try:
         if args.command == "agent":
             return _agent(args)
