@@ -274,6 +274,15 @@ AGENT_SETTINGS: tuple[Setting, ...] = (
         metavar="KEYID=PATH",
     ),
     Setting(
+        "listen_tls_cert",
+        optional_text,
+        None,
+        "PEM certificate (chain) to serve the listener over TLS (with --listen-tls-key), e.g. when fleet "
+        "approvers reach the relay API over the network.",
+        metavar="PATH",
+    ),
+    Setting("listen_tls_key", optional_text, None, "PEM private key of --listen-tls-cert.", metavar="PATH"),
+    Setting(
         "relay_require_this_vm",
         boolean,
         True,
@@ -339,6 +348,8 @@ class AgentConfig:
     shutdown_timeout: float = 10.0
     log_level: str = "info"
     relay_key: tuple[str, ...] = ()
+    listen_tls_cert: str | None = None
+    listen_tls_key: str | None = None
     relay_require_this_vm: bool = True
     auto_approve: tuple[str, ...] = ()
     prepare_hook: str | None = None
@@ -426,6 +437,13 @@ APPROVER_SETTINGS: tuple[Setting, ...] = (
         metavar="KEYID=PATH",
     ),
     Setting(
+        "relay_ca_file",
+        optional_text,
+        None,
+        "CA bundle that signs the agents' listener certificates (https:// relay URLs); default: system CAs.",
+        metavar="PATH",
+    ),
+    Setting(
         "relay_timeout", number(1, 120), 15.0, "Seconds to wait for an agent's answer.", metavar="SECONDS"
     ),
     Setting(
@@ -470,6 +488,7 @@ class ApproverConfig:
     relay_url_template: str = "http://{privateIp}:8710"
     relay_key: tuple[str, ...] = ()
     relay_timeout: float = 15.0
+    relay_ca_file: str | None = None
     group: str = "se-bridge-approver"
     allow_unsigned: bool = False
     issuer: tuple[str, ...] = ()

@@ -468,3 +468,42 @@ def test_fleet_mode_learns_agents_and_fails_over_to_another_vm_of_the_event(tmp_
         for emu, agent in vms.values():
             agent.stop()
             emu.stop()
+
+
+def test_relay_over_tls_with_a_private_ca(emulator: Emulator, make_agent, tmp_path: Path) -> None:
+    """The agent's listener can serve TLS; the approver verifies it against a CA file, never skips."""
+    from brokers import self_signed_certificate
+
+    cert, key = self_signed_certificate(tmp_path)
+    agent = make_agent(emulator.url, "--listen-tls-cert", str(cert), "--listen-tls-key", str(key))
+    agent.start(first_record=False)
+    wait_until(lambda: agent.records(), what="first record")
+    https_relay = agent.api.replace("http://", "https://")
+    eid = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(eid, "scheduled")
+
+    no_ca = tmp_path / "no-ca"
+    no_ca.mkdir()
+    untrusting = Approver(no_ca, https_relay)
+    refused = signed(eid)
+    untrusting.publish(refused)
+    untrusting.start()
+    try:
+        audit = audit_for(untrusting, refused["decisionId"])
+        assert (audit["outcome"], audit["reason"]) == (
+            "failed",
+            "relayUnavailable",
+        )  # certificate not trusted
+    finally:
+        untrusting.stop()
+    assert emulator.state()["startRequests"] == {}
+
+    trusting = Approver(tmp_path, https_relay, "--relay-ca-file", str(cert))
+    accepted = signed(eid)
+    trusting.publish(accepted)
+    trusting.start()
+    try:
+        assert audit_for(trusting, accepted["decisionId"])["outcome"] == "approved"
+    finally:
+        trusting.stop()
+    assert emulator.state()["startRequests"] == {eid: 1}

@@ -15,6 +15,8 @@ VM-local approver. Endpoints:
 from __future__ import annotations
 
 import logging
+import socket
+import ssl
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +36,14 @@ MAX_BODY = 64 * 1024
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+
+    timeout = 30  # a silent client cannot hold a handler thread for ever
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(self.timeout)
+            self.request.do_handshake()  # deferred from accept (see AgentApi)
+        super().setup()
 
     def do_GET(self) -> None:
         route = self.server.routes.get(self.path.split("?", 1)[0])
@@ -91,15 +101,34 @@ class _Server(ThreadingHTTPServer):
     post_routes: dict[str, PostRoute]
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 class AgentApi:
     """Serves ``routes`` (path -> callable returning status, body, content type) in a thread."""
 
     def __init__(
-        self, host: str, port: int, routes: dict[str, Route], post_routes: dict[str, PostRoute] | None = None
+        self,
+        host: str,
+        port: int,
+        routes: dict[str, Route],
+        post_routes: dict[str, PostRoute] | None = None,
+        tls: tuple[str, str] | None = None,
     ) -> None:
-        self._server = _Server((host, port), _Handler)
+        server_class = _Server6 if ":" in host else _Server
+        self._server = server_class((host, port), _Handler)
         self._server.routes = routes
         self._server.post_routes = post_routes or {}
+        if tls is not None:
+            # The handshake runs in the request's thread (not in accept), so a slow or silent client
+            # cannot stall the listener.
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(*tls)
+            self._server.socket = context.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
         # serve_forever wakes every poll_interval to check for shutdown; 2 s keeps an idle agent idle
         # and still stops promptly on SIGTERM.
         self._thread = threading.Thread(

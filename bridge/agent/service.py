@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import ssl
 import threading
 import time
 from pathlib import Path
@@ -131,7 +132,17 @@ class Agent:
                         "listener is not on loopback: relay requests must be signed",
                         extra={"listen": config.listen, "keyIds": self.verifier.keys.ids()},
                     )
-            self.api = AgentApi(host, port, self._routes(), {"/v1/start-requests": self._start_requests})
+            tls = None
+            if config.listen_tls_cert or config.listen_tls_key:
+                if not (config.listen_tls_cert and config.listen_tls_key):
+                    raise ConfigError("listen_tls_cert and listen_tls_key go together")
+                tls = (config.listen_tls_cert, config.listen_tls_key)
+            try:
+                self.api = AgentApi(
+                    host, port, self._routes(), {"/v1/start-requests": self._start_requests}, tls=tls
+                )
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"listen: cannot serve on {config.listen}: {exc}") from None
 
     def _build_sinks(self, specs: tuple[str, ...]) -> list[Sink]:
         sinks: list[Sink] = []

@@ -31,7 +31,7 @@ class RelayUnavailable(Exception):
 class RelayClient:
     """POSTs relay requests; signs them when a relay key is configured."""
 
-    def __init__(self, keys: KeyRing, timeout: float = 15.0) -> None:
+    def __init__(self, keys: KeyRing, timeout: float = 15.0, ca_file: str | None = None) -> None:
         import requests
 
         self._requests = requests
@@ -39,6 +39,7 @@ class RelayClient:
         self._session.trust_env = False  # agents are on loopback or the VNet: never through a proxy
         self._keys = keys
         self._timeout = timeout
+        self._verify: str | bool = ca_file or True  # TLS verification is never off
 
     def start_requests(self, relay_url: str, body: dict[str, Any]) -> dict[str, Any]:
         data = orjson.dumps(body)
@@ -48,7 +49,9 @@ class RelayClient:
             headers.update(sign_request(signer[0], signer[1], data))
         url = relay_url.rstrip("/") + "/v1/start-requests"
         try:
-            resp = self._session.post(url, data=data, headers=headers, timeout=self._timeout)
+            resp = self._session.post(
+                url, data=data, headers=headers, timeout=self._timeout, verify=self._verify
+            )
         except self._requests.RequestException as exc:
             raise RelayUnavailable(f"{relay_url}: {type(exc).__name__}") from None
         if resp.status_code >= 500 or resp.status_code == 429:

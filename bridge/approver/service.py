@@ -353,4 +353,11 @@ def build_approver(config: Any) -> Approver:
             router = LocalRouter(config.relay)
     except (SinkError, SourceError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
-    return Approver(source, router, RelayClient(relay_keys, config.relay_timeout), policy, sinks, state_dir)
+    return Approver(
+        source,
+        router,
+        RelayClient(relay_keys, config.relay_timeout, config.relay_ca_file),
+        policy,
+        sinks,
+        state_dir,
+    )
