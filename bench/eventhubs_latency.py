@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+from benchstats import summarize
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -110,28 +111,6 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
             proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def summarize(samples: list[float]) -> dict[str, Any]:
-    return {
-        "n": len(samples),
-        "p50": percentile(samples, 0.50),
-        "p99": percentile(samples, 0.99),
-        "min": min(samples) if samples else None,
-        "max": max(samples) if samples else None,
-        "samples": [round(v, 3) for v in samples],
-    }
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> None:

@@ -55,6 +55,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 import orjson
+from benchstats import percentile, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 BASELINE_SCRIPT = REPO / "bench" / "baseline_poller.py"
@@ -397,28 +398,6 @@ class Poller:
                 f"{self.kind} (interval {self.interval:g} s) exited with code {self.proc.returncode}"
                 f" during the run; log tail: {tail_text(self.log_path)!r}"
             )
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default); with ~25 samples p99 ~ the max."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def summarize(samples_ms: list[float]) -> dict[str, Any]:
-    return {
-        "n": len(samples_ms),
-        "p50": percentile(samples_ms, 0.50),
-        "p99": percentile(samples_ms, 0.99),
-        "min": min(samples_ms) if samples_ms else None,
-        "max": max(samples_ms) if samples_ms else None,
-        "samples": [round(v, 3) for v in samples_ms],
-    }
 
 
 def latencies(poller: Poller, lines: list[tuple[float, bytes]], state: dict[str, Any]) -> dict[str, Any]:

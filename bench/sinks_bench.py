@@ -56,6 +56,7 @@ from typing import Any
 
 import orjson
 import requests
+from benchstats import summarize
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the tests' broker and peers (tests/brokers.py, tests/peers/)
@@ -251,27 +252,6 @@ def cpu_ticks() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default); with ~60 samples p99 ~ the max."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def summary(values: list[float]) -> dict[str, Any]:
-    return {
-        "n": len(values),
-        "p50": percentile(values, 0.5),
-        "p99": percentile(values, 0.99),
-        "max": max(values) if values else None,
-        "samples": [round(v, 3) for v in values],
-    }
-
-
 def machine_info() -> dict[str, Any]:
     model = "unknown"
     with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -399,13 +379,13 @@ def latency_phase(args: argparse.Namespace, workdir: Path, bootstrap: str) -> di
             "delivered": sum(1 for i in changes if i in first),
             "messages": seen[kind]["count"],
             "peerErrors": seen[kind]["errors"],
-            "attributable_ms": summary(attributable),
-            "end_to_end_ms": summary([(stamps[i] - changed_at[i]) * 1000 for i in changes]),
+            "attributable_ms": summarize(attributable),
+            "end_to_end_ms": summarize([(stamps[i] - changed_at[i]) * 1000 for i in changes]),
         }
         if kind == "kafka":
             entry["timestampTypes"] = types
             entry["arrivalStamp"] = "LogAppendTime" if broker_stamped else "consumer receive time"
-            entry["timestamp_ms"] = summary([first[i][1][1] - first_served[i] * 1000 for i in changes])
+            entry["timestamp_ms"] = summarize([first[i][1][1] - first_served[i] * 1000 for i in changes])
         sinks[kind] = entry
     log_text = (workdir / "agent.log").read_text(errors="replace")
     return {

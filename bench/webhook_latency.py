@@ -38,6 +38,7 @@ from typing import Any
 
 import orjson
 import requests
+from benchstats import summarize
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -53,15 +54,6 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
         if not k.upper().endswith("_PROXY") and not k.startswith("SE_BRIDGE_")
     }
     return env | extra
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default); with ~100 samples p99 ~ the max."""
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def start_emulator(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -169,18 +161,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "changes": args.changes,
         "requests": len(receiver.requests()),
         "connections": receiver.connections,
-        "bridgeMs": summary(bridge_ms),
-        "endToEndMs": summary(end_to_end_ms),
-    }
-
-
-def summary(values: list[float]) -> dict[str, Any]:
-    return {
-        "n": len(values),
-        "p50": round(percentile(values, 0.50), 3),
-        "p99": round(percentile(values, 0.99), 3),
-        "min": round(min(values), 3),
-        "max": round(max(values), 3),
+        "bridgeMs": summarize(bridge_ms),
+        "endToEndMs": summarize(end_to_end_ms),
     }
 
 
