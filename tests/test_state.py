@@ -14,10 +14,10 @@ from bridge.agent.state import BaselineStore, IdentityCache
 
 def test_baseline_round_trip(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path)
-    assert store.load(None) is None
+    assert store.load(Outbox(tmp_path / "empty", ["a"])) is None
     d = doc(4, event("a"))
     store.save(d, seq=1)
-    loaded = store.load(None)
+    loaded = store.load(Outbox(tmp_path / "outbox", ["a"]))
     assert loaded is not None and loaded.digest == d.digest and loaded.incarnation == 4
 
 
@@ -28,14 +28,15 @@ def test_crash_between_outbox_append_and_baseline_save(tmp_path: Path) -> None:
     box.append("r1", encode(build_record(VM, None, d1, diff(None, d1), 0)))
     store.save(d1, seq=1)
     box.append("r2", encode(build_record(VM, d1, d2, diff(d1, d2), 0)))  # ...and the agent dies here
+    box.append("r3", b'{"recordType":"approval","recordId":"r3"}')  # a relay audit came in between
     box.close()
-    recovered = store.load(Outbox(tmp_path / "outbox", ["a"]).last())
+    recovered = store.load(Outbox(tmp_path / "outbox", ["a"]))
     assert recovered is not None and recovered.incarnation == 2 and recovered.digest == d2.digest
 
 
 def test_damaged_files_do_not_stop_the_agent(tmp_path: Path) -> None:
     (tmp_path / "baseline.json").write_text("{half")
-    assert BaselineStore(tmp_path).load(None) is None
+    assert BaselineStore(tmp_path).load(Outbox(tmp_path / "outbox", ["a"])) is None
     (tmp_path / "identity.json").write_text("[]")
     assert IdentityCache(tmp_path).load() is None
     IdentityCache(tmp_path).save(VM)

@@ -307,6 +307,24 @@ class Outbox:
         with self._lock:
             return self._next_seq - 1 - self._cursors[sink_id]
 
+    def on_disk_after(self, seq: int) -> list[Entry]:
+        """Every record still on disk with a seq above ``seq``, confirmed or not, oldest first.
+
+        Used once at start-up (baseline recovery), so it simply reads the segments again."""
+        with self._lock:
+            out: list[Entry] = []
+            for first in self._segments:
+                with open(self._segment_path(first), "rb") as f:
+                    offset = 0
+                    for line in f:
+                        loc = _parse_frame(line, first, offset)
+                        offset += len(line)
+                        if loc is not None and loc.seq > seq:
+                            out.append(
+                                Entry(loc.seq, loc.record_id, loc.appended_at, self._read_payload(loc))
+                            )
+            return out
+
     def last(self) -> Entry | None:
         """The newest record ever appended that is still on disk (confirmed or not)."""
         with self._lock:

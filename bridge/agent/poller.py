@@ -72,7 +72,7 @@ class Poller:
         self.metrics = metrics
         self.interval = interval
         self.api_version = api_version
-        self.baseline: EventsDocument | None = baseline.load(outbox.last())
+        self.baseline: EventsDocument | None = baseline.load(outbox)
         self.current: Observation | None = None
         #: Called with (previous, current, changes) after each change is durable (local policies).
         self.listeners: list[Callable[[EventsDocument | None, EventsDocument, list[Change]], None]] = []

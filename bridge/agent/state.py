@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from bridge.agent.outbox import Entry
+from bridge.agent.outbox import Outbox
 from bridge.fsutil import write_atomic
 from bridge.imds.document import DocumentError, EventsDocument, document_from_json
 from bridge.imds.instance import VmIdentity
@@ -36,23 +36,28 @@ class BaselineStore:
         data = {"version": 1, "seq": seq, "apiVersion": doc.api_version, "raw": doc.raw}
         write_atomic(self.path, orjson.dumps(data))
 
-    def load(self, newest: Entry | None) -> EventsDocument | None:
-        """The baseline, reconciled with the newest outbox record (see the module docstring)."""
+    def load(self, outbox: Outbox) -> EventsDocument | None:
+        """The baseline, reconciled with the outbox (see the module docstring): the newest event
+        record the outbox holds beyond what ``baseline.json`` describes wins (approval audit records
+        in between are skipped)."""
         saved_seq, doc = self._read()
-        if newest is not None and newest.seq > saved_seq and newest.payload:
+        for entry in reversed(outbox.on_disk_after(saved_seq)):
             try:
-                record = orjson.loads(newest.payload)
+                record = orjson.loads(entry.payload)
+                if record.get("recordType") != "scheduledEvents":
+                    continue
                 from_record = document_from_json(record["raw"], record["source"]["apiVersion"])
-            except (orjson.JSONDecodeError, KeyError, TypeError, DocumentError) as exc:
+            except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, DocumentError) as exc:
                 log.error(
-                    "newest outbox record unreadable; baseline from baseline.json", extra={"error": str(exc)}
+                    "event record in the outbox unreadable; skipped for the baseline",
+                    extra={"error": str(exc), "seq": entry.seq},
                 )
-            else:
-                log.info(
-                    "baseline recovered from the outbox (agent stopped before saving it)",
-                    extra={"seq": newest.seq, "incarnation": from_record.incarnation},
-                )
-                return from_record
+                continue
+            log.info(
+                "baseline recovered from the outbox (agent stopped before saving it)",
+                extra={"seq": entry.seq, "incarnation": from_record.incarnation},
+            )
+            return from_record
         return doc
 
     def _read(self) -> tuple[int, EventsDocument | None]:
