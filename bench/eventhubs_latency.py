@@ -26,12 +26,9 @@ Benchmarks are not tests: the exit code is 0 whatever the figures.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import http.client
 import os
 import random
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-from benchstats import summarize
+from benchkit import emulator_control, stop_process, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -64,7 +61,7 @@ def child_env(connection_string: str) -> dict[str, str]:
 
 class Emulator:
     def __init__(self, log_path: Path) -> None:
-        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop_process()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bridge.imds.emulator", "--port", "0", "--rate-limit", "0"],
             cwd=REPO,
@@ -82,35 +79,11 @@ class Emulator:
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
 
     def control(self, method: str, path: str, body: Any = None) -> Any:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
-        try:
-            payload = None if body is None else orjson.dumps(body)
-            headers = {"Content-Type": "application/json"} if payload is not None else {}
-            conn.request(method, "/_emulator/" + path, body=payload, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-        finally:
-            conn.close()
-        if resp.status >= 300:
-            raise RuntimeError(f"emulator {method} {path}: {resp.status} {data[:200]!r}")
-        return orjson.loads(data)
+        return emulator_control(self.host, self.port, method, path, body)
 
     def stop(self) -> None:
-        stop(self.proc)
+        stop_process(self.proc)
         self.log.close()
-
-
-def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> None:
@@ -163,7 +136,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         wait_for(lambda: len(peer.messages()) >= len(changes) + 1, 60, "every record at the peer")
         state = emulator.control("GET", "state")
     finally:
-        stop(agent)
+        stop_process(agent)
         agent_log.close()
         emulator.stop()
         peer.stop()

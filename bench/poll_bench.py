@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import os
 import platform
 import random
@@ -55,7 +54,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 import orjson
-from benchstats import percentile, summarize
+from benchkit import emulator_control, percentile, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 BASELINE_SCRIPT = REPO / "bench" / "baseline_poller.py"
@@ -188,20 +187,10 @@ class Emulator:
         return str(line["url"])
 
     def control(self, method: str, path: str, body: Any = None) -> Any:
-        """One control API call; ``http.client`` rather than ``requests`` keeps the bench's own CPU and
-        GIL hold times small while its tail thread is timing the pollers."""
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=10)
         try:
-            payload = None if body is None else orjson.dumps(body)
-            headers = {"Content-Type": "application/json"} if payload is not None else {}
-            conn.request(method, "/_emulator/" + path, body=payload, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-        finally:
-            conn.close()
-        if resp.status >= 300:
-            raise BenchError(f"emulator {method} {path} answered {resp.status}: {data[:300]!r}")
-        return orjson.loads(data)
+            return emulator_control(self._host, self._port, method, path, body)
+        except RuntimeError as exc:
+            raise BenchError(str(exc)) from None
 
     def state(self) -> dict[str, Any]:
         return self.control("GET", "state")

@@ -56,7 +56,7 @@ from typing import Any
 
 import orjson
 import requests
-from benchstats import summarize
+from benchkit import stop_process, summarize
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the tests' broker and peers (tests/brokers.py, tests/peers/)
@@ -201,19 +201,6 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     }
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
     return env | extra
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 def start_emulator(workdir: Path, stack: contextlib.ExitStack) -> str:

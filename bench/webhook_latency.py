@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 import requests
-from benchstats import summarize
+from benchkit import summarize
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))

@@ -245,3 +245,18 @@ def decide(
     result: dict[str, Any] = orjson.loads(proc.stdout)
     result["output"] = proc.stdout + proc.stderr
     return result
+
+
+def docker_available() -> str | None:
+    """None when a Docker daemon answers within a few seconds, else why not."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:
+        return f"no Docker daemon answers ({type(exc).__name__}: {str(exc)[:120]})"
+    return None

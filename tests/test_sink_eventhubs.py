@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import pytest
 from peers.amqp_eventhubs import EventHubsPeer, StoredEvent
-from procs import Agent, Emulator, wait_until
+from procs import Agent, Emulator, docker_available, wait_until
 from test_agent_e2e import assert_consistent
 
 from bridge.agent.outbox import Entry
@@ -698,21 +698,6 @@ EMULATOR_IMAGE = "mcr.microsoft.com/azure-messaging/eventhubs-emulator:latest"
 AZURITE_IMAGE = "mcr.microsoft.com/azure-storage/azurite:latest"
 #: The emulator's fixed, documented development key (not a secret).
 EMULATOR_KEY = "SAS_KEY_VALUE"
-
-
-def docker_available() -> str | None:
-    """None when a Docker daemon answers within a few seconds, else why not."""
-    try:
-        import docker
-
-        client = docker.from_env(timeout=3)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as exc:
-        return f"no Docker daemon answers ({type(exc).__name__}: {str(exc)[:120]})"
-    return None
 
 
 @pytest.mark.docker

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import pytest
 from brokers import TansuBroker, TlsProxy, TopicReader, free_port, tansu_binary, tansu_broker
-from procs import Agent, Emulator, wait_until
+from procs import Agent, Emulator, docker_available, wait_until
 from test_agent_e2e import assert_consistent
 
 from bridge.agent.outbox import Entry
@@ -604,21 +604,6 @@ def test_sasl_password_never_reaches_the_log(emulator: Emulator, tansu: TansuBro
 # --------------------------------------------------------------------------------------------------
 # Apache Kafka itself, where a Docker daemon answers
 # --------------------------------------------------------------------------------------------------
-
-
-def docker_available() -> str | None:
-    """None when a Docker daemon answers within a few seconds, else why not."""
-    try:
-        import docker
-
-        client = docker.from_env(timeout=3)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as exc:
-        return f"no Docker daemon answers ({type(exc).__name__}: {str(exc)[:120]})"
-    return None
 
 
 @pytest.mark.docker
