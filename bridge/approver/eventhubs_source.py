@@ -60,7 +60,7 @@ import orjson
 from bridge.approver.sources import DecisionSource, Message, SourceError
 from bridge.fsutil import write_atomic
 from bridge.observability import redact
-from bridge.sinks.base import SinkError
+from bridge.sinks.base import SinkError, numeric_option
 from bridge.sinks.eventhubs import OPTIONS as HUB_OPTIONS
 from bridge.sinks.eventhubs import (
     Abandoned,
@@ -163,8 +163,8 @@ class SourceOptions:
                 "eventhubs source: the checkpoint container must be a blob container name "
                 "(3-63 lower-case letters, digits and single hyphens)"
             )
-        interval = _number(values, "load_balancing_interval", 30.0, 1.0, 3600.0)
-        expiration = _number(values, "ownership_expiration", 6 * interval, 2.0, 86_400.0)
+        interval = _seconds(values, "load_balancing_interval", 30.0, 1.0, 3600.0)
+        expiration = _seconds(values, "ownership_expiration", 6 * interval, 2.0, 86_400.0)
         if expiration <= interval:
             raise _error("eventhubs source: ownership_expiration must be longer than load_balancing_interval")
         self.load_balancing_interval = interval
@@ -203,17 +203,14 @@ class SourceOptions:
         return bool(self.checkpoint_url or self.checkpoint_env or self.checkpoint_file)
 
 
-def _number(values: dict[str, str], name: str, default: float, low: float, high: float) -> float:
+def _seconds(values: dict[str, str], name: str, default: float, low: float, high: float) -> float:
     raw = values.get(name)
     if raw is None or raw == "":
         return default
     try:
-        number = float(raw)
-    except ValueError:
-        raise _error(f"eventhubs source: {name} must be a number of seconds, got {raw!r}") from None
-    if not low <= number <= high:
-        raise _error(f"eventhubs source: {name} must be between {low:g} and {high:g}, got {number:g}")
-    return number
+        return float(numeric_option("eventhubs source", name, raw, low, high))
+    except SinkError as exc:
+        raise _error(str(exc)) from None
 
 
 def parse_source_spec(spec: str, group: str | None = None) -> tuple[EventHubsOptions, SourceOptions]:

@@ -24,6 +24,7 @@ import hashlib
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -43,6 +44,23 @@ class SinkError(Exception):
         self.kind = kind
         self.permanent = permanent
         self.retry_after = retry_after
+
+
+def config_error(message: str) -> SinkError:
+    """A spec that can never work: permanent, so the agent refuses to start with this message."""
+    return SinkError(message, kind="config", permanent=True)
+
+
+def numeric_option(owner: str, name: str, value: str, low: float, high: float, cast: type = float) -> Any:
+    """A numeric spec option within [low, high]; a :func:`config_error` naming it otherwise."""
+    try:
+        number = cast(value)
+    except ValueError:
+        kind = "an integer" if cast is int else "a number"
+        raise config_error(f"{owner}: {name} must be {kind}, got {value!r}") from None
+    if not low <= number <= high:
+        raise config_error(f"{owner}: {name} must be between {low:g} and {high:g}, got {number:g}")
+    return number
 
 
 @dataclass(frozen=True, slots=True)

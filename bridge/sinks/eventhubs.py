@@ -69,7 +69,15 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from bridge import __version__
 from bridge.agent.outbox import Entry
 from bridge.observability import redact
-from bridge.sinks.base import CONTENT_TYPE, Outcome, Sink, SinkError, record_meta
+from bridge.sinks.base import (
+    CONTENT_TYPE,
+    Outcome,
+    Sink,
+    SinkError,
+    config_error,
+    numeric_option,
+    record_meta,
+)
 
 log = logging.getLogger("bridge.sinks.eventhubs")
 
@@ -129,39 +137,25 @@ class EventHubsOptions:
         return self.connection_string_env is not None or self.connection_string_file is not None
 
 
-def _config_error(message: str) -> SinkError:
-    return SinkError(message, kind="config", permanent=True)
-
-
-def _number(name: str, value: str, low: float, high: float, cast: Callable[[str], Any]) -> Any:
-    try:
-        number = cast(value)
-    except ValueError:
-        raise _config_error(f"eventhubs sink: {name} must be a number, got {value!r}") from None
-    if not low <= number <= high:
-        raise _config_error(f"eventhubs sink: {name} must be between {low} and {high}, got {number}")
-    return number
-
-
 def parse_eventhubs_spec(spec: str) -> EventHubsOptions:
     """Validate an ``eventhubs://`` spec. Every mistake is a permanent :class:`SinkError` naming the
     option (never echoing a value that could be a secret), so a wrong spec stops the agent at start."""
     usage = "eventhubs://<namespace>.servicebus.windows.net/<hub>[?options]"
     parts = urlsplit(spec.strip())
     if parts.scheme.lower() != "eventhubs":
-        raise _config_error(f"eventhubs sink needs {usage}")
+        raise config_error(f"eventhubs sink needs {usage}")
     if "@" in parts.netloc:
-        raise _config_error(
+        raise config_error(
             "eventhubs sink: no credentials in the address; use credential=managed, "
             "connection_string_env=NAME or connection_string_file=/path"
         )
     try:
         host, port = parts.hostname or "", parts.port
     except ValueError:
-        raise _config_error(f"eventhubs sink: the port of {parts.netloc!r} is not a number") from None
+        raise config_error(f"eventhubs sink: the port of {parts.netloc!r} is not a number") from None
     hub = unquote(parts.path.strip("/"))
     if hub and not _HUB.match(hub):
-        raise _config_error(
+        raise config_error(
             "eventhubs sink: the path must be one event hub name (letters, digits, '.', '_', '-'), "
             f"got {hub!r}"
         )
@@ -169,14 +163,14 @@ def parse_eventhubs_spec(spec: str) -> EventHubsOptions:
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         name = key.strip().lower()
         if name in _SECRET_OPTIONS:
-            raise _config_error(
+            raise config_error(
                 f"eventhubs sink: {key} is refused: never put a secret in the sink spec; use "
                 "connection_string_env=VARIABLE, connection_string_file=/path or credential=managed"
             )
         if name not in OPTIONS:
-            raise _config_error(f"eventhubs sink: unknown option {key!r} (known: {', '.join(OPTIONS)})")
+            raise config_error(f"eventhubs sink: unknown option {key!r} (known: {', '.join(OPTIONS)})")
         if name in values:
-            raise _config_error(f"eventhubs sink: option {name} given twice")
+            raise config_error(f"eventhubs sink: option {name} given twice")
         values[name] = value.strip()
 
     env = values.get("connection_string_env") or None
@@ -184,39 +178,39 @@ def parse_eventhubs_spec(spec: str) -> EventHubsOptions:
     credential = values.get("credential", "").lower() or None
     client_id = values.get("client_id") or None
     if env is not None and path is not None:
-        raise _config_error("eventhubs sink: give connection_string_env or connection_string_file, not both")
+        raise config_error("eventhubs sink: give connection_string_env or connection_string_file, not both")
     connection_string = env is not None or path is not None
     if connection_string and (credential or client_id):
-        raise _config_error(
+        raise config_error(
             "eventhubs sink: credential / client_id (Entra ID) and connection_string_* exclude each other"
         )
     if not connection_string:
         credential = credential or "managed"
         if credential not in CREDENTIALS:
-            raise _config_error(f"eventhubs sink: credential must be one of {', '.join(CREDENTIALS)}")
+            raise config_error(f"eventhubs sink: credential must be one of {', '.join(CREDENTIALS)}")
         if not host:
-            raise _config_error(f"eventhubs sink: the namespace is missing: {usage}")
+            raise config_error(f"eventhubs sink: the namespace is missing: {usage}")
         if port is not None:
-            raise _config_error(
+            raise config_error(
                 "eventhubs sink: a port is only meaningful with a local emulator's connection string "
                 "(UseDevelopmentEmulator=true); Entra ID always uses the namespace's TLS port"
             )
         if not hub:
-            raise _config_error(f"eventhubs sink: the event hub name is missing: {usage}")
+            raise config_error(f"eventhubs sink: the event hub name is missing: {usage}")
     if env is not None and not _ENV_NAME.match(env):
-        raise _config_error("eventhubs sink: connection_string_env must be an environment variable name")
+        raise config_error("eventhubs sink: connection_string_env must be an environment variable name")
     if path is not None and not Path(path).is_absolute():
-        raise _config_error("eventhubs sink: connection_string_file must be an absolute path")
+        raise config_error("eventhubs sink: connection_string_file must be an absolute path")
     if client_id is not None:
         try:
             uuid.UUID(client_id)
         except ValueError:
-            raise _config_error(
+            raise config_error(
                 "eventhubs sink: client_id must be a UUID (the identity's client id)"
             ) from None
     transport = values.get("transport", "amqp").lower()
     if transport not in TRANSPORTS:
-        raise _config_error(f"eventhubs sink: transport must be one of {', '.join(TRANSPORTS)}")
+        raise config_error(f"eventhubs sink: transport must be one of {', '.join(TRANSPORTS)}")
     return EventHubsOptions(
         namespace=host,
         port=port,
@@ -225,10 +219,18 @@ def parse_eventhubs_spec(spec: str) -> EventHubsOptions:
         client_id=client_id,
         connection_string_env=env,
         connection_string_file=path,
-        send_timeout=_number("send_timeout", values.get("send_timeout", "30"), 0.1, 3600, float),
-        open_timeout=_number("open_timeout", values.get("open_timeout", "10"), 0.1, 3600, float),
-        max_in_flight=_number("max_in_flight", values.get("max_in_flight", "500"), 1, 100_000, int),
-        retry_total=_number("retry_total", values.get("retry_total", "1"), 0, 10, int),
+        send_timeout=numeric_option(
+            "eventhubs sink", "send_timeout", values.get("send_timeout", "30"), 0.1, 3600, float
+        ),
+        open_timeout=numeric_option(
+            "eventhubs sink", "open_timeout", values.get("open_timeout", "10"), 0.1, 3600, float
+        ),
+        max_in_flight=numeric_option(
+            "eventhubs sink", "max_in_flight", values.get("max_in_flight", "500"), 1, 100_000, int
+        ),
+        retry_total=numeric_option(
+            "eventhubs sink", "retry_total", values.get("retry_total", "1"), 0, 10, int
+        ),
         transport=transport,
     )
 
@@ -252,16 +254,16 @@ def inspect_connection_string(text: str) -> ConnectionStringInfo:
     endpoint = fields.get("endpoint", "")
     host = urlsplit(endpoint).netloc if "://" in endpoint else ""
     if not host:
-        raise _config_error("eventhubs sink: the connection string has no Endpoint=sb://<namespace>/")
+        raise config_error("eventhubs sink: the connection string has no Endpoint=sb://<namespace>/")
     has_key = bool(fields.get("sharedaccesskeyname")) and bool(fields.get("sharedaccesskey"))
     if not has_key and not fields.get("sharedaccesssignature"):
-        raise _config_error(
+        raise config_error(
             "eventhubs sink: the connection string needs SharedAccessKeyName and SharedAccessKey "
             "(or SharedAccessSignature)"
         )
     emulator_value = fields.get("usedevelopmentemulator")
     if emulator_value is not None and emulator_value != "true" and emulator_value.lower() == "true":
-        raise _config_error(
+        raise config_error(
             f"eventhubs sink: UseDevelopmentEmulator={emulator_value} must be written 'true' in lower case: "
             "azure-eventhub compares it exactly and would silently use TLS on port 5671 instead"
         )
@@ -278,7 +280,7 @@ def read_connection_string(opts: EventHubsOptions) -> str:
     if opts.connection_string_env is not None:
         value = os.environ.get(opts.connection_string_env, "")
         if not value.strip():
-            raise _config_error(
+            raise config_error(
                 f"eventhubs sink: environment variable {opts.connection_string_env} is not set or empty"
             )
         return value.strip()
@@ -286,12 +288,12 @@ def read_connection_string(opts: EventHubsOptions) -> str:
     try:
         value = Path(opts.connection_string_file).read_text(encoding="utf-8")
     except OSError as err:
-        raise _config_error(
+        raise config_error(
             f"eventhubs sink: cannot read connection_string_file {opts.connection_string_file}: "
             f"{err.strerror or type(err).__name__}"
         ) from None
     if not value.strip():
-        raise _config_error(f"eventhubs sink: connection_string_file {opts.connection_string_file} is empty")
+        raise config_error(f"eventhubs sink: connection_string_file {opts.connection_string_file} is empty")
     return value.strip()
 
 
@@ -300,7 +302,7 @@ def make_credential(opts: EventHubsOptions) -> Any:
     try:
         from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
     except ImportError as exc:
-        raise _config_error(
+        raise config_error(
             f"eventhubs sink: credential={opts.credential} needs azure-identity ({exc}); "
             "pip install 'scheduled-events-bridge[eventhubs]'"
         ) from None
@@ -333,13 +335,13 @@ def resolve_connection_string(opts: EventHubsOptions, text: str) -> tuple[Connec
     """Check a connection string against the spec: its non-secret parts and the hub to use."""
     info = inspect_connection_string(text)
     if info.entity_path and opts.hub and info.entity_path != opts.hub:
-        raise _config_error(
+        raise config_error(
             f"eventhubs sink: the spec names hub {opts.hub!r} but the connection string's EntityPath "
             f"is {info.entity_path!r}"
         )
     hub = opts.hub or info.entity_path
     if not hub:
-        raise _config_error(
+        raise config_error(
             "eventhubs sink: no event hub named: put it in the spec's path or in the connection "
             "string's EntityPath"
         )
@@ -574,7 +576,7 @@ class EventHubsSink(Sink):
         try:
             from azure.eventhub import EventHubProducerClient
         except ImportError as exc:
-            raise _config_error(
+            raise config_error(
                 f"eventhubs sink: azure-eventhub is not installed ({exc}); "
                 "pip install 'scheduled-events-bridge[eventhubs]'"
             ) from None
@@ -604,7 +606,7 @@ class EventHubsSink(Sink):
             )
         except (ValueError, TypeError) as exc:
             # The SDK's parse errors are generic, but never echo anything derived from the secret.
-            raise _config_error(
+            raise config_error(
                 f"eventhubs sink: the connection string is not usable ({type(exc).__name__})"
             ) from None
 

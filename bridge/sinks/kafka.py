@@ -60,7 +60,15 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from bridge.agent.outbox import Entry
 from bridge.observability import redact
-from bridge.sinks.base import CONTENT_TYPE, Outcome, Sink, SinkError, record_meta
+from bridge.sinks.base import (
+    CONTENT_TYPE,
+    Outcome,
+    Sink,
+    SinkError,
+    config_error,
+    numeric_option,
+    record_meta,
+)
 
 log = logging.getLogger("bridge.sinks.kafka")
 _rdkafka_log = logging.getLogger("bridge.sinks.kafka.librdkafka")
@@ -147,29 +155,15 @@ class KafkaOptions:
         return f"https://{self.first_host}/.default"
 
 
-def _config_error(message: str) -> SinkError:
-    return SinkError(message, kind="config", permanent=True)
-
-
-def _int_option(name: str, value: str, low: int, high: int) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise _config_error(f"kafka sink: {name} must be an integer, got {value!r}") from None
-    if not low <= number <= high:
-        raise _config_error(f"kafka sink: {name} must be between {low} and {high}, got {number}")
-    return number
-
-
 def _bootstrap(netloc: str) -> tuple[str, ...]:
     servers = []
     for part in netloc.split(","):
         m = _HOST.match(part.strip())
         if not m:
-            raise _config_error(f"kafka sink: {part!r} is not a host:port")
+            raise config_error(f"kafka sink: {part!r} is not a host:port")
         host, port = m.group(1), int(m.group(2) or DEFAULT_PORT)
         if not 0 < port < 65536:
-            raise _config_error(f"kafka sink: port {port} of {host} is out of range")
+            raise config_error(f"kafka sink: port {port} of {host} is out of range")
         servers.append(f"{host}:{port}")
     return tuple(servers)
 
@@ -179,43 +173,43 @@ def parse_kafka_spec(spec: str) -> KafkaOptions:
     (never echoing a value that could be a secret), so a wrong spec stops the agent at start."""
     parts = urlsplit(spec.strip())
     if parts.scheme.lower() != "kafka" or not parts.netloc:
-        raise _config_error(f"kafka sink needs kafka://host:port[,host:port]/topic[?options], got {spec!r}")
+        raise config_error(f"kafka sink needs kafka://host:port[,host:port]/topic[?options], got {spec!r}")
     if "@" in parts.netloc:
-        raise _config_error(
+        raise config_error(
             "kafka sink: no credentials in the address; use sasl_username and sasl_password_env"
         )
     bootstrap = _bootstrap(parts.netloc)
     topic = unquote(parts.path.lstrip("/"))
     if not _TOPIC.match(topic):
-        raise _config_error(
+        raise config_error(
             f"kafka sink: the path must be one topic name (letters, digits, '.', '_', '-'), got {topic!r}"
         )
     values: dict[str, str] = {}
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         name = key.strip().lower()
         if name in ("password", "sasl_password", "sasl.password", "secret", "connection_string"):
-            raise _config_error(
+            raise config_error(
                 f"kafka sink: {key} is refused: never put a secret in the sink spec; use "
                 "sasl_password_env=VARIABLE or sasl_password_file=/path"
             )
         if name not in OPTIONS:
             known = ", ".join(OPTIONS)
-            raise _config_error(f"kafka sink: unknown option {key!r} (known: {known})")
+            raise config_error(f"kafka sink: unknown option {key!r} (known: {known})")
         if name in values:
-            raise _config_error(f"kafka sink: option {name} given twice")
+            raise config_error(f"kafka sink: option {name} given twice")
         values[name] = value.strip()
 
     protocol = values.get("security_protocol", "PLAINTEXT").upper()
     if protocol not in SECURITY_PROTOCOLS:
-        raise _config_error(f"kafka sink: security_protocol must be one of {', '.join(SECURITY_PROTOCOLS)}")
+        raise config_error(f"kafka sink: security_protocol must be one of {', '.join(SECURITY_PROTOCOLS)}")
     mechanism = values["sasl_mechanism"].upper() if "sasl_mechanism" in values else None
     sasl = protocol.startswith("SASL_")
     if mechanism is not None and mechanism not in SASL_MECHANISMS:
-        raise _config_error(f"kafka sink: sasl_mechanism must be one of {', '.join(SASL_MECHANISMS)}")
+        raise config_error(f"kafka sink: sasl_mechanism must be one of {', '.join(SASL_MECHANISMS)}")
     if sasl and mechanism is None:
-        raise _config_error(f"kafka sink: security_protocol={protocol} needs sasl_mechanism")
+        raise config_error(f"kafka sink: security_protocol={protocol} needs sasl_mechanism")
     if not sasl and mechanism is not None:
-        raise _config_error("kafka sink: sasl_mechanism needs security_protocol=SASL_SSL or SASL_PLAINTEXT")
+        raise config_error("kafka sink: sasl_mechanism needs security_protocol=SASL_SSL or SASL_PLAINTEXT")
 
     username = values.get("sasl_username") or None
     password_env = values.get("sasl_password_env") or None
@@ -224,55 +218,57 @@ def parse_kafka_spec(spec: str) -> KafkaOptions:
     azure_client_id = values.get("azure_client_id") or None
     if mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
         if not username:
-            raise _config_error(f"kafka sink: sasl_mechanism={mechanism} needs sasl_username")
+            raise config_error(f"kafka sink: sasl_mechanism={mechanism} needs sasl_username")
         if (password_env is None) == (password_file is None):
-            raise _config_error(
+            raise config_error(
                 f"kafka sink: sasl_mechanism={mechanism} needs exactly one of sasl_password_env, "
                 "sasl_password_file"
             )
     elif username or password_env or password_file:
-        raise _config_error(
+        raise config_error(
             "kafka sink: sasl_username / sasl_password_* go with sasl_mechanism=PLAIN or SCRAM-SHA-*"
         )
     if password_env is not None and not _ENV_NAME.match(password_env):
-        raise _config_error("kafka sink: sasl_password_env must be an environment variable name")
+        raise config_error("kafka sink: sasl_password_env must be an environment variable name")
     if password_file is not None and not Path(password_file).is_absolute():
-        raise _config_error("kafka sink: sasl_password_file must be an absolute path")
+        raise config_error("kafka sink: sasl_password_file must be an absolute path")
     if mechanism == "OAUTHBEARER":
         if azure_identity not in AZURE_IDENTITIES:
-            raise _config_error(
+            raise config_error(
                 "kafka sink: sasl_mechanism=OAUTHBEARER needs azure_identity=managed or "
                 "azure_identity=default"
             )
     elif azure_identity or azure_client_id:
-        raise _config_error("kafka sink: azure_identity / azure_client_id go with sasl_mechanism=OAUTHBEARER")
+        raise config_error("kafka sink: azure_identity / azure_client_id go with sasl_mechanism=OAUTHBEARER")
     if azure_client_id is not None:
         try:
             uuid.UUID(azure_client_id)
         except ValueError:
-            raise _config_error(
+            raise config_error(
                 "kafka sink: azure_client_id must be a UUID (the identity's client id)"
             ) from None
 
     ssl_ca = values.get("ssl_ca_location") or None
     if ssl_ca is not None and protocol not in ("SSL", "SASL_SSL"):
-        raise _config_error("kafka sink: ssl_ca_location goes with security_protocol=SSL or SASL_SSL")
+        raise config_error("kafka sink: ssl_ca_location goes with security_protocol=SSL or SASL_SSL")
     if ssl_ca is not None and ssl_ca != "probe" and not Path(ssl_ca).exists():
-        raise _config_error(f"kafka sink: ssl_ca_location {ssl_ca} does not exist")
+        raise config_error(f"kafka sink: ssl_ca_location {ssl_ca} does not exist")
 
-    timeout = _int_option("message_timeout_ms", values.get("message_timeout_ms", "30000"), 1000, 86_400_000)
-    linger = _int_option("linger_ms", values.get("linger_ms", "5"), 0, 900_000)
+    timeout = numeric_option(
+        "kafka sink", "message_timeout_ms", values.get("message_timeout_ms", "30000"), 1000, 86_400_000, int
+    )
+    linger = numeric_option("kafka sink", "linger_ms", values.get("linger_ms", "5"), 0, 900_000, int)
     if linger >= timeout:
-        raise _config_error("kafka sink: linger_ms must be smaller than message_timeout_ms")
+        raise config_error("kafka sink: linger_ms must be smaller than message_timeout_ms")
     compression = values.get("compression", "none").lower()
     if compression not in COMPRESSIONS:
-        raise _config_error(f"kafka sink: compression must be one of {', '.join(COMPRESSIONS)}")
+        raise config_error(f"kafka sink: compression must be one of {', '.join(COMPRESSIONS)}")
     idempotence_text = values.get("idempotence", "true").lower()
     if idempotence_text not in _TRUE + _FALSE:
-        raise _config_error("kafka sink: idempotence must be true or false")
+        raise config_error("kafka sink: idempotence must be true or false")
     client_id = values.get("client_id") or "se-bridge"
     if len(client_id) > 255 or not client_id.isprintable():
-        raise _config_error("kafka sink: client_id must be printable and at most 255 characters")
+        raise config_error("kafka sink: client_id must be printable and at most 255 characters")
 
     options = KafkaOptions(
         bootstrap=bootstrap,
@@ -292,7 +288,7 @@ def parse_kafka_spec(spec: str) -> KafkaOptions:
         azure_client_id=azure_client_id,
     )
     if options.event_hubs and protocol != "SASL_SSL":
-        raise _config_error(
+        raise config_error(
             "kafka sink: the Event Hubs Kafka endpoint needs security_protocol=SASL_SSL (port 9093) with "
             "sasl_mechanism=PLAIN (connection string) or OAUTHBEARER (azure_identity)"
         )
@@ -305,7 +301,7 @@ def make_azure_credential(options: KafkaOptions) -> Any:
     try:
         from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
     except ImportError as exc:
-        raise _config_error(
+        raise config_error(
             f"kafka sink: azure_identity needs azure-identity ({exc}); "
             "pip install 'scheduled-events-bridge[eventhubs]'"
         ) from None
@@ -461,7 +457,7 @@ class KafkaSink(Sink):
         if o.sasl_password_env is not None:
             value = os.environ.get(o.sasl_password_env, "")
             if not value:
-                raise _config_error(
+                raise config_error(
                     f"kafka sink: environment variable {o.sasl_password_env} (sasl_password_env) is not set"
                 )
         else:
@@ -470,9 +466,9 @@ class KafkaSink(Sink):
                 value = Path(o.sasl_password_file).read_text(encoding="utf-8").rstrip("\r\n")
             except (OSError, UnicodeDecodeError) as err:
                 reason = getattr(err, "strerror", None) or type(err).__name__
-                raise _config_error(f"kafka sink: cannot read sasl_password_file: {reason}") from None
+                raise config_error(f"kafka sink: cannot read sasl_password_file: {reason}") from None
             if not value:
-                raise _config_error("kafka sink: sasl_password_file is empty")
+                raise config_error("kafka sink: sasl_password_file is empty")
         if o.sasl_username == EVENT_HUBS_USERNAME:
             self._check_connection_string(value)
         return value
@@ -485,13 +481,13 @@ class KafkaSink(Sink):
         )
         fields = {k.strip().lower(): v.strip() for k, v in fields.items()}
         if not fields.get("endpoint", "").startswith("sb://"):
-            raise _config_error(
+            raise config_error(
                 f"kafka sink: with sasl_username=$ConnectionString the password ({source}) must be an Event "
                 "Hubs connection string (Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...)"
             )
         entity = fields.get("entitypath")
         if entity and entity != self.topic:
-            raise _config_error(
+            raise config_error(
                 f"kafka sink: the connection string in {source} is for event hub {entity!r}, "
                 f"not {self.topic!r}"
             )
@@ -539,9 +535,9 @@ class KafkaSink(Sink):
             if isinstance(err, KafkaError) and err.code() == KafkaError.SASL_AUTHENTICATION_FAILED:
                 raise SinkError(f"no OAUTHBEARER token: {err.str()}", kind="token") from None
             text = err.str() if isinstance(err, KafkaError) else str(exc)
-            raise _config_error(f"kafka sink: invalid producer configuration: {text}") from None
+            raise config_error(f"kafka sink: invalid producer configuration: {text}") from None
         except (TypeError, ValueError) as exc:
-            raise _config_error(f"kafka sink: invalid producer configuration: {exc}") from None
+            raise config_error(f"kafka sink: invalid producer configuration: {exc}") from None
         self._producer = producer
         self._failed = False
         self._fatal = None

@@ -58,7 +58,7 @@ from bridge import __version__
 from bridge.agent.outbox import Entry
 from bridge.config import is_loopback
 from bridge.observability import redact
-from bridge.sinks.base import CONTENT_TYPE, SinkError, SynchronousSink
+from bridge.sinks.base import CONTENT_TYPE, SinkError, SynchronousSink, config_error
 
 FORMATS = ("json", "cloudevents", "eventgrid")
 #: CloudEvents ``type`` and Event Grid ``eventType`` of every record.
@@ -170,7 +170,7 @@ class WebhookSink(SynchronousSink):
     # -- configuration ------------------------------------------------------------------------------
 
     def _config_error(self, message: str) -> SinkError:
-        return SinkError(f"webhook sink {self.name}: {message}", kind="config", permanent=True)
+        return config_error(f"webhook sink {self.name}: {message}")
 
     def _parse_options(self, fragment: str) -> dict[str, str]:
         if not fragment:
