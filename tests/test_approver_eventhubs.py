@@ -91,7 +91,7 @@ def test_spec_options_and_defaults() -> None:
         ("checkpoint_connection_string_file=relative&checkpoint_container=cpts", "absolute path"),
         ("consumer_group=a/b", "consumer_group"),
         ("load_balancing_interval=10&ownership_expiration=5", "longer than"),
-        ("load_balancing_interval=soon", "number of seconds"),
+        ("load_balancing_interval=soon", "must be a number"),
         ("prefetch=3", "unknown option 'prefetch'"),
     ],
 )
