@@ -23,6 +23,8 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from bridge.timeutil import rfc3339
+
 # --------------------------------------------------------------------------------------------------
 # Redaction
 # --------------------------------------------------------------------------------------------------
@@ -69,22 +71,19 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": _rfc3339(record.created),
+            "ts": rfc3339(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": redact(record.getMessage()),
+            "msg": record.getMessage(),
         }
         for key, value in record.__dict__.items():
             if key not in _RESERVED and not key.startswith("_"):
-                out[key] = redact(value) if isinstance(value, str) else value
+                out[key] = value
         if record.exc_info:
-            out["exc"] = redact(self.formatException(record.exc_info))
-        return orjson.dumps(out, default=str).decode()
-
-
-def _rfc3339(epoch: float) -> str:
-    t = time.gmtime(epoch)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int((epoch % 1) * 1000):03d}Z"
+            out["exc"] = self.formatException(record.exc_info)
+        # Redact the whole line, not field by field: a secret nested in a list, a dict or a traceback
+        # is masked too. Log lines are rare (once per change or per error streak), so this costs nothing.
+        return redact(orjson.dumps(out, default=str).decode())
 
 
 def setup_logging(level: str = "info", stream: Any = None) -> None:

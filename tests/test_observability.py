@@ -45,11 +45,14 @@ def test_json_log_lines_are_redacted() -> None:
     logger.addHandler(handler)
     logger.propagate = False
     logger.warning(
-        "posting to %s", "https://h/x?sig=SECRETSECRET", extra={"sink": "https://h/x?sig=SECRETSECRET"}
+        "posting to %s",
+        "https://h/x?sig=SECRETSECRET",
+        extra={"sink": "https://h/x?sig=SECRETSECRET", "nested": {"sinks": ["https://h/y?sig=NESTEDSECRET"]}},
     )
     line = orjson.loads(stream.getvalue())
     assert line["level"] == "warning" and line["ts"].endswith("Z")
-    assert "SECRETSECRET" not in stream.getvalue()
+    assert "SECRETSECRET" not in stream.getvalue() and "NESTEDSECRET" not in stream.getvalue()
+    assert line["nested"] == {"sinks": ["https://h/y?sig=***"]}  # nested values are masked too
 
 
 def test_error_streak_logs_once_then_recovery(caplog: pytest.LogCaptureFixture) -> None:

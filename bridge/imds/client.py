@@ -115,6 +115,7 @@ class ImdsClient:
         self._lock = threading.Lock()
         self._limiter = RateLimiter(max_rps)
         self._metrics = metrics
+        self._metric_children: dict[str, tuple[Any, Any]] = {}
         self._events_path = f"{self._prefix}{SCHEDULED_EVENTS_PATH}?api-version={api_version}"
         self._headers = {
             "Metadata": "true",
@@ -161,6 +162,14 @@ class ImdsClient:
         with self._lock:
             self._drop()
 
+    def _series(self, op: str) -> tuple[Any, Any]:
+        """The labelled metric children of an operation, looked up once (this is the poll path)."""
+        series = self._metric_children.get(op)
+        if series is None:
+            series = (self._metrics.imds_requests.labels(op), self._metrics.imds_latency.labels(op))
+            self._metric_children[op] = series
+        return series
+
     # -- transport ------------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, body: bytes | None, op: str) -> ImdsResponse:
@@ -174,8 +183,9 @@ class ImdsClient:
                 resp = self._exchange(method, path, body, timeout)
             finally:
                 if self._metrics is not None:
-                    self._metrics.imds_requests.labels(op).inc()
-                    self._metrics.imds_latency.labels(op).observe(time.monotonic() - started)
+                    count, latency = self._series(op)
+                    count.inc()
+                    latency.observe(time.monotonic() - started)
         if 200 <= resp.status < 300:
             self._awake.add(op)
             return resp
