@@ -260,3 +260,36 @@ def docker_available() -> str | None:
     except Exception as exc:
         return f"no Docker daemon answers ({type(exc).__name__}: {str(exc)[:120]})"
     return None
+
+
+def approver_command(workdir: Path, source: str, sink: str, relay: str, key: bytes, *extra: str) -> list[str]:
+    """``se-bridge approver`` with the signing key ``ops`` (written to ``workdir/ops.key``) and its state
+    in ``workdir/approver-state``."""
+    key_file = workdir / "ops.key"
+    key_file.write_bytes(key)
+    return [
+        PY, "-m", "bridge", "approver", "--source", source, "--sink", sink, "--relay", relay,
+        "--key", f"ops={key_file}", "--state-dir", str(workdir / "approver-state"), "--relay-timeout", "3",
+        *extra,
+    ]  # fmt: skip
+
+
+def start_approver(
+    workdir: Path,
+    source: str,
+    sink: str,
+    relay: str,
+    key: bytes,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start the approver; its JSON log is appended to ``workdir/approver.log``, each run after a marker."""
+    with open(workdir / "approver.log", "ab") as log:
+        log.write(b'{"msg": "--- approver start ---"}\n')
+        log.flush()
+        return subprocess.Popen(
+            approver_command(workdir, source, sink, relay, key, *extra),
+            stderr=log,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
-from procs import Agent, Emulator, decide, wait_until
+from procs import Agent, Emulator, decide, start_approver, wait_until
 
 from bridge.approver.decision import new_decision, sign
 from bridge.schemas import validate_record
@@ -31,32 +31,14 @@ class Approver:
         self.decisions = workdir / "decisions.jsonl"
         self.audit = workdir / "audit.jsonl"
         self.key_file = workdir / "ops.key"
-        self.key_file.write_bytes(KEY)
-        self.args = [
-            sys.executable,
-            "-m",
-            "bridge",
-            "approver",
-            "--source",
-            f"file://{self.decisions}",
-            "--sink",
-            f"file://{self.audit}",
-            "--relay",
-            relay,
-            "--state-dir",
-            str(workdir / "approver-state"),
-            "--key",
-            f"ops={self.key_file}",
-            "--relay-timeout",
-            "3",
-            *extra,
-        ]
+        self.key_file.write_bytes(KEY)  # `decide` may run before the approver starts
+        self.relay = relay
+        self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Approver:
-        log = open(self.workdir / "approver.log", "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(self.args, stderr=log, stdout=subprocess.DEVNULL)
-        log.close()
+        source, sink = f"file://{self.decisions}", f"file://{self.audit}"
+        self.proc = start_approver(self.workdir, source, sink, self.relay, KEY, *self.extra)
         return self
 
     def audits(self) -> list[dict[str, Any]]:

