@@ -8,8 +8,8 @@ The target is at least 2000 records/s on a small VM (2 cores). Run by hand, it i
     .venv/bin/python bench/kafka_drain.py --records 2000 --bootstrap host:9092   # another broker
 
 What is measured, end to end through the real code: an outbox holding ``--records`` records (about
-the size of a real record with one event, written and fsynced by :class:`bridge.agent.outbox.Outbox`
-before the clock starts), then the agent's own :class:`bridge.agent.delivery.DeliveryWorker` driving a
+the size of a real record with one event, written and fsynced by :class:`bridge.pipeline.Outbox`
+before the clock starts), then the agent's own :class:`bridge.pipeline.DeliveryWorker` driving a
 :class:`bridge.sinks.kafka.KafkaSink` (idempotent, ``acks=all``, 1000 records in flight) until the
 sink's cursor has passed every record, i.e. until every record was acknowledged by the broker and the
 acknowledgement saved. The topic is then read back to check that every record arrived, in order.
@@ -32,9 +32,8 @@ sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py) 
 
 from brokers import TansuBroker, TopicReader  # noqa: E402
 
-from bridge.agent.delivery import DeliveryWorker  # noqa: E402
-from bridge.agent.outbox import Outbox  # noqa: E402
-from bridge.observability import AgentMetrics  # noqa: E402
+from bridge.pipeline import DeliveryWorker, Outbox, RecordMeta  # noqa: E402
+from bridge.agent.metrics import AgentMetrics  # noqa: E402
 from bridge.sinks.kafka import KafkaSink  # noqa: E402
 
 TARGET = 2000.0  # records/s
@@ -107,7 +106,7 @@ def run(records: int, bootstrap: str, topic: str, workdir: Path, verify: bool) -
     started = time.perf_counter()
     for n in range(records):
         record_id, payload = sample_record(n, vm_id)
-        outbox.append(record_id, payload)
+        outbox.append(RecordMeta(record_id, "scheduledEvents", vm_id, vm_id=vm_id), payload)
         ids.append(record_id)
     fill = time.perf_counter() - started
     print(f"outbox filled: {records} records in {fill:.1f} s (fsync each)", flush=True)

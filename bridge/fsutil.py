@@ -1,9 +1,23 @@
-"""Small durable-file helpers: the state directory must survive SIGKILL and power loss."""
+"""Small durable-file helpers: the state directory must survive SIGKILL, power loss and a full disk.
+
+Everything here creates files 0600 and directories 0700 whatever the umask: a state directory holds
+the relay's ledger, the VM identity and records that name the subscription, and on a multi-user VM
+nobody but the service account has to read them.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from pathlib import Path
+
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
+
+
+class DirectoryLocked(Exception):
+    """Another process holds the lock of a state directory."""
 
 
 def datasync(fd: int) -> None:
@@ -22,18 +36,102 @@ def sync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
+def ensure_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) 0700, and tighten it to 0700 if it already exists.
+
+    Parents this creates are 0700 too (``Path.mkdir(parents=True)`` would give them the umask's
+    mode); existing parents are left as they are: they may be shared, like ``/var/lib``."""
+    missing = []
+    p = Path(path)
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=PRIVATE_DIR)
+    if os.name == "posix":
+        os.chmod(path, PRIVATE_DIR)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write every byte of ``data``: continue after a short write; a write of 0 bytes is ENOSPC."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
+
+
+def write_atomic(path: Path, data: bytes, durable: bool = True, mode: int = PRIVATE_FILE) -> None:
     """Replace ``path`` with ``data``: a reader sees the old or the new content, never a mix.
 
     ``durable=False`` skips the fsyncs: the replacement is still atomic against a process crash
-    (the page cache survives SIGKILL), only a power loss may bring back the previous content.
+    (the page cache survives SIGKILL), only a power loss may bring back the previous content. A write
+    that fails (ENOSPC, EIO) leaves the old content and removes the temporary file.
     """
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), mode)
+    try:
+        if os.name == "posix":
+            os.fchmod(fd, mode)  # a temporary file left by a crash may have had another mode
+        write_all(fd, data)
         if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        _unlink_quietly(tmp)
+        raise
     if durable:
         sync_dir(path.parent)
+
+
+def append_durably(path: Path, data: bytes) -> None:
+    """Append ``data`` to ``path`` (created 0600) and fsync it. On failure whatever part of ``data``
+    reached the file is cut off again, so a reader never sees half a line."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0), PRIVATE_FILE)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            write_all(fd, data)
+            datasync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
+def lock_directory(directory: Path) -> int | None:
+    """Hold an exclusive lock on ``directory`` for the life of the process (released by the kernel on
+    exit, even after SIGKILL). POSIX only; on Windows the service manager runs one instance.
+
+    Take it before touching anything else in the directory: a second process must find it locked
+    before it reads, compacts or replaces a file the first one is using."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise DirectoryLocked(
+            f"{directory} is in use by another process (one agent or approver per state directory)"
+        ) from None
+    return fd
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)

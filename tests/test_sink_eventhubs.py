@@ -31,9 +31,9 @@ from peers.amqp_eventhubs import EventHubsPeer, StoredEvent
 from procs import Agent, Emulator, docker_available, wait_until
 from test_agent_e2e import assert_consistent
 
-from bridge.agent.outbox import Entry
+from bridge.pipeline import Entry, RecordMeta
 from bridge.sinks import SinkError, create_sink
-from bridge.sinks.base import Outcome
+from bridge.pipeline import Outcome
 from bridge.sinks.eventhubs import EventHubsSink, inspect_connection_string, parse_eventhubs_spec
 
 SECRET = "c2VjcmV0LWtleS1" + uuid.uuid4().hex  # a SAS key that must never reach a log line
@@ -61,7 +61,7 @@ def entry(seq: int, vm_id: str = "vm-a", pad: int = 0) -> Entry:
     record["recordId"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{vm_id}/{seq}"))
     if pad:
         record["pad"] = "x" * pad
-    return Entry(seq, record["recordId"], time.time(), orjson.dumps(record))
+    return Entry(seq, RecordMeta.of(record), time.time(), orjson.dumps(record))
 
 
 def drain(sink: EventHubsSink, count: int, timeout: float = 30.0) -> list[Outcome]:

@@ -23,7 +23,7 @@ from brokers import TansuBroker, TlsProxy, TopicReader, free_port, tansu_binary,
 from procs import Agent, Emulator, docker_available, wait_until
 from test_agent_e2e import assert_consistent
 
-from bridge.agent.outbox import Entry
+from bridge.pipeline import Entry, RecordMeta
 from bridge.sinks import SinkError, create_sink
 from bridge.sinks.kafka import KafkaSink, make_azure_credential, parse_kafka_spec
 
@@ -72,7 +72,7 @@ def new_record(agent: Agent, emulator: Emulator, event_type: str = "Freeze") -> 
 def entry(seq: int, vm_id: str = "vm-a", **extra: Any) -> Entry:
     record = {"schemaVersion": 1, "recordType": "scheduledEvents", "vm": {"vmId": vm_id}, **extra}
     record["recordId"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{vm_id}/{seq}"))
-    return Entry(seq, record["recordId"], time.time(), orjson.dumps(record))
+    return Entry(seq, RecordMeta.of(record), time.time(), orjson.dumps(record))
 
 
 def drain(sink: KafkaSink, count: int, timeout: float = 30.0) -> list[Any]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from helpers import VM, doc, event
 
 from bridge.agent.diff import diff
-from bridge.agent.outbox import Outbox
+from bridge.pipeline import Outbox, RecordMeta
 from bridge.agent.record import build_record, encode
 from bridge.agent.state import BaselineStore, IdentityCache
 
@@ -25,10 +25,16 @@ def test_crash_between_outbox_append_and_baseline_save(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path)
     box = Outbox(tmp_path / "outbox", ["a"])
     d1, d2 = doc(1), doc(2, event("a"))
-    box.append("r1", encode(build_record(VM, None, d1, diff(None, d1), 0)))
+    box.append(
+        RecordMeta("r1", "scheduledEvents", "k"), encode(build_record(VM, None, d1, diff(None, d1), 0))
+    )
     store.save(d1, seq=1)
-    box.append("r2", encode(build_record(VM, d1, d2, diff(d1, d2), 0)))  # ...and the agent dies here
-    box.append("r3", b'{"recordType":"approval","recordId":"r3"}')  # a relay audit came in between
+    box.append(
+        RecordMeta("r2", "scheduledEvents", "k"), encode(build_record(VM, d1, d2, diff(d1, d2), 0))
+    )  # ...and the agent dies here
+    box.append(
+        RecordMeta("r3", "approval", "k"), b'{"recordType":"approval","recordId":"r3"}'
+    )  # a relay audit came in between
     box.close()
     recovered = store.load(Outbox(tmp_path / "outbox", ["a"]))
     assert recovered is not None and recovered.incarnation == 2 and recovered.digest == d2.digest
@@ -50,7 +56,7 @@ def test_identity_falls_back_then_resolves(tmp_path: Path) -> None:
     from bridge.agent.identity import IdentityResolver
     from bridge.imds.client import ImdsClient
     from bridge.imds.emulator import EmulatorServer
-    from bridge.observability import AgentMetrics
+    from bridge.agent.metrics import AgentMetrics
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import threading
 
+from bridge.agent.metrics import AgentMetrics
 from bridge.agent.state import IdentityCache
 from bridge.imds.client import ImdsClient, ImdsError
 from bridge.imds.instance import VmIdentity, fallback_identity, identity_from_instance
-from bridge.observability import AgentMetrics, ErrorStreak
+from bridge.observability import ErrorStreak
 from bridge.retry import Backoff
 
 log = logging.getLogger("bridge.identity")

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 from bridge.agent.diff import Change, diff, is_change
 from bridge.agent.identity import IdentityResolver
-from bridge.agent.outbox import Outbox, OutboxFull
+from bridge.agent.metrics import AgentMetrics
 from bridge.agent.record import build_record, encode
 from bridge.agent.state import BaselineStore
-from bridge.imds.client import ImdsClient, ImdsError
+from bridge.imds.client import IMDS_MAX_RETRY_AFTER, ImdsClient, ImdsError
 from bridge.imds.document import (
     KNOWN_EVENT_STATUSES,
     KNOWN_EVENT_TYPES,
@@ -37,17 +37,19 @@ from bridge.imds.document import (
     EventsDocument,
     parse_document,
 )
-from bridge.observability import AgentMetrics, ErrorStreak
+from bridge.observability import ErrorStreak
+from bridge.pipeline import Health, Outbox, OutboxFull, OutboxWriteError, RecordMeta
 from bridge.retry import Backoff
 
 log = logging.getLogger("bridge.poller")
 
 GONE_RETRY_WINDOW = 70.0  # seconds, from the IMDS documentation of 410
+COMPONENT = "poller"
 
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """The current document as last seen, for the HTTP API (and the relay in a later version)."""
+    """The current document as last seen, for the HTTP API and the relay."""
 
     document: EventsDocument
     observed_at: float
@@ -64,6 +66,7 @@ class Poller:
         *,
         interval: float = 1.0,
         api_version: str,
+        health: Health | None = None,
     ) -> None:
         self.client = client
         self.outbox = outbox
@@ -72,6 +75,8 @@ class Poller:
         self.metrics = metrics
         self.interval = interval
         self.api_version = api_version
+        self.health = health or Health(metrics)
+        self.health.register(COMPONENT)
         self.baseline: EventsDocument | None = baseline.load(outbox)
         self.current: Observation | None = None
         #: Called with (previous, current, changes) after each change is durable (local policies).
@@ -87,7 +92,9 @@ class Poller:
         self._full_streak = ErrorStreak(
             log, "admitting a record into the outbox", remind_every=60.0, level=logging.ERROR
         )
-        self._backoff = Backoff(base=interval, cap=max(10.0, interval), floor=interval)
+        # Never longer than 10 s between attempts, whatever a Retry-After says: a Spot VM gets 30 s.
+        cap = max(IMDS_MAX_RETRY_AFTER, interval)
+        self._backoff = Backoff(base=interval, cap=cap, floor=interval, max_retry_after=cap)
         if self.baseline is not None:
             self.metrics.document_incarnation.set(self.baseline.incarnation)
 
@@ -137,7 +144,7 @@ class Poller:
         identity = self.identity.current
         record = build_record(identity, self.baseline, doc, changes, resp.received_at)
         try:
-            entry = self.outbox.append(record["recordId"], encode(record))
+            entry = self.outbox.append(RecordMeta.of(record), encode(record))
         except OutboxFull as err:
             # Keep the baseline and the last body: the next poll retries, and once there is room the
             # record carries the net change since the last admitted one. Loud, counted, documented.
@@ -146,10 +153,12 @@ class Poller:
                 "outbox_full", f"{err}; change held back, newest state kept", incarnation=doc.incarnation
             )
             return "full"
-        except OSError as err:
+        except OutboxWriteError as err:
+            # Disk full or failing: nothing of the record was kept. Same rule as a full outbox: the
+            # change stays pending and the next poll that can write records the net change.
             self.metrics.outbox_full.inc()
             self._full_streak.failure(
-                "outbox_io", f"cannot write the outbox: {err}", incarnation=doc.incarnation
+                "outbox_io", f"{err}; change held back, newest state kept", incarnation=doc.incarnation
             )
             return "full"
         self._full_streak.success()
@@ -203,9 +212,11 @@ class Poller:
         while not stop.is_set():
             try:
                 outcome = self.poll_once()
+                self.health.ok(COMPONENT)
             except Exception as exc:  # a bug must not end the agent: keep the state, count, go on
                 log.exception("internal error while polling; state kept, polling goes on")
                 self.metrics.internal_errors.inc()
+                self.health.error(COMPONENT, "internal")
                 self._last_error = ImdsError("internal", f"{type(exc).__name__}: {exc}")
                 outcome = "error"
             now = time.monotonic()

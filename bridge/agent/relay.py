@@ -31,11 +31,11 @@ from typing import Any
 import orjson
 
 from bridge import __version__
-from bridge.agent.outbox import Outbox, OutboxFull
 from bridge.fsutil import write_atomic
 from bridge.imds.client import ImdsClient, ImdsError
 from bridge.imds.document import SCHEDULED, STARTED
 from bridge.imds.instance import VmIdentity
+from bridge.pipeline import Outbox, OutboxFull, RecordMeta
 from bridge.timeutil import rfc3339
 
 log = logging.getLogger("bridge.relay")
@@ -222,7 +222,7 @@ class Relay:
             "startRequestsPosted": posted,
         }
         try:
-            self._outbox.append(record["recordId"], orjson.dumps(record))
+            self._outbox.append(RecordMeta.of(record), orjson.dumps(record))
         except (OutboxFull, OSError) as exc:
             # The approval itself already happened (or was refused); the audit is best effort here
             # and the log line is its trace.

@@ -9,12 +9,15 @@ Lifecycle:
 3. Poll on the main thread until SIGTERM or SIGINT.
 4. Stop polling, give the workers ``shutdown_timeout`` seconds to deliver what is queued (whatever is
    left stays in the outbox for the next start), close the sinks, exit 0.
+
+A component that fails for good (a delivery worker that died, internal errors for minutes: see
+:mod:`bridge.pipeline.health`) stops the agent the same way, but with exit code 70, so that the
+service manager starts it again.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import ssl
 import threading
@@ -26,21 +29,24 @@ import orjson
 
 from bridge import __version__
 from bridge.agent.api import AgentApi, json_route, metrics_route
-from bridge.agent.delivery import DeliveryWorker
 from bridge.agent.identity import IdentityResolver
-from bridge.agent.outbox import Outbox, OutboxLocked
+from bridge.agent.metrics import AgentMetrics
 from bridge.agent.policy import ApprovalRule, LocalPolicy, PolicyConfig
 from bridge.agent.poller import Poller
 from bridge.agent.relay import Relay
 from bridge.agent.state import BaselineStore, IdentityCache
 from bridge.config import AgentConfig, ConfigError, is_loopback, parse_listen
+from bridge.fsutil import ensure_private_dir
 from bridge.imds.client import ImdsClient
-from bridge.observability import AgentMetrics
+from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked
 from bridge.signing import KeyRing, RequestVerifier
 from bridge.sinks import Sink, SinkError, create_sink
 from bridge.timeutil import rfc3339
 
 log = logging.getLogger("bridge.agent")
+
+#: Exit code when a component failed for good (EX_SOFTWARE): the service manager restarts the agent.
+EXIT_COMPONENT_FAILED = 70
 
 
 class Agent:
@@ -48,11 +54,11 @@ class Agent:
         self.config = config
         self.metrics = metrics or AgentMetrics()
         self.stop_event = threading.Event()
+        self.health = Health(self.metrics, on_fatal=lambda _why: self.stop_event.set())
         self.sinks = self._build_sinks(config.sink)
         state_dir = Path(config.state_dir)
         try:
-            state_dir.mkdir(parents=True, exist_ok=True)
-            os.chmod(state_dir, 0o700)
+            ensure_private_dir(state_dir)
         except OSError as exc:
             raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None
         try:
@@ -82,9 +88,11 @@ class Agent:
             self.metrics,
             interval=config.poll_interval,
             api_version=config.api_version,
+            health=self.health,
         )
         self.workers = [
-            DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter") for s in self.sinks
+            DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter", health=self.health)
+            for s in self.sinks
         ]
         self.relay = Relay(
             self.client,
@@ -169,8 +177,8 @@ class Agent:
 
     def _routes(self) -> dict[str, Any]:
         def healthz() -> tuple[int, Any]:
-            alive = all(w.is_alive() for w in self.workers) or self.stop_event.is_set()
-            return (200 if alive else 503), {"status": "ok" if alive else "delivery worker died"}
+            alive, body = self.health.report()
+            return (200 if alive else 503), body
 
         def readyz() -> tuple[int, Any]:
             ok, reason = self.ready()
@@ -255,6 +263,10 @@ class Agent:
             self.poller.run(self.stop_event)
         finally:
             self.shutdown()
+        fatal = self.health.fatal
+        if fatal is not None:
+            log.critical("agent stopped because a component failed", extra={"reason": fatal})
+            return EXIT_COMPONENT_FAILED
         return 0
 
     def shutdown(self) -> None:

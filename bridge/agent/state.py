@@ -18,10 +18,10 @@ from typing import Any
 
 import orjson
 
-from bridge.agent.outbox import Outbox
 from bridge.fsutil import write_atomic
 from bridge.imds.document import DocumentError, EventsDocument, document_from_json
 from bridge.imds.instance import VmIdentity
+from bridge.pipeline import Outbox
 
 log = logging.getLogger("bridge.state")
 

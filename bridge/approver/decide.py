@@ -15,8 +15,8 @@ import time
 
 import orjson
 
-from bridge.agent.outbox import Entry
 from bridge.approver.decision import new_decision, sign
+from bridge.pipeline import Entry, RecordMeta
 from bridge.signing import load_key
 from bridge.sinks import SinkError, create_sink
 
@@ -37,7 +37,9 @@ def decide(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     try:
         sink.open()
-        sink.submit(Entry(1, decision["decisionId"], time.time(), payload))
+        # A decision is keyed by its target VM, so one VM's decisions stay in order on one partition.
+        meta = RecordMeta(decision["decisionId"], "decision", decision.get("target") or args.event_id)
+        sink.submit(Entry(1, meta, time.time(), payload))
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
             outcomes = sink.poll(0.2)

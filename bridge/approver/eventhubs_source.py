@@ -58,9 +58,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import orjson
 
 from bridge.approver.sources import DecisionSource, Message, SourceError
-from bridge.fsutil import write_atomic
+from bridge.fsutil import ensure_private_dir, write_atomic
 from bridge.observability import redact
-from bridge.sinks.base import SinkError, numeric_option
+from bridge.pipeline import SinkError
+from bridge.sinks.base import numeric_option
 from bridge.sinks.eventhubs import OPTIONS as HUB_OPTIONS
 from bridge.sinks.eventhubs import (
     Abandoned,
@@ -336,7 +337,7 @@ class EventHubsSource(DecisionSource):
             self.hub = opts.hub
             self._where = f"{opts.namespace}/{opts.hub}"
         digest = hashlib.sha256(f"{self._where}/{self.consumer_group}".lower().encode()).hexdigest()[:12]
-        state_dir.mkdir(parents=True, exist_ok=True)
+        ensure_private_dir(state_dir)
         self._owner_path = state_dir / f"source-eventhubs-{digest}.owner"
         self._positions_path = state_dir / f"source-eventhubs-{digest}.positions"
         self._cond = threading.Condition()

@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.approver.sources import DecisionSource, Message, SourceError
-from bridge.sinks.base import SinkError
+from bridge.pipeline import SinkError
 from bridge.sinks.kafka import KafkaSink
 
 

@@ -28,13 +28,13 @@ import orjson
 from prometheus_client import Counter
 
 from bridge import __version__
-from bridge.agent.delivery import DeliveryWorker
-from bridge.agent.outbox import Outbox, OutboxLocked
 from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
 from bridge.approver.sources import DecisionSource, Message, SourceError, StdinSource, create_source
 from bridge.approver.store import DecisionStore
-from bridge.observability import AgentMetrics, ErrorStreak
+from bridge.fsutil import ensure_private_dir
+from bridge.observability import ErrorStreak
+from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked, PipelineMetrics, RecordMeta
 from bridge.retry import Backoff
 from bridge.sinks import Sink
 from bridge.timeutil import rfc3339
@@ -42,8 +42,13 @@ from bridge.timeutil import rfc3339
 log = logging.getLogger("bridge.approver")
 
 
-class ApproverMetrics(AgentMetrics):
-    """The agent's sink/outbox series (same names, so dashboards work for both) plus decisions."""
+#: Exit code when a component failed for good (EX_SOFTWARE): the service manager restarts the approver.
+EXIT_COMPONENT_FAILED = 70
+
+
+class ApproverMetrics(PipelineMetrics):
+    """The pipeline's sink/outbox series (same names as the agent's, so dashboards work for both)
+    plus decisions."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -74,7 +79,8 @@ class Approver:
         self.policy = policy
         self.metrics = metrics or ApproverMetrics()
         self.stop_event = threading.Event()
-        state_dir.mkdir(parents=True, exist_ok=True)
+        self.health = Health(self.metrics, on_fatal=lambda _why: self.stop_event.set())
+        ensure_private_dir(state_dir)
         self.store = DecisionStore(state_dir)
         try:
             self.outbox = Outbox(state_dir / "outbox", [s.id for s in sinks], metrics=self.metrics)
@@ -83,7 +89,8 @@ class Approver:
 
             raise ConfigError(f"state_dir: {exc}") from None
         self.workers = [
-            DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter") for s in sinks
+            DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter", health=self.health)
+            for s in sinks
         ]
         self.relay_attempts = relay_attempts
         self._streak = ErrorStreak(log, f"reading decisions from {source.name}")
@@ -213,7 +220,7 @@ class Approver:
         }
         # Durable first, then the store, then (in the caller) the source commit: a crash anywhere
         # re-reads the message and ends with the same outcome.
-        self.outbox.append(audit["recordId"], orjson.dumps(audit))
+        self.outbox.append(RecordMeta.of(audit), orjson.dumps(audit))
         if record_final and audit["decisionId"]:
             self.store.final(audit["decisionId"], message.position, audit["outcome"], reason)
         self.metrics.decisions.labels(audit["outcome"], reason or "ok").inc()
@@ -267,6 +274,9 @@ class Approver:
                     break
         finally:
             self.shutdown()
+        if self.health.fatal is not None:
+            log.critical("approver stopped because a component failed", extra={"reason": self.health.fatal})
+            return EXIT_COMPONENT_FAILED
         return 0
 
     def _open_source(self) -> bool:
@@ -339,6 +349,7 @@ def build_approver(config: Any) -> Approver:
     )
     state_dir = Path(config.state_dir)
     try:
+        ensure_private_dir(state_dir)
         source = create_source(config.source, state_dir, group=config.group)
         sinks = [create_sink(spec) for spec in config.sink]
         if config.mode == "fleet":
@@ -351,7 +362,7 @@ def build_approver(config: Any) -> Approver:
             router: LocalRouter | FleetRouter = FleetRouter(learn, config.relay_url_template)
         else:
             router = LocalRouter(config.relay)
-    except (SinkError, SourceError, ValueError) as exc:
+    except (SinkError, SourceError, ValueError, OSError) as exc:
         raise ConfigError(str(exc)) from None
     return Approver(
         source,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from bridge.fsutil import write_atomic
+from bridge.fsutil import ensure_private_dir, write_atomic
 from bridge.observability import redact
 
 
@@ -69,7 +69,7 @@ class FileSource(DecisionSource):
         parts = urlsplit(spec)
         self.path = Path(unquote(parts.path))
         digest = hashlib.sha256(str(self.path).encode()).hexdigest()[:12]
-        state_dir.mkdir(parents=True, exist_ok=True)
+        ensure_private_dir(state_dir)
         self._cursor_path = state_dir / f"source-file-{digest}.cursor"
         try:
             self._committed = int(self._cursor_path.read_text().strip())

@@ -29,9 +29,12 @@ import orjson
 from bridge import __version__
 from bridge.imds.document import DEFAULT_API_VERSION
 from bridge.imds.instance import INSTANCE_API_VERSION
-from bridge.retry import Backoff
+from bridge.retry import Backoff, parse_retry_after
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
+#: The longest wait a ``Retry-After`` from IMDS can impose (docs/operations.md: "never longer than
+#: 10 s": a Spot eviction gives 30 s of notice).
+IMDS_MAX_RETRY_AFTER = 10.0
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 INSTANCE_PATH = "/metadata/instance"
 
@@ -137,7 +140,7 @@ class ImdsClient:
         """
         body = orjson.dumps({"StartRequests": [{"EventId": e} for e in event_ids]})
         path = f"{self._prefix}{SCHEDULED_EVENTS_PATH}?api-version={self.api_version}"
-        backoff = Backoff(base=0.25, cap=5.0)
+        backoff = Backoff(base=0.25, cap=5.0, max_retry_after=IMDS_MAX_RETRY_AFTER)
         give_up = time.monotonic() + deadline
         while True:
             try:
@@ -260,12 +263,6 @@ def _http_error(resp: ImdsResponse) -> ImdsError:
         kind = f"http_{status}"
     else:
         kind = "http_other"
-    retry_after = None
-    header = getattr(resp, "retry_after_header", None)
-    if header:
-        try:
-            retry_after = max(0.0, float(header))
-        except ValueError:
-            retry_after = None
+    retry_after = parse_retry_after(getattr(resp, "retry_after_header", None), IMDS_MAX_RETRY_AFTER)
     detail = resp.body[:200].decode("utf-8", "replace").strip()
     return ImdsError(kind, f"IMDS answered {status}: {detail}", status=status, retry_after=retry_after)

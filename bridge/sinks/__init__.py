@@ -6,7 +6,8 @@ writes to a file never loads a cloud SDK.
 
 from __future__ import annotations
 
-from bridge.sinks.base import Outcome, Sink, SinkError, SynchronousSink, scheme_of
+from bridge.pipeline import Outcome, Sink, SinkError, SynchronousSink
+from bridge.sinks.base import scheme_of
 
 __all__ = ["SUPPORTED", "Outcome", "Sink", "SinkError", "SynchronousSink", "create_sink"]
 

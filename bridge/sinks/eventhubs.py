@@ -67,17 +67,9 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from bridge import __version__
-from bridge.agent.outbox import Entry
 from bridge.observability import redact
-from bridge.sinks.base import (
-    CONTENT_TYPE,
-    Outcome,
-    Sink,
-    SinkError,
-    config_error,
-    numeric_option,
-    record_meta,
-)
+from bridge.pipeline import CONTENT_TYPE, Entry, Outcome, Sink, SinkError
+from bridge.sinks.base import config_error, numeric_option
 
 log = logging.getLogger("bridge.sinks.eventhubs")
 
@@ -716,7 +708,7 @@ class EventHubsSink(Sink):
     def _send(self, generation: int, entries: list[Entry]) -> None:
         from azure.eventhub import EventData
 
-        metas = [record_meta(e) for e in entries]
+        metas = [e.meta for e in entries]
         index = 0
         while index < len(entries):
             key = metas[index].key[:BATCH_PARTITION_KEY_MAX]

@@ -11,9 +11,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
-from bridge.agent.outbox import Entry
 from bridge.fsutil import datasync
-from bridge.sinks.base import SinkError, SynchronousSink
+from bridge.pipeline import Entry, SinkError, SynchronousSink
 
 
 class FileSink(SynchronousSink):

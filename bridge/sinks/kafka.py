@@ -58,17 +58,9 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from bridge.agent.outbox import Entry
 from bridge.observability import redact
-from bridge.sinks.base import (
-    CONTENT_TYPE,
-    Outcome,
-    Sink,
-    SinkError,
-    config_error,
-    numeric_option,
-    record_meta,
-)
+from bridge.pipeline import CONTENT_TYPE, Entry, Outcome, Sink, SinkError
+from bridge.sinks.base import config_error, numeric_option
 
 log = logging.getLogger("bridge.sinks.kafka")
 _rdkafka_log = logging.getLogger("bridge.sinks.kafka.librdkafka")
@@ -660,7 +652,7 @@ class KafkaSink(Sink):
             self._outcomes.append(Outcome(entry.seq, SinkError(str(err), kind=err.kind)))
             self._failed = True
             return
-        meta = record_meta(entry)
+        meta = entry.meta
         headers = [(name, value.encode()) for name, value in meta.headers().items() if name != "contentType"]
         headers.append(("content-type", CONTENT_TYPE.encode()))
         try:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from bridge.agent.outbox import Entry
-from bridge.sinks.base import SynchronousSink
+from bridge.pipeline import Entry, SynchronousSink
 
 
 class StdoutSink(SynchronousSink):

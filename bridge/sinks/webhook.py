@@ -45,7 +45,6 @@ import re
 import ssl
 import time
 from collections.abc import Callable
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, quote, unquote, urlsplit, urlunsplit
@@ -55,10 +54,11 @@ import requests
 import urllib3
 
 from bridge import __version__
-from bridge.agent.outbox import Entry
 from bridge.config import is_loopback
 from bridge.observability import redact
-from bridge.sinks.base import CONTENT_TYPE, SinkError, SynchronousSink, config_error
+from bridge.pipeline import CONTENT_TYPE, Entry, SinkError, SynchronousSink
+from bridge.retry import parse_retry_after
+from bridge.sinks.base import config_error
 
 FORMATS = ("json", "cloudevents", "eventgrid")
 #: CloudEvents ``type`` and Event Grid ``eventType`` of every record.
@@ -367,17 +367,10 @@ class WebhookSink(SynchronousSink):
         """The request body and its content type for ``entry`` in the configured format."""
         if self.format == "json":
             return entry.payload, CONTENT_TYPE
-        try:
-            record = orjson.loads(entry.payload)
-            vm = record.get("vm") or {}
-            name = vm.get("name") or vm.get("vmId") or "unknown"
-            source = vm.get("resourceId") or f"/se-bridge/vm/{quote(str(name), safe='')}"
-            observed_at = record.get("observedAt")
-            schema_version = record.get("schemaVersion", 1)
-        except (orjson.JSONDecodeError, AttributeError, TypeError) as exc:
-            raise SinkError(
-                f"record {entry.record_id} is not a JSON object: {exc}", kind="encode", permanent=True
-            ) from None
+        meta = entry.meta
+        name = meta.vm_name or meta.vm_id or "unknown"
+        source = meta.resource_id or f"/se-bridge/vm/{quote(name, safe='')}"
+        observed_at = meta.observed_at
         data = orjson.Fragment(entry.payload)  # the durable bytes, not a re-encoding
         if self.format == "cloudevents":
             event: dict[str, Any] = {
@@ -385,7 +378,7 @@ class WebhookSink(SynchronousSink):
                 "id": entry.record_id,
                 "source": source,
                 "type": EVENT_TYPE,
-                "subject": str(name),
+                "subject": name,
                 "datacontenttype": CONTENT_TYPE,
             }
             if observed_at:
@@ -400,7 +393,7 @@ class WebhookSink(SynchronousSink):
             "subject": source,
             "eventTime": observed_at or _now_rfc3339(),
             "data": data,
-            "dataVersion": str(schema_version),
+            "dataVersion": str(meta.schema_version),
         }
         return orjson.dumps([grid_event]), CONTENT_TYPE
 
@@ -495,7 +488,7 @@ class WebhookSink(SynchronousSink):
         detail = f": {excerpt}" if excerpt else ""
         if status in (408, 429) or status >= 500:
             kind = "http_5xx" if status >= 500 else f"http_{status}"
-            retry_after = parse_retry_after(headers.get("Retry-After"))
+            retry_after = parse_retry_after(headers.get("Retry-After"), MAX_RETRY_AFTER)
             return SinkError(f"{self.name} answered {status}{detail}", kind=kind, retry_after=retry_after)
         if 300 <= status < 400:
             location = self._scrub(headers.get("Location", "")[:EXCERPT_CHARS])
@@ -513,27 +506,6 @@ class WebhookSink(SynchronousSink):
 # --------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """``Retry-After`` as seconds to wait: delta-seconds or an HTTP date; ``None`` when absent or
-    unreadable; capped at :data:`MAX_RETRY_AFTER`."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:  # an HTTP date is always GMT
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if seconds != seconds:  # NaN
-        return None
-    return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
 def _url_secrets(parts: SplitResult) -> list[str]:

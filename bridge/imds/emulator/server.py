@@ -392,7 +392,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if reply.delay:
             time.sleep(reply.delay)
-        self._send(reply.status, reply.body, reply.content_type)
+        extra = b"" if reply.retry_after is None else b"Retry-After: %s\r\n" % reply.retry_after.encode()
+        self._send(reply.status, reply.body, reply.content_type, extra)
         if reply.incarnation is not None:
             state.mark_served(reply.incarnation)
 
@@ -502,7 +503,8 @@ class _Handler(BaseHTTPRequestHandler):
                 count = _integer(data, "count")
                 duration = _number(data, "durationSeconds")
                 delay = _number(data, "delaySeconds", 2.0)
-                state.add_fault(kind, count, duration, 2.0 if delay is None else delay)
+                retry_after = _string(data, "retryAfter")
+                state.add_fault(kind, count, duration, 2.0 if delay is None else delay, retry_after)
                 self._json(200, {"kind": kind, "faults": state.snapshot()["faults"]})
             case ("DELETE", ["faults"]):
                 state.clear_faults()

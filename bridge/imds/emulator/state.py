@@ -91,6 +91,7 @@ class Reply(NamedTuple):
     incarnation: int | None  # set only for state documents: marks "firstServed" once written
     delay: float = 0.0  # "slow" fault: sleep this long (outside the lock) before answering
     drop: bool = False  # "drop" fault: close the connection without any response
+    retry_after: str | None = None  # a fault's Retry-After header, sent as given (even nonsense)
 
 
 @dataclass(slots=True)
@@ -138,6 +139,7 @@ class _Fault:
     remaining: int | None  # None: unlimited until ``until``
     until: float | None  # time.monotonic() deadline, None: until the count is used up
     delay: float
+    retry_after: str | None = None
 
 
 class EmulatorState:
@@ -406,7 +408,7 @@ class EmulatorState:
                 kind = fault.kind
                 if kind in _FAULT_STATUS:
                     status, body = _FAULT_STATUS[kind]
-                    return Reply(status, body, JSON_CONTENT_TYPE, None)
+                    return Reply(status, body, JSON_CONTENT_TYPE, None, retry_after=fault.retry_after)
                 if kind == "drop":
                     return Reply(0, b"", None, None, drop=True)
                 if kind == "garbage":
@@ -579,10 +581,13 @@ class EmulatorState:
         count: int | None = None,
         duration_seconds: float | None = None,
         delay_seconds: float = 2.0,
+        retry_after: str | None = None,
     ) -> None:
         """Queue a fault for the next ``count`` scheduledevents GETs (or all of them for a duration).
 
         Faults are test tools, so their duration and delay are real seconds, never scaled by speed.
+        ``retry_after`` is sent verbatim as a ``Retry-After`` header on an error answer (tests send
+        what a misbehaving server might: ``86400``, ``inf``, a date).
         """
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; expected one of {', '.join(FAULT_KINDS)}")
@@ -592,10 +597,12 @@ class EmulatorState:
             raise ValueError("durationSeconds must be > 0")
         if delay_seconds < 0:
             raise ValueError("delaySeconds must be >= 0")
+        if retry_after is not None and (not retry_after.isprintable() or len(retry_after) > 100):
+            raise ValueError("retryAfter must be printable text of at most 100 characters")
         remaining = count if count is not None else (None if duration_seconds is not None else 1)
         until = None if duration_seconds is None else time.monotonic() + duration_seconds
         with self._cond:
-            self._faults.append(_Fault(kind, remaining, until, delay_seconds))
+            self._faults.append(_Fault(kind, remaining, until, delay_seconds, retry_after))
 
     def clear_faults(self) -> None:
         with self._cond:
