@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py) 
 
 from brokers import TansuBroker, TopicReader  # noqa: E402
 
-from bridge.pipeline import DeliveryWorker, Outbox, RecordMeta  # noqa: E402
 from bridge.agent.metrics import AgentMetrics  # noqa: E402
+from bridge.pipeline import DeliveryWorker, Outbox, RecordMeta  # noqa: E402
 from bridge.sinks.kafka import KafkaSink  # noqa: E402
 
 TARGET = 2000.0  # records/s

@@ -29,7 +29,7 @@ from bridge.retry import Backoff, parse_retry_after
         ("-5", None),
         ("+5", None),
         ("1e9", None),
-        ("５", None),  # a full-width digit: not ASCII, not delta-seconds
+        ("\uff15", None),  # FULLWIDTH DIGIT FIVE: isdigit() is true, but it is not ASCII
         ("soon", None),
         ("", None),
         (None, None),

@@ -31,9 +31,8 @@ from peers.amqp_eventhubs import EventHubsPeer, StoredEvent
 from procs import Agent, Emulator, docker_available, wait_until
 from test_agent_e2e import assert_consistent
 
-from bridge.pipeline import Entry, RecordMeta
+from bridge.pipeline import Entry, Outcome, RecordMeta
 from bridge.sinks import SinkError, create_sink
-from bridge.pipeline import Outcome
 from bridge.sinks.eventhubs import EventHubsSink, inspect_connection_string, parse_eventhubs_spec
 
 SECRET = "c2VjcmV0LWtleS1" + uuid.uuid4().hex  # a SAS key that must never reach a log line

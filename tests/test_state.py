@@ -7,9 +7,9 @@ from pathlib import Path
 from helpers import VM, doc, event
 
 from bridge.agent.diff import diff
-from bridge.pipeline import Outbox, RecordMeta
 from bridge.agent.record import build_record, encode
 from bridge.agent.state import BaselineStore, IdentityCache
+from bridge.pipeline import Outbox, RecordMeta
 
 
 def test_baseline_round_trip(tmp_path: Path) -> None:
@@ -54,9 +54,9 @@ def test_identity_falls_back_then_resolves(tmp_path: Path) -> None:
     import threading
 
     from bridge.agent.identity import IdentityResolver
+    from bridge.agent.metrics import AgentMetrics
     from bridge.imds.client import ImdsClient
     from bridge.imds.emulator import EmulatorServer
-    from bridge.agent.metrics import AgentMetrics
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
