@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint bench clean venv infra-tools azurite
+.PHONY: demo test lint bench clean venv infra-tools azurite strace
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,11 +54,21 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check bridge tests bench
 	$(BIN)/ruff format --check bridge tests bench
+	$(BIN)/lint-imports
 
-# SE_BRIDGE_INFRA_VENV and SE_BRIDGE_AZURITE tell the tests where the tools are and that they must not
-# skip without them.
-test: $(VENV)/.installed-test $(INFRA_VENV)/.installed $(TOOLS)/.installed-azurite-$(AZURITE_VERSION) lint
-	SE_BRIDGE_INFRA_VENV=$(abspath $(INFRA_VENV)) SE_BRIDGE_AZURITE=$(abspath $(TOOLS)) $(BIN)/python -m pytest
+# The crash-consistency test reads the agent's syscalls with strace (Debian package; installed here
+# when missing, as root in CI). The storage-fault tests mount tmpfs and lower fd limits: root too.
+strace:
+	@command -v strace >/dev/null 2>&1 || { \
+	  echo "installing strace (Debian package) for the crash-consistency test"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null; }; }
+
+# SE_BRIDGE_INFRA_VENV and SE_BRIDGE_AZURITE tell the tests where the tools are, and with
+# SE_BRIDGE_FAULT_TESTS=required the storage-fault tests fail (not skip) when tmpfs cannot be mounted.
+test: $(VENV)/.installed-test $(INFRA_VENV)/.installed $(TOOLS)/.installed-azurite-$(AZURITE_VERSION) strace lint
+	SE_BRIDGE_INFRA_VENV=$(abspath $(INFRA_VENV)) SE_BRIDGE_AZURITE=$(abspath $(TOOLS)) \
+	SE_BRIDGE_FAULT_TESTS=required $(BIN)/python -m pytest
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/poll_bench.py

@@ -1,4 +1,5 @@
-"""What the benchmarks share: percentiles, the emulator's control API, stopping a child process.
+"""What the benchmarks share: percentiles, the emulator's control API, stopping a child process, a
+record shaped like the agent's.
 
 The benchmarks run as ``python bench/<name>.py``, so this module is importable as ``benchkit`` from
 the script's own directory. ``http.client`` rather than ``requests`` keeps the benchmarks' own CPU and
@@ -11,6 +12,7 @@ import contextlib
 import http.client
 import signal
 import subprocess
+import uuid
 from typing import Any
 
 import orjson
@@ -67,3 +69,61 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
             proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+def sample_record(n: int, vm_id: str) -> dict[str, Any]:
+    """A record shaped like the agent's (one Freeze event, raw document included), ~1.6 KB."""
+    record_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"bench/{vm_id}/{n}"))
+    event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"event/{n}")).upper()
+    event = {
+        "EventId": event_id,
+        "EventType": "Freeze",
+        "ResourceType": "VirtualMachine",
+        "Resources": ["vm-bridge-0"],
+        "EventStatus": "Scheduled",
+        "NotBefore": "Mon, 23 Nov 2026 09:51:23 GMT",
+        "Description": "Host server is undergoing maintenance.",
+        "EventSource": "Platform",
+        "DurationInSeconds": 9,
+    }
+    record = {
+        "schemaVersion": 1,
+        "recordType": "scheduledEvents",
+        "recordId": record_id,
+        "observedAt": "2026-11-22T09:36:23.510Z",
+        "source": {"agentVersion": "0.1.0", "apiVersion": "2020-07-01"},
+        "vm": {
+            "vmId": vm_id,
+            "name": "vm-bridge-0",
+            "resourceId": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg"
+            "/providers/Microsoft.Compute/virtualMachines/vm-bridge-0",
+            "location": "westeurope",
+        },
+        "documentIncarnation": n + 1,
+        "previousIncarnation": n,
+        "events": [
+            {
+                "eventId": event_id,
+                "eventType": "Freeze",
+                "eventStatus": "Scheduled",
+                "resourceType": "VirtualMachine",
+                "resources": ["vm-bridge-0"],
+                "notBefore": "2026-11-23T09:51:23Z",
+                "description": "Host server is undergoing maintenance.",
+                "eventSource": "Platform",
+                "durationInSeconds": 9,
+                "affectsThisVm": True,
+            }
+        ],
+        "changes": [
+            {
+                "eventId": event_id,
+                "change": "scheduled",
+                "eventType": "Freeze",
+                "previousStatus": None,
+                "eventStatus": "Scheduled",
+            }
+        ],
+        "raw": {"DocumentIncarnation": n + 1, "Events": [event]},
+    }
+    return record

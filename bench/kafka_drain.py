@@ -30,6 +30,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py) and its helpers
 
+from benchkit import sample_record  # noqa: E402
 from brokers import TansuBroker, TopicReader  # noqa: E402
 
 from bridge.agent.metrics import AgentMetrics  # noqa: E402
@@ -37,64 +38,6 @@ from bridge.pipeline import DeliveryWorker, Outbox, RecordMeta  # noqa: E402
 from bridge.sinks.kafka import KafkaSink  # noqa: E402
 
 TARGET = 2000.0  # records/s
-
-
-def sample_record(n: int, vm_id: str) -> tuple[str, bytes]:
-    """A record shaped like the agent's (one Freeze event, raw document included), ~1.6 KB."""
-    record_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"bench/{vm_id}/{n}"))
-    event_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"event/{n}")).upper()
-    event = {
-        "EventId": event_id,
-        "EventType": "Freeze",
-        "ResourceType": "VirtualMachine",
-        "Resources": ["vm-bridge-0"],
-        "EventStatus": "Scheduled",
-        "NotBefore": "Mon, 23 Nov 2026 09:51:23 GMT",
-        "Description": "Host server is undergoing maintenance.",
-        "EventSource": "Platform",
-        "DurationInSeconds": 9,
-    }
-    record = {
-        "schemaVersion": 1,
-        "recordType": "scheduledEvents",
-        "recordId": record_id,
-        "observedAt": "2026-11-22T09:36:23.510Z",
-        "source": {"agentVersion": "0.1.0", "apiVersion": "2020-07-01"},
-        "vm": {
-            "vmId": vm_id,
-            "name": "vm-bridge-0",
-            "resourceId": "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg"
-            "/providers/Microsoft.Compute/virtualMachines/vm-bridge-0",
-            "location": "westeurope",
-        },
-        "documentIncarnation": n + 1,
-        "previousIncarnation": n,
-        "events": [
-            {
-                "eventId": event_id,
-                "eventType": "Freeze",
-                "eventStatus": "Scheduled",
-                "resourceType": "VirtualMachine",
-                "resources": ["vm-bridge-0"],
-                "notBefore": "2026-11-23T09:51:23Z",
-                "description": "Host server is undergoing maintenance.",
-                "eventSource": "Platform",
-                "durationInSeconds": 9,
-                "affectsThisVm": True,
-            }
-        ],
-        "changes": [
-            {
-                "eventId": event_id,
-                "change": "scheduled",
-                "eventType": "Freeze",
-                "previousStatus": None,
-                "eventStatus": "Scheduled",
-            }
-        ],
-        "raw": {"DocumentIncarnation": n + 1, "Events": [event]},
-    }
-    return record_id, orjson.dumps(record)
 
 
 def run(records: int, bootstrap: str, topic: str, workdir: Path, verify: bool) -> dict[str, float]:
@@ -105,8 +48,9 @@ def run(records: int, bootstrap: str, topic: str, workdir: Path, verify: bool) -
     ids = []
     started = time.perf_counter()
     for n in range(records):
-        record_id, payload = sample_record(n, vm_id)
-        outbox.append(RecordMeta(record_id, "scheduledEvents", vm_id, vm_id=vm_id), payload)
+        record = sample_record(n, vm_id)
+        record_id, payload = record["recordId"], orjson.dumps(record)
+        outbox.append(RecordMeta.of(record), payload)
         ids.append(record_id)
     fill = time.perf_counter() - started
     print(f"outbox filled: {records} records in {fill:.1f} s (fsync each)", flush=True)

@@ -12,7 +12,6 @@ a typo must not silently fall back to a default on a production VM.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -22,6 +21,7 @@ from typing import Any
 
 from bridge.imds.client import DEFAULT_IMDS_URL
 from bridge.imds.document import API_VERSIONS, DEFAULT_API_VERSION
+from bridge.netaddr import parse_listen
 
 ENV_PREFIX = "SE_BRIDGE_"
 
@@ -108,26 +108,6 @@ def listen_address(value: Any) -> str:
         return ""
     parse_listen(v)
     return v
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8710")
-    host = host.strip("[]")
-    if not 0 <= int(port) <= 65535:
-        raise ValueError("port must be 0-65535")
-    return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def log_level(value: Any) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
+_O_BINARY = getattr(os, "O_BINARY", 0)
 
 
 class DirectoryLocked(Exception):
@@ -72,11 +73,14 @@ def write_atomic(path: Path, data: bytes, durable: bool = True, mode: int = PRIV
     (the page cache survives SIGKILL), only a power loss may bring back the previous content. A write
     that fails (ENOSPC, EIO) leaves the old content and removes the temporary file.
     """
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), mode)
+    tmp = f"{path}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_BINARY
     try:
-        if os.name == "posix":
-            os.fchmod(fd, mode)  # a temporary file left by a crash may have had another mode
+        fd = os.open(tmp, flags, mode)  # new, so ``mode`` applies (a umask can only narrow it)
+    except FileExistsError:  # left by a crash, maybe with another mode
+        _unlink_quietly(tmp)
+        fd = os.open(tmp, flags, mode)
+    try:
         write_all(fd, data)
         if durable:
             os.fsync(fd)
@@ -97,7 +101,7 @@ def write_atomic(path: Path, data: bytes, durable: bool = True, mode: int = PRIV
 def append_durably(path: Path, data: bytes) -> None:
     """Append ``data`` to ``path`` (created 0600) and fsync it. On failure whatever part of ``data``
     reached the file is cut off again, so a reader never sees half a line."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0), PRIVATE_FILE)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_BINARY, PRIVATE_FILE)
     try:
         size = os.fstat(fd).st_size
         try:
@@ -132,6 +136,6 @@ def lock_directory(directory: Path) -> int | None:
     return fd
 
 
-def _unlink_quietly(path: Path) -> None:
+def _unlink_quietly(path: Path | str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)

@@ -82,8 +82,10 @@ class Agent:
         *extra: str,
         sink: str | None = None,
         env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> None:
         self.imds_url = imds_url
+        self.prefix = prefix  # a command the agent runs under (strace, runuser, prlimit ...)
         self.workdir = workdir
         self.sink_path = workdir / "records.jsonl"
         self.sink = sink or f"file://{self.sink_path}"
@@ -99,6 +101,7 @@ class Agent:
         that events a test creates afterwards are changes, not events already ``present``)."""
         before = len(self.records())
         args = [
+            *self.prefix,
             PY,
             "-m",
             "bridge",

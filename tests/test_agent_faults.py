@@ -231,3 +231,68 @@ def test_kill_9_then_event_starts_and_completes_unseen(emulator: Emulator, make_
     record = agent.wait_for_change(eid, "completed")
     assert record["changes"][0]["previousStatus"] == "Scheduled"  # the start itself was not observed
     assert_consistent(agent.records())
+
+
+@pytest.mark.parametrize("retry_after", ["86400", "inf", "nan"])
+def test_a_retry_after_from_imds_never_stops_polling_for_long(
+    retry_after: str, emulator: Emulator, make_agent
+) -> None:
+    """Issue 8: ``Retry-After: 86400`` stopped polling for a day and ``inf`` crashed the agent. The
+    bound is 10 s (a Spot eviction gives 30 s of notice); nonsense values are ignored."""
+    agent = make_agent(emulator.url).start()
+    emulator.control("POST", "faults", {"kind": "429", "count": 1, "retryAfter": retry_after})
+    eid = emulator.add_event(eventType="Preempt", noticeSeconds=30)
+    agent.wait_for_change(eid, "scheduled", timeout=20)  # seen within the bound, not a day later
+    assert agent.metric("se_bridge_imds_poll_errors_total", kind="http_429") == 1
+    assert agent.proc is not None and agent.proc.poll() is None
+
+
+def test_a_component_that_fails_stops_the_agent_with_exit_code_70(tmp_path: Path) -> None:
+    """No silent death: a delivery worker whose loop breaks ends the agent non-zero (systemd's
+    Restart=always then starts it again), after /healthz and the metric named the component.
+
+    In-process, because nothing outside the process can break a worker's loop; the emulator, the
+    sink and the HTTP listener are real."""
+    import threading
+
+    import requests
+
+    from bridge.agent.service import EXIT_COMPONENT_FAILED
+    from bridge.agent.service import Agent as AgentService
+    from bridge.config import AgentConfig
+    from bridge.imds.emulator import EmulatorServer
+
+    with EmulatorServer(port=0, rate_limit=0) as emu:
+        config = AgentConfig(
+            imds_url=emu.url,
+            sink=(f"file://{tmp_path}/records.jsonl",),
+            state_dir=tmp_path / "state",
+            poll_interval=0.2,
+            listen="127.0.0.1:0",
+            shutdown_timeout=1.0,
+        )
+        service = AgentService(config)
+        worker = service.workers[0]
+        broken = threading.Event()
+
+        def loop() -> None:
+            broken.wait()
+            raise SystemError("the loop itself broke")
+
+        worker._loop = loop  # type: ignore[method-assign]
+        codes: list[int] = []
+        runner = threading.Thread(target=lambda: codes.append(service.run(install_signals=False)))
+        runner.start()
+        assert service.api is not None
+        host, port = service.api.address
+        url = f"http://{host}:{port}"
+        wait_until(lambda: requests.get(f"{url}/healthz", timeout=5).status_code == 200, what="healthy")
+        healthz = requests.get(f"{url}/healthz", timeout=5).json()
+        assert healthz == {"status": "ok"}
+        broken.set()
+        runner.join(20)
+    assert codes == [EXIT_COMPONENT_FAILED]
+    alive, body = service.health.report()
+    assert not alive and body["failed"] == {worker.component: "SystemError: the loop itself broke"}
+    up = service.metrics.registry.get_sample_value("se_bridge_component_up", {"component": worker.component})
+    assert up == 0

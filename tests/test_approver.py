@@ -8,6 +8,7 @@ modules. Refusals are checked for their audit record *and* for zero StartRequest
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -94,6 +95,13 @@ def test_decide_approver_agent_imds_end_to_end(setup) -> None:
         "startRequestsPosted"
     ] == 1
     assert validate_record(agent_audits[0]) == []
+    # Issue 8: the approver's state directory was created 0755 and the relay ledger written 0644.
+    approver.stop()
+    for root in (approver.workdir / "approver-state", agent.state_dir):
+        for path in [root, *root.rglob("*")]:
+            mode = stat.S_IMODE(path.stat().st_mode)
+            assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+    assert (agent.state_dir / "relayed.json").exists()
 
 
 def signed(

@@ -219,6 +219,7 @@ def test_units_are_hardened_and_point_at_the_install(installed: Install) -> None
             "User=se-bridge",
             "Restart=always",
             "RestartSec=5",
+            "LimitNOFILE=65536",  # systemd's soft default (1024) is too few under load (issue 8)
             "ProtectSystem=strict",
             "NoNewPrivileges=yes",
             f"StateDirectory={state}",

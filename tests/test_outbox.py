@@ -144,7 +144,7 @@ def test_torn_tail_is_cut_and_a_corrupt_frame_is_skipped(tmp_path: Path) -> None
     spans = frame_spans(segment)
     flip_byte(segment, spans[1][1] - 5)  # inside the payload of frame 2: its CRC no longer matches
     with open(segment, "ab") as f:
-        f.write(frame_format.encode(4, 0, meta(3), payload(3))[:40])  # a crash mid-append
+        f.write(frame_format.encode(0, 0, 4, 0, meta(3), payload(3))[0][:40])  # a crash mid-append
     again = Outbox(tmp_path, ["a"], metrics=metrics)
     assert [e.record_id for e in again.read(0)] == ["r0", "r2"]
     assert metrics.registry.get_sample_value("se_bridge_outbox_corrupt_frames_total") == 2

@@ -125,8 +125,8 @@ class OutboxModel(RuleBasedStateMachine):
         """The process dies inside ``write``: part of a frame is on disk, ``append`` never returned."""
         self.box.close()
         active = max(self.dir.glob("seg-*.log"))
-        frame = frame_format.encode(
-            self.box.last_seq + 1, 0, RecordMeta("torn", "t", "vm"), self._payload(50)
+        frame, _ = frame_format.encode(
+            0, 0, self.box.last_seq + 1, 0, RecordMeta("torn", "t", "vm"), self._payload(50)
         )
         with open(active, "ab") as f:
             f.write(frame[: max(1, int(len(frame) * keep))])
@@ -140,7 +140,7 @@ class OutboxModel(RuleBasedStateMachine):
         for segment in sorted(self.dir.glob("seg-*.log")):
             buf = bytearray(segment.read_bytes())
             found, _ = frame_format.scan(bytes(buf))
-            frame = next((f for f in found if f.entry.payload == victim), None)
+            frame = next((f for f in found if frame_format.decode(bytes(buf), f).payload == victim), None)
             if frame is not None:
                 at = data.draw(st.integers(frame.offset, frame.end - 1))
                 buf[at] ^= 0x01

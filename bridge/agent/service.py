@@ -35,9 +35,10 @@ from bridge.agent.policy import ApprovalRule, LocalPolicy, PolicyConfig
 from bridge.agent.poller import Poller
 from bridge.agent.relay import Relay
 from bridge.agent.state import BaselineStore, IdentityCache
-from bridge.config import AgentConfig, ConfigError, is_loopback, parse_listen
+from bridge.config import AgentConfig, ConfigError
 from bridge.fsutil import ensure_private_dir
 from bridge.imds.client import ImdsClient
+from bridge.netaddr import is_loopback, parse_listen
 from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked
 from bridge.signing import KeyRing, RequestVerifier
 from bridge.sinks import Sink, SinkError, create_sink

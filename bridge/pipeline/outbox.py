@@ -51,7 +51,6 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.fsutil import (
@@ -86,15 +85,7 @@ class OutboxWriteError(OSError):
     """A record could not be made durable (disk full, I/O error); nothing of it was kept."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Loc:
-    """Where one frame is: enough to read it back and to answer lag questions without reading it."""
-
-    seq: int
-    segment: int  # first seq of the segment holding the frame
-    offset: int  # of the frame inside the segment file
-    length: int  # of the whole frame
-    appended_at: float
+_Loc = frames.Span  # the index keeps, per record, what the frame scan or the append found
 
 
 class _FrameIndex:
@@ -121,6 +112,9 @@ class _FrameIndex:
     def at(self, position: int) -> _Loc | None:
         return self._locs[position] if position < len(self._locs) else None
 
+    def slice(self, position: int, limit: int) -> list[_Loc]:
+        return self._locs[position : position + limit]
+
     def last_seq(self) -> int | None:
         return self._seqs[-1] if len(self) else None
 
@@ -137,12 +131,12 @@ class _FrameIndex:
     def count_after(self, seq: int) -> int:
         return len(self._seqs) - self.after(seq)
 
-    def remove(self, position: int) -> _Loc:
+    def remove(self, loc: _Loc) -> None:
         """Take out one frame found damaged when read back."""
-        loc = self._locs.pop(position)
-        del self._seqs[position]
-        self.bytes -= loc.length
-        return loc
+        position = bisect.bisect_left(self._seqs, loc.seq, self._head)
+        if position < len(self._seqs) and self._locs[position] is loc:
+            del self._locs[position], self._seqs[position]
+            self.bytes -= loc.length
 
 
 class Outbox:
@@ -178,6 +172,7 @@ class Outbox:
         self._active_size = 0
         self._tail_dirty = False  # a failed append left bytes past _active_size that are not cut yet
         self._cursors: dict[str, int] = {}
+        self._cursor_paths = {sid: self.dir / "cursors" / sid for sid in sink_ids}
         self._unsaved_cursors: set[str] = set()
         self._cursor_streak = ErrorStreak(log, "saving sink cursors")
         # Fault-injection seams (tests replace them to produce short writes and ENOSPC); the real-disk
@@ -241,8 +236,7 @@ class Outbox:
         segment (``following`` is None), where it can only be a torn append."""
         path = self._segment_path(first)
         buf = path.read_bytes()
-        found, damage = frames.scan(buf)
-        locs = [_Loc(f.entry.seq, first, f.offset, f.length, f.entry.appended_at) for f in found]
+        locs, damage = frames.scan(buf, first)
         for region in damage:
             at_tail = following is None and region.end == len(buf)
             self._report_damage(path, region, locs, (first - 1, following), at_tail)
@@ -301,20 +295,20 @@ class Outbox:
             except OSError as err:
                 raise self._write_failed(err) from None
             seq, now = self._next_seq, time.time()
-            frame = frames.encode(seq, int(now * 1000), meta, payload)
+            appended_ms = int(now * 1000)
             start = self._active_size
+            frame, loc = frames.encode(self._segments[-1], start, seq, appended_ms, meta, payload)
             try:
                 self._write_frame(frame)
             except OSError as err:
                 self._cut_back(start)
                 raise self._write_failed(err) from None
-            loc = _Loc(seq, self._segments[-1], start, len(frame), now)
             self._active_size += len(frame)
             self._next_seq = seq + 1
             self._index.add(loc)
             self._changed.notify_all()
         self._publish_gauges()
-        return Entry(seq, meta, now, payload)
+        return Entry(seq, meta, appended_ms / 1000.0, payload)
 
     def _check_room(self, size: int) -> None:
         records, held = len(self._index), self._index.bytes
@@ -399,34 +393,54 @@ class Outbox:
         (EMFILE, EIO) is raised only when nothing could be read; the caller retries."""
         out: list[Entry] = []
         with self._lock:
-            position = self._index.after(after)
-            while len(out) < limit and (loc := self._index.at(position)) is not None:
-                try:
-                    entry = self._read_entry(loc)
-                except OSError:
-                    if out:
-                        break
-                    raise
-                if entry is None:
-                    self._drop_damaged(position, loc)
-                    continue
-                out.append(entry)
-                position += 1
+            while len(out) < limit:
+                got, damaged = self._read_run(
+                    self._index.after(out[-1].seq if out else after), limit - len(out)
+                )
+                out.extend(got)
+                if not damaged:
+                    break
+                for loc in damaged:
+                    self._drop_damaged(loc)
         return out
 
-    def _read_entry(self, loc: _Loc) -> Entry | None:
-        fd = self._read_fds.get(loc.segment)
-        if fd is None:
-            fd = os.open(self._segment_path(loc.segment), os.O_RDONLY | _O_BINARY)
-            self._read_fds[loc.segment] = fd
-        data = os.pread(fd, loc.length, loc.offset)
-        frame = frames.decode_at(data, 0)
-        if frame is None or frame.length != loc.length or frame.entry.seq != loc.seq:
-            return None
-        return frame.entry
+    def _read_run(self, position: int, limit: int) -> tuple[list[Entry], list[_Loc]]:
+        """Read the frames from ``position`` on: each run of adjacent frames of one segment with a
+        single ``pread`` (a backlog is read in big pieces), each frame checked on its own."""
+        locs = self._index.slice(position, limit)
+        out: list[Entry] = []
+        damaged: list[_Loc] = []
+        start = 0
+        while start < len(locs):
+            end = _run_end(locs, start)
+            first, last = locs[start], locs[end - 1]
+            try:
+                data = os.pread(
+                    self._read_fd(first.segment), last.offset + last.length - first.offset, first.offset
+                )
+            except OSError:
+                if out:
+                    break
+                raise
+            base = first.offset
+            for loc in locs[start:end]:
+                entry = frames.read_indexed(data, loc.offset - base, loc)
+                if entry is None:
+                    damaged.append(loc)
+                else:
+                    out.append(entry)
+            start = end
+        return out, damaged
 
-    def _drop_damaged(self, position: int, loc: _Loc) -> None:
-        self._index.remove(position)
+    def _read_fd(self, segment: int) -> int:
+        fd = self._read_fds.get(segment)
+        if fd is None:
+            fd = os.open(self._segment_path(segment), os.O_RDONLY | _O_BINARY)
+            self._read_fds[segment] = fd
+        return fd
+
+    def _drop_damaged(self, loc: _Loc) -> None:
+        self._index.remove(loc)
         self._count_corrupt()
         log.error(
             "outbox frame damaged on disk, skipped; the intact frames after it are delivered",
@@ -465,9 +479,9 @@ class Outbox:
 
     def _save_cursors(self) -> None:
         """Write the cursors not yet on disk; one that fails stays pending for the next call."""
-        for sid in sorted(self._unsaved_cursors):
+        for sid in list(self._unsaved_cursors):
             try:
-                write_atomic(self.dir / "cursors" / sid, b"%d\n" % self._cursors[sid], durable=False)
+                write_atomic(self._cursor_paths[sid], b"%d\n" % self._cursors[sid], durable=False)
             except OSError as err:
                 if self._metrics is not None:
                     self._metrics.outbox_write_errors.labels("cursor").inc()
@@ -494,8 +508,9 @@ class Outbox:
         with self._lock:
             out: list[Entry] = []
             for first in self._segments:
-                found, _ = frames.scan(self._segment_path(first).read_bytes())
-                out.extend(f.entry for f in found if f.entry.seq > seq)
+                buf = self._segment_path(first).read_bytes()
+                found, _ = frames.scan(buf)
+                out.extend(frames.decode(buf, f) for f in found if f.seq > seq)
             return out
 
     @property
@@ -540,7 +555,7 @@ class Outbox:
 
     def _read_cursor(self, sink_id: str) -> int | None:
         try:
-            text = (self.dir / "cursors" / sink_id).read_text().strip()
+            text = self._cursor_paths[sink_id].read_text().strip()
         except FileNotFoundError:
             return None
         if text.isascii() and text.isdigit():
@@ -556,3 +571,15 @@ class Outbox:
             records, size = self.pending
             self._metrics.outbox_records.set(records)
             self._metrics.outbox_bytes.set(size)
+
+
+def _run_end(locs: list[_Loc], start: int) -> int:
+    """End (exclusive) of the run of frames from ``start`` that lie back to back in one segment."""
+    end = start + 1
+    while (
+        end < len(locs)
+        and locs[end].segment == locs[start].segment
+        and locs[end].offset == locs[end - 1].offset + locs[end - 1].length
+    ):
+        end += 1
+    return end

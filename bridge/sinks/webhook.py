@@ -54,7 +54,7 @@ import requests
 import urllib3
 
 from bridge import __version__
-from bridge.config import is_loopback
+from bridge.netaddr import is_loopback
 from bridge.observability import redact
 from bridge.pipeline import CONTENT_TYPE, Entry, SinkError, SynchronousSink
 from bridge.retry import parse_retry_after

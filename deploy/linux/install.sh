@@ -325,6 +325,9 @@ ExecStart=$VENV/bin/se-bridge $3 --config $ETC/config.toml
 Restart=always
 RestartSec=5
 TimeoutStopSec=30
+# systemd's default soft limit is 1024 fds; the listener, a broker client's sockets and the outbox
+# segments share it. Running out (EMFILE) is survived, but must not be the normal state.
+LimitNOFILE=65536
 StateDirectory=$4
 StateDirectoryMode=0700
 LogsDirectory=se-bridge

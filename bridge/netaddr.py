@@ -1,0 +1,26 @@
+"""Listen addresses and loopback checks: a leaf module, so sinks and services can ask without
+importing the configuration (which knows about every layer)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8710")
+    host = host.strip("[]")
+    if not 0 <= int(port) <= 65535:
+        raise ValueError("port must be 0-65535")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
