@@ -64,11 +64,14 @@ strace:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null 2>&1 || \
 	  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null; }; }
 
+# Parallel test workers (pytest-xdist): one per core by default; TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= auto
+
 # SE_BRIDGE_INFRA_VENV and SE_BRIDGE_AZURITE tell the tests where the tools are, and with
 # SE_BRIDGE_FAULT_TESTS=required the storage-fault tests fail (not skip) when tmpfs cannot be mounted.
 test: $(VENV)/.installed-test $(INFRA_VENV)/.installed $(TOOLS)/.installed-azurite-$(AZURITE_VERSION) strace lint
 	SE_BRIDGE_INFRA_VENV=$(abspath $(INFRA_VENV)) SE_BRIDGE_AZURITE=$(abspath $(TOOLS)) \
-	SE_BRIDGE_FAULT_TESTS=required $(BIN)/python -m pytest
+	SE_BRIDGE_FAULT_TESTS=required $(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/poll_bench.py

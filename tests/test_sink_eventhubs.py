@@ -35,7 +35,9 @@ from bridge.pipeline import Entry, Outcome, RecordMeta
 from bridge.sinks import SinkError, create_sink
 from bridge.sinks.eventhubs import EventHubsSink, inspect_connection_string, parse_eventhubs_spec
 
-SECRET = "c2VjcmV0LWtleS1" + uuid.uuid4().hex  # a SAS key that must never reach a log line
+# A SAS key that must never reach a log line. Derived, not random: test ids carry it, and
+# pytest-xdist workers must agree on the ids; it is different from any key in the repository.
+SECRET = "c2VjcmV0LWtleS1" + uuid.uuid5(uuid.NAMESPACE_URL, "se-bridge-tests/eventhubs-sas").hex
 
 
 # --------------------------------------------------------------------------------------------------

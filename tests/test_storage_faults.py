@@ -202,6 +202,7 @@ def syscall_order(lines: list[str], record_id: str, sink_path: str) -> dict[str,
     sync_pid: str | None = None
     for number, line in enumerate(lines):
         pid, _, call = line.partition(" ")
+        call = call.lstrip()  # strace pads the pid column: "601   write(" as well as "18506 write("
         if "segment write" not in found:
             if call.startswith("write(") and "/outbox/seg-" in call and record_id in call:
                 found["segment write"] = number
