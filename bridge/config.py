@@ -106,6 +106,10 @@ def listen_address(value: Any) -> str:
     v = str(value).strip()
     if v in ("", "off", "none"):
         return ""
+    if v.startswith("unix:"):
+        if not v[len("unix:") :].startswith("/"):
+            raise ValueError("expected unix:/absolute/path.sock")
+        return v
     parse_listen(v)
     return v
 
@@ -194,9 +198,9 @@ AGENT_SETTINGS: tuple[Setting, ...] = (
         "listen",
         listen_address,
         "127.0.0.1:8710",
-        "HTTP listener for /healthz, /readyz, /metrics and /v1/document ('off' to disable). "
-        "Loopback by default.",
-        metavar="HOST:PORT",
+        "HTTP listener for /healthz, /readyz, /metrics, /v1/document and the relay: HOST:PORT (loopback "
+        "by default), unix:/path.sock (mode 0660, for a local approver), or 'off'.",
+        metavar="HOST:PORT|unix:PATH",
     ),
     Setting(
         "outbox_max_records",
@@ -248,8 +252,8 @@ AGENT_SETTINGS: tuple[Setting, ...] = (
         "relay_key",
         key_spec,
         (),
-        "Key that signs relay requests from non-loopback callers (fleet "
-        "approvers); repeat to rotate. Loopback callers need none.",
+        "Key that relay requests must be signed with, loopback callers included (the local and fleet "
+        "approvers hold it); repeat to rotate.",
         multiple=True,
         metavar="KEYID=PATH",
     ),
@@ -262,6 +266,38 @@ AGENT_SETTINGS: tuple[Setting, ...] = (
         metavar="PATH",
     ),
     Setting("listen_tls_key", optional_text, None, "PEM private key of --listen-tls-cert.", metavar="PATH"),
+    Setting(
+        "listen_max_connections",
+        integer(1, 10_000),
+        64,
+        "Connections the listener serves at once; a few more may still ask /healthz and /readyz, the "
+        "rest are answered 503.",
+        metavar="N",
+    ),
+    Setting(
+        "listen_request_timeout",
+        number(0.5, 300),
+        10.0,
+        "Seconds a caller has to deliver a whole request (TLS handshake, headers and body); slower "
+        "connections are cut.",
+        metavar="SECONDS",
+    ),
+    Setting(
+        "relay_allow_unsigned_loopback",
+        boolean,
+        False,
+        "Development only: accept unsigned relay requests from loopback when no relay key is set (any "
+        "local user can then approve; a warning is logged at start).",
+        metavar="BOOL",
+    ),
+    Setting(
+        "read_token_file",
+        optional_text,
+        None,
+        "File holding a token (at least 32 bytes) that non-loopback callers of /metrics and /v1/document "
+        "send as 'Authorization: Bearer <token>' (Prometheus: authorization.credentials_file).",
+        metavar="PATH",
+    ),
     Setting(
         "relay_require_this_vm",
         boolean,
@@ -331,6 +367,10 @@ class AgentConfig:
     listen_tls_cert: str | None = None
     listen_tls_key: str | None = None
     relay_require_this_vm: bool = True
+    relay_allow_unsigned_loopback: bool = False
+    listen_max_connections: int = 64
+    listen_request_timeout: float = 10.0
+    read_token_file: str | None = None
     auto_approve: tuple[str, ...] = ()
     prepare_hook: str | None = None
     recover_hook: str | None = None
@@ -360,7 +400,11 @@ APPROVER_SETTINGS: tuple[Setting, ...] = (
         metavar="SPEC",
     ),
     Setting(
-        "relay", text, "http://127.0.0.1:8710", "The local agent's listener (local mode).", metavar="URL"
+        "relay",
+        text,
+        "http://127.0.0.1:8710",
+        "The local agent's listener (local mode): http(s)://host:port or unix:/path.sock.",
+        metavar="URL",
     ),
     Setting(
         "state_dir",

@@ -121,6 +121,10 @@ def main() -> None:
         approver.setdefault("state_dir", env["SEB_APPROVER_STATE"])
     elif approver:
         fail("approver settings given without an approver source (--approver-source)")
+    if approver.get("mode") == "local" and not approver.get("relay_key"):
+        key_file = local_relay_key(etc, write_private)
+        approver["relay_key"] = [f"local={key_file}"]
+        agent["relay_key"] = sorted({*agent.get("relay_key", []), f"local={key_file}"})
 
     def toml_value(v) -> str:
         if isinstance(v, bool):
@@ -180,7 +184,30 @@ def main() -> None:
     validate(target)
     final = tomllib.loads(target.read_text())
     approver_on = bool((final.get("approver") or {}).get("source"))
+    kept_approver = final.get("approver") or {}
+    unsigned_local = kept_approver.get("mode", "local") == "local" and not kept_approver.get("relay_key")
+    if result == "kept" and approver_on and unsigned_local:
+        print(
+            "se-bridge-install: warning: the kept config.toml runs a local approver without a relay "
+            "key; agents now refuse unsigned relay requests (loopback included): re-run with "
+            "--force-config to add one",
+            file=sys.stderr,
+        )
     Path(env["SEB_RESULT"]).write_text(f"config={result}\napprover={int(approver_on)}\n")
+
+
+def local_relay_key(etc: Path, write_private) -> Path:
+    """The key the local approver signs its relay requests with, made once per VM.
+
+    The agent refuses unsigned relay requests, loopback included (any local user and any web page
+    can reach 127.0.0.1), so the local approver proves itself with a key only the service account
+    can read. Kept across re-runs so a running approver and agent keep agreeing."""
+    import secrets
+
+    path = etc / "keys" / "relay-local.key"
+    if not path.exists():
+        write_private(path, secrets.token_urlsafe(36).encode())
+    return path
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Logging, error streaks and secret redaction shared by every service and tool.
 
 Why one module: every operator-facing text (a JSON log line, an error message, a metric label) must
-follow one rule, so the rule and the writers live together: no secret ever leaves the process.
-Everything that may carry one (sink specs, URLs, exception texts) goes through :func:`redact` first.
+follow one rule: no secret ever leaves the process. Everything that may carry one (sink specs, URLs,
+exception texts) goes through :func:`redact` first; the shapes of secret it knows are one table in
+:mod:`bridge.redaction` (a leaf module, re-exported here), and the log writer applies it last.
 The metric series themselves are declared by their layer (:mod:`bridge.pipeline.metrics`,
 :mod:`bridge.agent.metrics`); their labels are bounded sets, never event ids, record ids or URLs.
 """
@@ -10,7 +11,6 @@ The metric series themselves are declared by their layer (:mod:`bridge.pipeline.
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,37 +18,10 @@ from typing import Any
 
 import orjson
 
+from bridge.redaction import MASK, is_secret_name, redact
 from bridge.timeutil import rfc3339
 
-# --------------------------------------------------------------------------------------------------
-# Redaction
-# --------------------------------------------------------------------------------------------------
-
-# Query parameters and connection-string keys that carry credentials: Logic Apps `sig=`, SAS tokens
-# (`sig`, `se`, `skn` are harmless but `sig` is the secret), Event Hubs `SharedAccessKey=`, passwords.
-_SECRET_QUERY = re.compile(
-    r"(?i)([?&;](?:sig|signature|sas|token|access_token|code|key|password|passwd|secret|apikey|api-key)=)"
-    r"[^&;#\s\"']+"
-)
-_SECRET_KV = re.compile(
-    r"(?i)((?:SharedAccessKey|SharedAccessSignature|AccountKey|password|passwd|secret|sasl\.password|"
-    r"client_secret)\s*[=:]\s*)[^;&\s\"',}]+"
-)
-_URL_USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)([^/@\s:]+):([^/@\s]+)@")
-
-
-def redact(text: object) -> str:
-    """Return ``text`` as a string with every credential-looking value replaced by ``***``.
-
-    It is deliberately greedy: a log line with one ``***`` too many costs nothing, a leaked SAS key
-    costs a key rotation across a fleet.
-    """
-    s = str(text)
-    s = _URL_USERINFO.sub(r"\1\2:***@", s)
-    s = _SECRET_QUERY.sub(r"\1***", s)
-    s = _SECRET_KV.sub(r"\1***", s)
-    return s
-
+__all__ = ["ErrorStreak", "JsonFormatter", "redact", "setup_logging"]
 
 # --------------------------------------------------------------------------------------------------
 # JSON logging
@@ -76,9 +49,35 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        # Redact the whole line, not field by field: a secret nested in a list, a dict or a traceback
-        # is masked too. Log lines are rare (once per change or per error streak), so this costs nothing.
-        return redact(orjson.dumps(out, default=str).decode())
+        # Twice: every string (nested in a list, a dict, a traceback) and every field named like a
+        # credential (`"token": 123`) before encoding, where a value is plain text; then the whole
+        # line, for what only shows once encoded (an object's str()). Log lines are rare (once per
+        # change or per error streak), so this costs nothing.
+        return redact(orjson.dumps(_redacted(out), default=_redacted_str).decode())
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` with every string redacted and the value of every credential-named key masked."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {
+            (redact(k) if isinstance(k, str) else k): (
+                MASK if isinstance(k, str) and is_secret_name(k) and _maskable(v) else _redacted(v)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    return value
+
+
+def _maskable(value: Any) -> bool:
+    return value is not None and not isinstance(value, bool) and value != ""
+
+
+def _redacted_str(value: Any) -> str:
+    return redact(str(value))
 
 
 def setup_logging(level: str = "info", stream: Any = None) -> None:

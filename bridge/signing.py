@@ -3,24 +3,39 @@
 Keys are shared secrets held in files (at least 32 bytes of text), named by a key id so they can be
 rotated: configure the new id next to the old one, switch the signers, then remove the old id.
 
-Relay requests from anything but loopback must be signed (headers below), and are accepted only
-inside a replay window with a nonce never seen before::
+A signed request carries::
 
     X-SE-Bridge-Key-Id:    <key id>
     X-SE-Bridge-Timestamp: <Unix seconds>
-    X-SE-Bridge-Nonce:     <random, 16-64 characters>
-    X-SE-Bridge-Signature: sha256=<lowercase hex HMAC-SHA256(key, timestamp + "." + nonce + "." + body)>
+    X-SE-Bridge-Nonce:     <random, 16-64 characters [A-Za-z0-9_-]>
+    X-SE-Bridge-Signature: sha256=<lowercase hex HMAC-SHA256(key, "<ts>.<nonce>.<METHOD>.<path>." + body)>
+
+The method and the path are signed (a signature for ``GET /metrics`` cannot be replayed as a POST to
+the relay), the timestamp must lie in the replay window, and each nonce is accepted once. The nonces
+seen are kept in the state directory (``relay-nonces.jsonl``) for as long as their requests could be
+replayed, so a captured request cannot be replayed after the agent restarts either.
+
+Every value is checked to be ASCII before use: a header is text the caller chose, and a non-ASCII
+digit or signature must be a refusal (401), never an exception.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import re
 import secrets
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+import orjson
+
+from bridge.fsutil import append_durably, write_atomic
+
+log = logging.getLogger(__name__)
 
 MIN_KEY_BYTES = 32
 REPLAY_WINDOW = 300.0
@@ -29,6 +44,11 @@ H_KEY_ID = "X-SE-Bridge-Key-Id"
 H_TIMESTAMP = "X-SE-Bridge-Timestamp"
 H_NONCE = "X-SE-Bridge-Nonce"
 H_SIGNATURE = "X-SE-Bridge-Signature"
+
+# Matched with fullmatch (``$`` would accept a trailing newline); ASCII classes only.
+_NONCE = re.compile(r"[A-Za-z0-9_-]{16,64}")
+_SIGNATURE = re.compile(r"sha256=[0-9a-f]{64}")
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 
 class KeyRing:
@@ -71,50 +91,114 @@ def load_key(path: Path) -> bytes:
     return key
 
 
-def request_signature(key: bytes, timestamp: str, nonce: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(key, f"{timestamp}.{nonce}.".encode() + body, hashlib.sha256).hexdigest()
+def request_signature(key: bytes, timestamp: str, nonce: str, method: str, path: str, body: bytes) -> str:
+    message = f"{timestamp}.{nonce}.{method.upper()}.{path}.".encode() + body
+    return "sha256=" + hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
-def sign_request(key_id: str, key: bytes, body: bytes, now: float | None = None) -> dict[str, str]:
-    """Headers that authenticate ``body`` to an agent's relay API."""
+def sign_request(
+    key_id: str, key: bytes, method: str, path: str, body: bytes = b"", now: float | None = None
+) -> dict[str, str]:
+    """Headers that authenticate ``METHOD path`` with ``body`` to an agent's API."""
     timestamp = str(int(time.time() if now is None else now))
     nonce = secrets.token_hex(16)
     return {
         H_KEY_ID: key_id,
         H_TIMESTAMP: timestamp,
         H_NONCE: nonce,
-        H_SIGNATURE: request_signature(key, timestamp, nonce, body),
+        H_SIGNATURE: request_signature(key, timestamp, nonce, method, path, body),
     }
 
 
-class RequestVerifier:
-    """Checks signed relay requests: known key, fresh timestamp, unseen nonce, matching signature."""
+class NonceStore:
+    """The nonces accepted within the replay window, in memory and (with a path) on disk.
 
-    def __init__(self, keys: KeyRing, window: float = REPLAY_WINDOW) -> None:
+    ``<state-dir>/relay-nonces.jsonl`` is append-only, one ``{"nonce", "expires"}`` per accepted
+    request, fsynced before the request is acted on; read back at start (expired lines dropped) and
+    rewritten when it has grown to several times what is still live. Signed requests are rare (one
+    per approval), so an fsync each costs nothing that matters."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._expiry: dict[str, float] = {}
+        self._lines = 0
+        if path is not None:
+            self._load(path)
+
+    def _load(self, path: Path) -> None:
+        now = time.time()
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        for line in data.splitlines():
+            self._lines += 1
+            try:
+                item = orjson.loads(line)
+                nonce, expires = str(item["nonce"]), float(item["expires"])
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue  # a torn last line after a crash
+            if expires > now:
+                self._expiry[nonce] = expires
+
+    def claim(self, nonce: str, expires: float, now: float) -> bool:
+        """Record ``nonce``; False if it was seen before and has not expired. Raises OSError when it
+        cannot be made durable (the request is then refused: better than a replayable approval)."""
+        for old in [n for n, e in self._expiry.items() if e < now]:
+            del self._expiry[old]
+        if nonce in self._expiry:
+            return False
+        if self.path is not None:
+            append_durably(self.path, orjson.dumps({"nonce": nonce, "expires": expires}) + b"\n")
+            self._lines += 1
+            if self._lines > 1000 and self._lines > 4 * len(self._expiry):
+                self._compact(now)
+        self._expiry[nonce] = expires
+        return True
+
+    def _compact(self, now: float) -> None:
+        assert self.path is not None
+        live = [{"nonce": n, "expires": e} for n, e in self._expiry.items() if e >= now]
+        write_atomic(self.path, b"".join(orjson.dumps(item) + b"\n" for item in live))
+        self._lines = len(live)
+
+
+class RequestVerifier:
+    """Checks signed requests: known key, fresh timestamp, unseen nonce, matching signature."""
+
+    def __init__(
+        self, keys: KeyRing, window: float = REPLAY_WINDOW, nonces: NonceStore | None = None
+    ) -> None:
         self.keys = keys
         self.window = window
-        self._nonces: dict[str, float] = {}
+        self._nonces = nonces or NonceStore()
         self._lock = threading.Lock()
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float | None = None) -> str:
+    def verify(
+        self, headers: Mapping[str, str], method: str, path: str, body: bytes, now: float | None = None
+    ) -> str:
         """Return the key id of a valid request; raise ``PermissionError`` with the reason otherwise."""
         now = time.time() if now is None else now
         key_id, ts, nonce, sig = (headers.get(h) for h in (H_KEY_ID, H_TIMESTAMP, H_NONCE, H_SIGNATURE))
         if not (key_id and ts and nonce and sig):
-            raise PermissionError("unsigned request (signature headers required from a non-loopback address)")
+            raise PermissionError("unsigned request (the relay key's signature headers are required)")
         key = self.keys.get(key_id)
         if key is None:
             raise PermissionError("unknown key id")
-        if not ts.isdigit() or abs(now - int(ts)) > self.window:
+        if not _TIMESTAMP.fullmatch(ts) or abs(now - int(ts)) > self.window:
             raise PermissionError("timestamp outside the replay window")
-        if not 16 <= len(nonce) <= 64:
-            raise PermissionError("nonce must be 16 to 64 characters")
-        if not hmac.compare_digest(request_signature(key, ts, nonce, body), sig):
+        if not _NONCE.fullmatch(nonce):
+            raise PermissionError("nonce must be 16 to 64 characters of [A-Za-z0-9_-]")
+        if not _SIGNATURE.fullmatch(sig):
+            raise PermissionError("bad signature")
+        if not hmac.compare_digest(request_signature(key, ts, nonce, method, path, body), sig):
             raise PermissionError("bad signature")
         with self._lock:
-            for old in [n for n, expiry in self._nonces.items() if expiry < now]:
-                del self._nonces[old]
-            if nonce in self._nonces:
-                raise PermissionError("replayed nonce")
-            self._nonces[nonce] = now + 2 * self.window
+            try:
+                fresh = self._nonces.claim(nonce, now + 2 * self.window, now)
+            except OSError as exc:
+                log.error("cannot record a relay nonce; request refused", extra={"error": str(exc)})
+                raise PermissionError("nonce cannot be recorded (state directory not writable)") from None
+        if not fresh:
+            raise PermissionError("replayed nonce")
         return key_id

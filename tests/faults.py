@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 
-def _refused(reason: str) -> None:
+def refused(reason: str) -> None:
+    """Fail under `make test` (SE_BRIDGE_FAULT_TESTS=required), skip with the reason elsewhere."""
     if os.environ.get("SE_BRIDGE_FAULT_TESTS") == "required":
         pytest.fail(reason)
     pytest.skip(reason)
@@ -36,7 +37,7 @@ def tmpfs(path: Path, size: str = "1m") -> Iterator[Path]:
         check=False,
     )
     if mounted.returncode != 0:
-        _refused(f"cannot mount a tmpfs at {path}: {mounted.stderr.strip() or mounted.returncode}")
+        refused(f"cannot mount a tmpfs at {path}: {mounted.stderr.strip() or mounted.returncode}")
     try:
         yield path
     finally:

@@ -19,6 +19,17 @@ import orjson
 import requests
 
 PY = sys.executable
+# The relay key every test agent requires and every test approver signs with (agents refuse unsigned
+# relay requests, loopback included). Tests that attack the relay use other keys or none.
+RELAY_KEY = b"relay-key-of-the-test-suite-0123456789abcdef"
+
+
+def relay_key_file(workdir: Path) -> Path:
+    path = workdir / "relay.key"
+    if not path.exists():
+        path.write_bytes(RELAY_KEY)
+        path.chmod(0o600)
+    return path
 
 
 def wait_until(
@@ -120,6 +131,8 @@ class Agent:
             "10",
             "--shutdown-timeout",
             "3",
+            "--relay-key",
+            f"relay={relay_key_file(self.workdir)}",
             *self.extra,
             *more,
         ]
@@ -128,8 +141,12 @@ class Agent:
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, env=self.env)
         log.close()
         started = wait_until(lambda: self._find_log("agent started"), 15, what="agent start")
-        host, port = started["listen"]
-        self.api = f"http://{host}:{port}"
+        listen = started["listen"]
+        if isinstance(listen, str):  # a Unix socket
+            self.api = f"unix:{listen}"
+        else:
+            host, port = listen
+            self.api = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         if first_record:
             wait_until(lambda: len(self.records()) > before, 15, what="first record")
         return self
@@ -273,6 +290,7 @@ def approver_command(workdir: Path, source: str, sink: str, relay: str, key: byt
     return [
         PY, "-m", "bridge", "approver", "--source", source, "--sink", sink, "--relay", relay,
         "--key", f"ops={key_file}", "--state-dir", str(workdir / "approver-state"), "--relay-timeout", "3",
+        "--relay-key", f"relay={relay_key_file(workdir)}",
         *extra,
     ]  # fmt: skip
 

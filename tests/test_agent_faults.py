@@ -296,3 +296,25 @@ def test_a_component_that_fails_stops_the_agent_with_exit_code_70(tmp_path: Path
     assert not alive and body["failed"] == {worker.component: "SystemError: the loop itself broke"}
     up = service.metrics.registry.get_sample_value("se_bridge_component_up", {"component": worker.component})
     assert up == 0
+
+
+def test_a_trickling_imds_answer_cannot_hang_the_poll(emulator: Emulator, make_agent) -> None:
+    """Issue 9, item 7: an answer sent one byte at a time reset the per-recv socket timeout with every
+    byte, so the poll never returned and /readyz kept saying ready. ``--imds-timeout`` is now a deadline
+    for the whole answer: each trickled poll fails as a timeout after about a second, readiness follows,
+    and the change made meanwhile is recorded once IMDS answers normally again."""
+    agent = make_agent(emulator.url, "--imds-timeout", "1", "--ready-max-failure", "1").start()
+    wait_until(lambda: agent.get("/readyz").status_code == 200, what="ready")
+    # ~150 bytes at 0.5 s each: a minute and more per answer if only each recv were bounded.
+    emulator.control("POST", "faults", {"kind": "trickle", "count": 4, "delaySeconds": 0.5})
+    eid = emulator.add_event(eventType="Freeze")  # the change happens while IMDS trickles
+    wait_until(lambda: agent.get("/readyz").status_code == 503, 15, what="not ready while IMDS trickles")
+    assert "IMDS failing" in agent.get("/readyz").json()["reason"]
+    assert agent.metric("se_bridge_imds_poll_errors_total", kind="timeout") >= 1
+    assert agent.get("/healthz").status_code == 200  # liveness never depends on IMDS
+    agent.wait_for_change(eid, "scheduled", timeout=30)
+    wait_until(lambda: agent.get("/readyz").status_code == 200, 15, what="ready again")
+    assert agent.metric("se_bridge_imds_poll_errors_total", kind="timeout") == 4  # one per trickled poll
+    assert emulator.state()["requests"]["faults"] == {"trickle": 4}
+    assert_consistent(agent.records())
+    assert agent.proc is not None and agent.proc.poll() is None

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
-from procs import Agent, Emulator, decide, start_approver, wait_until
+from procs import RELAY_KEY, Agent, Emulator, decide, start_approver, wait_until
 
 from bridge.approver.decision import new_decision, sign
 from bridge.schemas import validate_record
@@ -233,7 +233,7 @@ def test_approver_killed_after_relaying_does_not_post_twice(
         return ApproverService(
             source=FileSource(f"file://{tmp_path}/decisions.jsonl", tmp_path),  # process() is driven directly
             router=LocalRouter(agent.api),
-            relay=RelayClient(KeyRing()),
+            relay=RelayClient(KeyRing({"relay": RELAY_KEY})),
             policy=ValidationPolicy(KeyRing({"ops": KEY})),
             sinks=[create_sink(f"file://{tmp_path}/audit.jsonl")],
             state_dir=tmp_path / "approver-state",
@@ -241,13 +241,11 @@ def test_approver_killed_after_relaying_does_not_post_twice(
 
     first = service()
     assert first.process(message)["outcome"] == "approved"
-    first.store.close()
-    first.outbox.close()
+    first.close()
     # The store says final for this position: a re-read is only committed, nothing is relayed.
     second = service()
     assert second.process(message).get("reread") is True
-    second.store.close()
-    second.outbox.close()
+    second.close()
     # Even with the store lost (worst case), the agent's ledger answers without a second POST.
     lost = service()
     lost.store._entries.clear()
@@ -327,22 +325,29 @@ def test_a_failing_or_hanging_hook_blocks_neither_polling_nor_approval_of_others
 
 
 def test_relay_refuses_unsigned_remote_requests_and_accepts_signed_ones(tmp_path: Path) -> None:
-    from bridge.signing import KeyRing, RequestVerifier, sign_request
+    from bridge.signing import KeyRing, NonceStore, RequestVerifier, sign_request
 
-    verifier = RequestVerifier(KeyRing({"fleet": KEY}))
+    nonces = tmp_path / "relay-nonces.jsonl"
+    verifier = RequestVerifier(KeyRing({"fleet": KEY}), nonces=NonceStore(nonces))
     body = b'{"decisionId": "d-12345678", "eventIds": ["e"]}'
+    post = ("POST", "/v1/start-requests")
     with pytest.raises(PermissionError, match="unsigned"):
-        verifier.verify({}, body)
-    headers = sign_request("fleet", KEY, body)
-    assert verifier.verify(headers, body) == "fleet"
+        verifier.verify({}, *post, body)
+    headers = sign_request("fleet", KEY, *post, body)
+    assert verifier.verify(headers, *post, body) == "fleet"
     with pytest.raises(PermissionError, match="replayed nonce"):
-        verifier.verify(headers, body)
+        verifier.verify(headers, *post, body)
+    after_restart = RequestVerifier(KeyRing({"fleet": KEY}), nonces=NonceStore(nonces))
+    with pytest.raises(PermissionError, match="replayed nonce"):  # the nonce store survived
+        after_restart.verify(headers, *post, body)
     with pytest.raises(PermissionError, match="bad signature"):
-        verifier.verify(sign_request("fleet", KEY, body), body + b" ")
+        verifier.verify(sign_request("fleet", KEY, *post, body), *post, body + b" ")
+    with pytest.raises(PermissionError, match="bad signature"):  # method and path are signed
+        verifier.verify(sign_request("fleet", KEY, "GET", "/metrics", body), *post, body)
     with pytest.raises(PermissionError, match="replay window"):
-        verifier.verify(sign_request("fleet", KEY, body, now=time.time() - 3600), body)
+        verifier.verify(sign_request("fleet", KEY, *post, body, now=time.time() - 3600), *post, body)
     with pytest.raises(PermissionError, match="unknown key"):
-        verifier.verify(sign_request("other", KEY, body), body)
+        verifier.verify(sign_request("other", KEY, *post, body), *post, body)
 
 
 def test_canonical_form_matches_an_independent_implementation() -> None:

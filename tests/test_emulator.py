@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -491,6 +492,37 @@ def test_fault_drop(client: Client) -> None:
             client.imds()
         client.conn.close()
     assert client.imds().status == 200
+
+
+def test_fault_trickle(server: EmulatorServer, client: Client) -> None:
+    """The whole answer, status line and headers included, one byte per delaySeconds, then as usual."""
+    client.inject(eventType="Freeze")
+    expected = client.doc()
+    assert client.control("POST", "faults", {"kind": "trickle", "delaySeconds": 0.01})[0] == 200
+    per_byte = 0.01
+    request = f"GET {SE}?api-version=2020-07-01 HTTP/1.1\r\nHost: x\r\nMetadata: true\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(request.encode())
+        started = time.monotonic()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(4096)
+            assert chunk, data
+            data += chunk
+        headers_took = time.monotonic() - started
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(next(h for h in head.split(b"\r\n") if h.startswith(b"Content-Length:")).split()[1])
+        while len(body) < length:
+            chunk = sock.recv(4096)
+            assert chunk, body
+            body += chunk
+        took = time.monotonic() - started
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert headers_took >= (len(head) + 3) * per_byte  # the headers trickled too, not just the body
+    assert took >= (len(head) + 4 + length) * per_byte
+    assert json.loads(body) == expected
+    assert client.state()["requests"]["faults"] == {"trickle": 1}
+    assert client.doc() == expected  # count defaults to 1: the next answer is prompt
 
 
 def test_fault_duration_and_clear(client: Client) -> None:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bridge.imds.client import ImdsClient, ImdsError
+from bridge.imds.client import MAX_ANSWER_BYTES, ImdsClient, ImdsError
 from bridge.imds.emulator import EmulatorServer
 
 
@@ -123,3 +124,124 @@ def test_the_emulator_429s_a_client_without_a_budget_but_not_ours() -> None:
         polite = ImdsClient(emu.url, max_rps=4.0)
         for _ in range(8):
             polite.get_scheduled_events()  # never 429
+
+
+# ---------------------------------------------------------------------- whole-answer deadline, size cap
+# Issue 9, item 7: a socket timeout applies per recv, so an answer that trickles in one byte at a time
+# held the poll forever. The timeout is now a deadline for the whole exchange.
+
+
+def test_a_trickling_answer_times_out_within_the_timeout_and_the_next_request_succeeds() -> None:
+    with EmulatorServer(port=0, rate_limit=0) as emu:
+        client = ImdsClient(emu.url, max_rps=0, timeout=1.0, first_timeout=1.0)
+        assert client.get_scheduled_events().status == 200  # awake: the short timeout applies
+        emu.state.add_fault("trickle", count=1, delay_seconds=0.3)
+        started = time.monotonic()
+        with pytest.raises(ImdsError) as info:
+            client.get_scheduled_events()
+        took = time.monotonic() - started
+        assert info.value.kind == "timeout" and info.value.transient
+        # The whole answer (~150 bytes at 0.3 s each) would take ~45 s; each byte alone is well inside
+        # the 1 s timeout, so only a deadline over the whole exchange ends it this soon.
+        assert 0.5 < took < 5.0, took
+        assert emu.state.snapshot()["requests"]["faults"] == {"trickle": 1}
+        resp = client.get_scheduled_events()  # a new connection; the trickling one was dropped
+        assert resp.status == 200 and resp.body.startswith(b'{"DocumentIncarnation"')
+
+
+def test_the_first_call_deadline_is_first_timeout() -> None:
+    """The long first-call allowance is a deadline too: a trickle cannot stretch it."""
+    with EmulatorServer(port=0, rate_limit=0) as emu:
+        emu.state.add_fault("trickle", count=1, delay_seconds=0.3)
+        client = ImdsClient(emu.url, max_rps=0, timeout=0.5, first_timeout=1.5)
+        started = time.monotonic()
+        with pytest.raises(ImdsError) as info:
+            client.get_scheduled_events()
+        assert info.value.kind == "timeout"
+        assert 1.2 < time.monotonic() - started < 6.0  # first_timeout (1.5 s), not timeout (0.5 s)
+        assert client.get_scheduled_events().status == 200
+
+
+def _hostile_server(answer: Callable[[socket.socket], None]) -> tuple[str, threading.Thread]:
+    """A one-connection server on loopback: reads the request head, then lets ``answer`` write."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        return
+                    head += chunk
+                with contextlib.suppress(OSError):  # the client hangs up on purpose
+                    answer(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", thread
+
+
+def test_a_body_that_trickles_after_prompt_headers_times_out() -> None:
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+        for _ in range(100):
+            conn.sendall(b" ")
+            time.sleep(0.2)
+
+    url, server = _hostile_server(answer)
+    client = ImdsClient(url, max_rps=0, timeout=1.0, first_timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(ImdsError) as info:
+        client.get_scheduled_events()
+    assert info.value.kind == "timeout"
+    assert time.monotonic() - started < 5.0  # the body alone would take 20 s
+    client.close()
+    server.join(30)
+
+
+def test_an_answer_announcing_too_large_a_body_is_refused_unread() -> None:
+    with EmulatorServer(port=0, rate_limit=0) as emu:
+        client = ImdsClient(emu.url, max_rps=0)
+        assert client.get_scheduled_events().status == 200
+        huge = b'{"DocumentIncarnation": 1, "Events": [], "x": "' + b"x" * MAX_ANSWER_BYTES + b'"}'
+        emu.state.set_raw(huge)
+        with pytest.raises(ImdsError) as info:
+            client.get_scheduled_events()
+        assert info.value.kind == "http_other" and "larger than" in str(info.value)
+        emu.state.clear_raw()
+        assert client.get_scheduled_events().status == 200  # on a new connection
+        # Exactly at the cap is still accepted: the bound is on size, not on what the bytes say.
+        emu.state.set_raw(b" " * MAX_ANSWER_BYTES)
+        assert len(client.get_scheduled_events().body) == MAX_ANSWER_BYTES
+
+
+@pytest.mark.parametrize("framing", ["close-delimited", "chunked"])
+def test_an_endless_answer_without_a_length_is_cut_at_the_cap(framing: str) -> None:
+    """No Content-Length to refuse up front: the client stops reading one byte past the cap."""
+    sent = [0]
+
+    def answer(conn: socket.socket) -> None:
+        chunked = framing == "chunked"
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            + (b"Transfer-Encoding: chunked\r\n" if chunked else b"Connection: close\r\n")
+            + b"\r\n"
+        )
+        block = b"x" * 65536
+        while sent[0] < 64 * MAX_ANSWER_BYTES:  # far more than the cap, but finite
+            conn.sendall(b"10000\r\n" + block + b"\r\n" if chunked else block)
+            sent[0] += len(block)
+
+    url, server = _hostile_server(answer)
+    client = ImdsClient(url, max_rps=0, timeout=10.0, first_timeout=10.0)
+    with pytest.raises(ImdsError) as info:
+        client.get_scheduled_events()
+    assert info.value.kind == "http_other" and "larger than" in str(info.value)
+    server.join(30)
+    assert not server.is_alive()
+    assert sent[0] < 64 * MAX_ANSWER_BYTES  # the client hung up instead of reading on

@@ -190,6 +190,13 @@ def test_install_lays_out_venv_config_secrets_and_state(installed: Install) -> N
     assert approver["key"] == [f"ops-2026={key_file}"]
     assert key_file.read_text() == APPROVER_KEY and mode(key_file) == 0o600
     assert mode(key_file.parent) == 0o750
+    # The agent refuses unsigned relay requests (loopback included): the installer made a relay key for
+    # the local approver, readable by the service account only, and gave it to both services.
+    relay_key = installed.etc / "keys" / "relay-local.key"
+    assert len(relay_key.read_bytes()) >= 32 and mode(relay_key) == 0o600
+    assert approver["relay_key"] == [f"local={relay_key}"] and config["agent"]["relay_key"] == [
+        f"local={relay_key}"
+    ]
     assert (installed.etc / "webhook.key").read_text() == WEBHOOK_KEY
     assert mode(installed.etc / "webhook.key") == 0o600
     environment = (installed.etc / "environment").read_text()

@@ -89,9 +89,11 @@ class AgentMetrics(PipelineMetrics):
             ["outcome", "reason"],
             registry=r,
         )
-        self.relay_auth_failures = Counter(
-            "se_bridge_relay_auth_failures",
-            "Relay requests refused before any check (authentication).",
+        self.http_refused = Counter(
+            "se_bridge_http_refused",
+            "API requests refused before their route, by reason (origin, host, content_type, auth, busy, "
+            "timeout, length, chunked).",
+            ["reason"],
             registry=r,
         )
         self.hook_runs = Counter(

@@ -35,6 +35,7 @@ from bridge.fsutil import write_atomic
 from bridge.imds.client import ImdsClient, ImdsError
 from bridge.imds.document import SCHEDULED, STARTED
 from bridge.imds.instance import VmIdentity
+from bridge.observability import ErrorStreak
 from bridge.pipeline import Outbox, OutboxFull, RecordMeta
 from bridge.timeutil import rfc3339
 
@@ -96,6 +97,7 @@ class Relay:
         self._metrics = metrics
         self._ledger = DecisionLedger(state_dir)
         self._lock = threading.Lock()  # one approval at a time: the ledger check and the POST go together
+        self._malformed = ErrorStreak(log, "refusing malformed relay requests")
         self.require_this_vm = require_this_vm
         self.api_version = api_version
 
@@ -109,9 +111,12 @@ class Relay:
         try:
             decision_id, event_ids, meta = _parse_request(body)
         except RelayRequestError as err:
+            # Counted and logged once per streak, never audited: an audit record is for a decision,
+            # and a flood of malformed requests must not flood the records stream.
             self._count("refused", "malformed")
-            self._audit(None, [], requester, component, "refused", "malformed", str(err), [], 0, {})
+            self._malformed.failure("malformed", str(err), requester=requester)
             return 400, {"error": str(err)}
+        self._malformed.success()
         with self._lock:
             earlier = self._ledger.get(decision_id)
             if earlier is not None:
@@ -133,7 +138,7 @@ class Relay:
             doc = self._current()
             if doc is None:
                 return 503, {"error": "no Scheduled Events document observed yet; try again"}
-            results, posted = self._approve(doc, event_ids)
+            results, posted = self._approve(doc, event_ids, meta.get("target"))
             outcome, reason = _outcome(results)
             answer = {
                 "decisionId": decision_id,
@@ -149,7 +154,9 @@ class Relay:
         )
         return 200, answer
 
-    def _approve(self, doc: Any, event_ids: list[str]) -> tuple[list[dict[str, Any]], int]:
+    def _approve(
+        self, doc: Any, event_ids: list[str], target: str | None
+    ) -> tuple[list[dict[str, Any]], int]:
         vm: VmIdentity = self._identity()
         names = vm.names()
         events = doc.by_id()
@@ -165,6 +172,11 @@ class Relay:
                 results[event_id] = _result(event_id, "notScheduled", f"status is {event.event_status}")
             elif self.require_this_vm and not vm.affects(event.resources, names):
                 results[event_id] = _result(event_id, "notThisVm", "Resources does not name this VM")
+            elif target and not _names_target(target, {*names, (vm.vm_id or "").lower()}, event.resources):
+                detail = (
+                    f"the decision is for {target!r}, which is neither this VM nor in the event's Resources"
+                )
+                results[event_id] = _result(event_id, "targetMismatch", detail)
             else:
                 candidates.append(event_id)
         posted = 0
@@ -244,6 +256,14 @@ def _parse_request(body: Any) -> tuple[str, list[str], dict[str, Any]]:
         raise RelayRequestError(f"eventIds must be a list of 1 to {MAX_EVENTS_PER_REQUEST} event id strings")
     meta = {k: body.get(k) for k in ("target", "issuedBy") if isinstance(body.get(k), str)}
     return decision_id, list(dict.fromkeys(event_ids)), meta
+
+
+def _names_target(target: str, names: Any, resources: list[str]) -> bool:
+    """A decision's ``target`` may be this VM (any of its names) or another VM the event names:
+    approving through any VM of an event releases it for all (fleet failover relays the decision
+    for VM A through VM B). A decision for a VM the event does not name is not for this event."""
+    wanted = target.lower()
+    return wanted in {n.lower() for n in names} or wanted in {r.lower() for r in resources}
 
 
 def _result(event_id: str, result: str, detail: str | None) -> dict[str, Any]:

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bridge import __version__
-from bridge.agent.api import AgentApi, json_route, metrics_route
+from bridge.agent.access import RELAY_PATH, AccessPolicy
 from bridge.agent.identity import IdentityResolver
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.policy import ApprovalRule, LocalPolicy, PolicyConfig
@@ -38,9 +39,9 @@ from bridge.agent.state import BaselineStore, IdentityCache
 from bridge.config import AgentConfig, ConfigError
 from bridge.fsutil import ensure_private_dir
 from bridge.imds.client import ImdsClient
-from bridge.netaddr import is_loopback, parse_listen
+from bridge.listener import Limits, Listener, Request, Response, Route, json_response
 from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked
-from bridge.signing import KeyRing, RequestVerifier
+from bridge.signing import KeyRing, NonceStore, RequestVerifier
 from bridge.sinks import Sink, SinkError, create_sink
 from bridge.timeutil import rfc3339
 
@@ -106,7 +107,9 @@ class Agent:
             api_version=config.api_version,
         )
         try:
-            self.verifier = RequestVerifier(KeyRing.from_specs(config.relay_key))
+            # Nonces are kept in the state directory: a captured request cannot be replayed after a restart.
+            nonces = NonceStore(state_dir / "relay-nonces.jsonl")
+            self.verifier = RequestVerifier(KeyRing.from_specs(config.relay_key), nonces=nonces)
             policy = PolicyConfig(
                 rules=tuple(ApprovalRule.parse(r) for r in config.auto_approve),
                 prepare_hook=config.prepare_hook,
@@ -126,32 +129,38 @@ class Agent:
                 self.metrics,
             )
             self.poller.listeners.append(self.policy.on_change)
-        self.api: AgentApi | None = None
-        if config.listen:
-            host, port = parse_listen(config.listen)
-            if not is_loopback(host):
-                if not self.verifier.keys:
-                    log.warning(
-                        "listener is not on loopback and no relay key is configured: the relay API "
-                        "refuses every non-loopback request",
-                        extra={"listen": config.listen},
-                    )
-                else:
-                    log.info(
-                        "listener is not on loopback: relay requests must be signed",
-                        extra={"listen": config.listen, "keyIds": self.verifier.keys.ids()},
-                    )
-            tls = None
-            if config.listen_tls_cert or config.listen_tls_key:
-                if not (config.listen_tls_cert and config.listen_tls_key):
-                    raise ConfigError("listen_tls_cert and listen_tls_key go together")
-                tls = (config.listen_tls_cert, config.listen_tls_key)
-            try:
-                self.api = AgentApi(
-                    host, port, self._routes(), {"/v1/start-requests": self._start_requests}, tls=tls
-                )
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError(f"listen: cannot serve on {config.listen}: {exc}") from None
+        self.api: Listener | None = self._build_listener(config, state_dir) if config.listen else None
+
+    def _build_listener(self, config: AgentConfig, state_dir: Path) -> Listener:
+        tls = None
+        if config.listen_tls_cert or config.listen_tls_key:
+            if not (config.listen_tls_cert and config.listen_tls_key):
+                raise ConfigError("listen_tls_cert and listen_tls_key go together")
+            tls = (config.listen_tls_cert, config.listen_tls_key)
+        refused = self.metrics.http_refused
+        try:
+            self.access = AccessPolicy(
+                self.verifier,
+                config.listen,
+                allow_unsigned_loopback=config.relay_allow_unsigned_loopback,
+                read_token_file=config.read_token_file,
+                on_refused=lambda reason: refused.labels(reason).inc(),
+            )
+            return Listener(
+                config.listen,
+                self._routes(),
+                guard=self.access,
+                tls=tls,
+                limits=Limits(
+                    max_connections=config.listen_max_connections,
+                    request_seconds=config.listen_request_timeout,
+                ),
+                on_refused=lambda reason: refused.labels(reason).inc(),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"listen: {exc}") from None
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"listen: cannot serve on {config.listen}: {exc}") from None
 
     def _build_sinks(self, specs: tuple[str, ...]) -> list[Sink]:
         sinks: list[Sink] = []
@@ -176,55 +185,54 @@ class Agent:
             return False, f"IMDS failing for {failing:.0f} s"
         return True, "ok"
 
-    def _routes(self) -> dict[str, Any]:
-        def healthz() -> tuple[int, Any]:
+    def _routes(self) -> dict[tuple[str, str], Route]:
+        def healthz(_: Request) -> Response:
             alive, body = self.health.report()
-            return (200 if alive else 503), body
+            return json_response(200 if alive else 503, body)
 
-        def readyz() -> tuple[int, Any]:
+        def readyz(_: Request) -> Response:
             ok, reason = self.ready()
             self.metrics.ready.set(1 if ok else 0)
-            return (200 if ok else 503), {"ready": ok, "reason": reason}
+            return json_response(200 if ok else 503, {"ready": ok, "reason": reason})
 
-        def document() -> tuple[int, Any]:
+        def metrics(_: Request) -> Response:
+            return 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST
+
+        def document(_: Request) -> Response:
             obs = self.poller.current
             if obs is None:
-                return 503, {"error": "no document observed yet"}
+                return json_response(503, {"error": "no document observed yet"})
             vm = self.identity.current
             names = vm.names()
-            return 200, {
-                "observedAt": rfc3339(obs.observed_at),
-                "documentIncarnation": obs.document.incarnation,
-                "vm": vm.to_record(),
-                "events": [
-                    {**e.to_json(), "affectsThisVm": vm.affects(e.resources, names)}
-                    for e in obs.document.events
-                ],
-            }
+            return json_response(
+                200,
+                {
+                    "observedAt": rfc3339(obs.observed_at),
+                    "documentIncarnation": obs.document.incarnation,
+                    "vm": vm.to_record(),
+                    "events": [
+                        {**e.to_json(), "affectsThisVm": vm.affects(e.resources, names)}
+                        for e in obs.document.events
+                    ],
+                },
+            )
 
         return {
-            "/healthz": json_route(healthz),
-            "/readyz": json_route(readyz),
-            "/metrics": metrics_route(self.metrics.registry),
-            "/v1/document": json_route(document),
+            ("GET", "/healthz"): healthz,
+            ("GET", "/readyz"): readyz,
+            ("GET", "/metrics"): metrics,
+            ("GET", "/v1/document"): document,
+            ("POST", RELAY_PATH): self._start_requests,
         }
 
-    def _start_requests(self, headers: Any, body: bytes, client: str) -> tuple[int, bytes, str]:
-        """``POST /v1/start-requests``: loopback callers are trusted, anyone else must sign."""
-        requester = "loopback"
-        if not is_loopback(client):
-            try:
-                requester = "key:" + self.verifier.verify(headers, body)
-            except PermissionError as exc:
-                self.metrics.relay_auth_failures.inc()
-                log.warning("relay request refused", extra={"client": client, "reason": str(exc)})
-                return 401, orjson.dumps({"error": f"unauthorized: {exc}"}), "application/json"
+    def _start_requests(self, request: Request) -> Response:
+        """``POST /v1/start-requests``; the access policy authenticated the caller already."""
         try:
-            parsed = orjson.loads(body)
+            parsed = orjson.loads(request.body)
         except orjson.JSONDecodeError:
             parsed = None
-        status, answer = self.relay.handle(parsed, requester)
-        return status, orjson.dumps(answer), "application/json"
+        status, answer = self.relay.handle(parsed, request.requester)
+        return json_response(status, answer)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -252,6 +260,10 @@ class Agent:
                 "pendingRecords": self.outbox.pending[0],
             },
         )
+        if self.api is not None:
+            how = self.access.describe()
+            level = logging.WARNING if self.access.allow_unsigned_loopback else logging.INFO
+            log.log(level, f"API access: {how}", extra={"listen": self.config.listen})
 
     def run(self, install_signals: bool = True) -> int:
         if install_signals:

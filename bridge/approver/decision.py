@@ -112,7 +112,7 @@ def validate(decision: Any, policy: ValidationPolicy, now: float) -> dict[str, A
             raise DecisionRefused("badSignature", "signature does not match the decision")
     if policy.issuers and decision["issuedBy"] not in policy.issuers:
         raise DecisionRefused("issuerNotAllowed", f"issuer {decision['issuedBy']!r} is not allowed")
-    issued, expires = _parse(decision["issuedAt"]), _parse(decision["expiresAt"])
+    issued, expires = _parse(decision, "issuedAt"), _parse(decision, "expiresAt")
     if expires <= now:
         raise DecisionRefused("expired", f"decision expired at {decision['expiresAt']}")
     if issued > now + policy.max_skew:
@@ -126,5 +126,11 @@ def _fmt(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
-def _parse(text: str) -> float:
-    return datetime.fromisoformat(text).timestamp()
+def _parse(decision: dict[str, Any], field: str) -> float:
+    """A timestamp the schema's pattern admitted may still be no date (``2026-02-30T10:00:00Z``):
+    that is a refusal, never an exception (which would hold the source on this message)."""
+    text = decision[field]
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except (ValueError, OverflowError):
+        raise DecisionRefused("schema", f"{field} {text!r} is not a valid date and time") from None

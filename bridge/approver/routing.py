@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import http.client
 import logging
+import socket
 import threading
 import time
 from typing import Any
@@ -21,7 +23,10 @@ import orjson
 from bridge.approver.sources import DecisionSource
 from bridge.signing import KeyRing, sign_request
 
-log = logging.getLogger("bridge.approver.routing")
+log = logging.getLogger(__name__)
+
+RELAY_PATH = "/v1/start-requests"
+MAX_ANSWER = 1024 * 1024
 
 
 class RelayUnavailable(Exception):
@@ -29,7 +34,9 @@ class RelayUnavailable(Exception):
 
 
 class RelayClient:
-    """POSTs relay requests; signs them when a relay key is configured."""
+    """POSTs relay requests, signed when a relay key is configured (agents then refuse anything
+    unsigned, loopback included). ``unix:/path`` relay addresses are the agent's Unix socket
+    listener; ``http(s)://`` the TCP one (TLS verified, never through a proxy)."""
 
     def __init__(self, keys: KeyRing, timeout: float = 15.0, ca_file: str | None = None) -> None:
         import requests
@@ -46,29 +53,66 @@ class RelayClient:
         headers = {"Content-Type": "application/json"}
         signer = self._keys.first()
         if signer is not None:
-            headers.update(sign_request(signer[0], signer[1], data))
-        url = relay_url.rstrip("/") + "/v1/start-requests"
+            headers.update(sign_request(signer[0], signer[1], "POST", RELAY_PATH, data))
+        if relay_url.startswith("unix:"):
+            status, answer_bytes = self._post_unix(relay_url[len("unix:") :], data, headers)
+        else:
+            status, answer_bytes = self._post_http(relay_url, data, headers)
+        if status >= 500 or status == 429:
+            raise RelayUnavailable(f"{relay_url}: HTTP {status}")
+        try:
+            answer = orjson.loads(answer_bytes)
+        except orjson.JSONDecodeError:
+            raise RelayUnavailable(f"{relay_url}: answer is not JSON") from None
+        if status != 200 or not isinstance(answer, dict):
+            # 400/401/403/415: the agent refused the request itself; that is an outcome, not an outage.
+            error = answer.get("error") if isinstance(answer, dict) else answer
+            return {
+                "outcome": "refused",
+                "reason": f"relayHttp{status}",
+                "detail": str(error)[:200],
+                "results": [],
+            }
+        return answer
+
+    def _post_http(self, relay_url: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        url = relay_url.rstrip("/") + RELAY_PATH
         try:
             resp = self._session.post(
                 url, data=data, headers=headers, timeout=self._timeout, verify=self._verify
             )
         except self._requests.RequestException as exc:
             raise RelayUnavailable(f"{relay_url}: {type(exc).__name__}") from None
-        if resp.status_code >= 500 or resp.status_code == 429:
-            raise RelayUnavailable(f"{relay_url}: HTTP {resp.status_code}")
+        return resp.status_code, resp.content
+
+    def _post_unix(self, path: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        conn = _UnixConnection(path, self._timeout)
         try:
-            answer = resp.json()
-        except ValueError:
-            raise RelayUnavailable(f"{relay_url}: answer is not JSON") from None
-        if resp.status_code != 200:
-            # 400/401: the agent refused the request itself; that is an outcome, not an outage.
-            return {
-                "outcome": "refused",
-                "reason": f"relayHttp{resp.status_code}",
-                "detail": str(answer.get("error"))[:200],
-                "results": [],
-            }
-        return answer
+            conn.request("POST", RELAY_PATH, body=data, headers={**headers, "Host": "localhost"})
+            resp = conn.getresponse()
+            return resp.status, resp.read(MAX_ANSWER)
+        except (OSError, http.client.HTTPException) as exc:
+            raise RelayUnavailable(f"unix:{path}: {type(exc).__name__}") from None
+        finally:
+            conn.close()
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over the agent's Unix socket (``requests`` speaks TCP only)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 class LocalRouter:

@@ -17,6 +17,7 @@ failed after retries): nothing is silently dropped.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -32,14 +33,30 @@ from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
 from bridge.approver.sources import DecisionSource, Message, SourceError, StdinSource, create_source
 from bridge.approver.store import DecisionStore
-from bridge.fsutil import ensure_private_dir
+from bridge.fsutil import DirectoryLocked, ensure_private_dir, lock_directory
 from bridge.observability import ErrorStreak
-from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked, PipelineMetrics, RecordMeta
+from bridge.pipeline import (
+    DeliveryWorker,
+    Health,
+    Outbox,
+    OutboxFull,
+    OutboxLocked,
+    OutboxWriteError,
+    PipelineMetrics,
+    RecordMeta,
+)
 from bridge.retry import Backoff
 from bridge.sinks import Sink
 from bridge.timeutil import rfc3339
 
-log = logging.getLogger("bridge.approver")
+log = logging.getLogger(__name__)
+
+#: A decision is a few hundred bytes; anything far larger is refused before it is parsed.
+MAX_MESSAGE_BYTES = 16 * 1024
+#: Attempts at a message whose processing raises before it is refused as ``unprocessable``.
+POISON_ATTEMPTS = 3
+#: The decision schema's length bounds of the fields an audit record repeats.
+AUDIT_FIELD_LIMITS = {"decisionId": 128, "eventId": 128, "target": 128, "issuedBy": 256}
 
 
 #: Exit code when a component failed for good (EX_SOFTWARE): the service manager restarts the approver.
@@ -72,6 +89,7 @@ class Approver:
         *,
         relay_attempts: int = 3,
         metrics: ApproverMetrics | None = None,
+        lock: int | None = None,
     ) -> None:
         self.source = source
         self.router = router
@@ -80,7 +98,7 @@ class Approver:
         self.metrics = metrics or ApproverMetrics()
         self.stop_event = threading.Event()
         self.health = Health(self.metrics, on_fatal=lambda _why: self.stop_event.set())
-        ensure_private_dir(state_dir)
+        self._lock_fd = lock if lock is not None else lock_state_dir(state_dir)
         self.store = DecisionStore(state_dir)
         try:
             self.outbox = Outbox(state_dir / "outbox", [s.id for s in sinks], metrics=self.metrics)
@@ -98,38 +116,29 @@ class Approver:
     # -- one decision ---------------------------------------------------------------------------------
 
     def process(self, message: Message, now: float | None = None) -> dict[str, Any]:
-        """Take one message to a final outcome and publish its audit record. Returns the audit."""
+        """Take one message to a final outcome and publish its audit record. Returns the audit.
+
+        Everything about the message is proven before anything is stored: only a decision that
+        passed every check claims its ``decisionId`` (an unsigned or malformed message cannot burn
+        the id of the real decision that follows it)."""
         now = time.time() if now is None else now
         try:
-            decision: Any = orjson.loads(message.payload)
-        except orjson.JSONDecodeError:
-            decision = None
-        decision_id = decision.get("decisionId") if isinstance(decision, dict) else None
-        decision_id = decision_id if isinstance(decision_id, str) else None
-        if decision_id is not None:
-            earlier = self.store.get(decision_id)
-            if earlier is not None and earlier["state"] == "final":
-                if earlier.get("position") == message.position:
-                    log.info(
-                        "decision already final (re-read after a restart)", extra={"decisionId": decision_id}
-                    )
-                    return {"outcome": earlier["outcome"], "reason": earlier.get("reason"), "reread": True}
-                return self._finish(
-                    decision,
-                    message,
-                    "refused",
-                    "replayed",
-                    f"decision id already used ({earlier['outcome']})",
-                    [],
-                    record_final=False,
-                )
-        if decision is None:
-            return self._finish(None, message, "refused", "schema", "message is not JSON", [])
-        try:
-            validate(decision, self.policy, now)
+            decision = self._validated(message, now)
         except DecisionRefused as refusal:
-            return self._finish(decision, message, "refused", refusal.reason, refusal.detail, [])
-        assert decision_id is not None
+            raw = _loads_object(message.payload)
+            return self._finish(
+                raw, message, "refused", refusal.reason, refusal.detail, [], record_final=False
+            )
+        decision_id: str = decision["decisionId"]
+        earlier = self.store.get(decision_id)
+        if earlier is not None and earlier["state"] == "final":
+            if earlier.get("position") == message.position:
+                log.info(
+                    "decision already final (re-read after a restart)", extra={"decisionId": decision_id}
+                )
+                return {"outcome": earlier["outcome"], "reason": earlier.get("reason"), "reread": True}
+            detail = f"decision id already used ({earlier['outcome']})"
+            return self._finish(decision, message, "refused", "replayed", detail, [], record_final=False)
         self.store.started(decision_id, message.position)
         body = {
             "decisionId": decision_id,
@@ -149,6 +158,24 @@ class Approver:
             answer.get("results") or [],
             relay=answer.get("relay"),
         )
+
+    def _validated(self, message: Message, now: float) -> dict[str, Any]:
+        """The decision in ``message`` once every check passed; :class:`DecisionRefused` otherwise.
+        Nothing here raises anything else: a message that cannot be read is a refusal, never a
+        retry (a poison message must not wedge the source)."""
+        if len(message.payload) > MAX_MESSAGE_BYTES:
+            raise DecisionRefused(
+                "tooLarge", f"message of {len(message.payload)} bytes (at most {MAX_MESSAGE_BYTES})"
+            )
+        decision = _loads_object(message.payload)
+        if decision is None:
+            raise DecisionRefused("schema", "message is not a JSON object")
+        try:
+            return validate(decision, self.policy, now)
+        except DecisionRefused:
+            raise
+        except Exception as exc:  # a check that could not run proves nothing: refuse
+            raise DecisionRefused("schema", f"cannot be validated: {type(exc).__name__}: {exc}") from None
 
     def _relay(self, decision: dict[str, Any], body: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         """Try each candidate agent (fleet failover), each a few times; None when none answered."""
@@ -187,8 +214,10 @@ class Approver:
         d = decision if isinstance(decision, dict) else {}
 
         def text(key: str) -> str | None:
+            # Only what fits the decision schema's bounds reaches an audit record (a 5 MB decisionId
+            # is refused, not stored or echoed).
             value = d.get(key)
-            return value if isinstance(value, str) else None
+            return value if isinstance(value, str) and 0 < len(value) <= AUDIT_FIELD_LIMITS[key] else None
 
         event_id = text("eventId")
         if not results and event_id:
@@ -298,24 +327,51 @@ class Approver:
         return True
 
     def _handle(self, message: Message) -> bool:
-        """Process and commit one message, retrying it until it is final (order is kept: the next
-        message waits). Returns False when stopping before it could be finished."""
+        """Process and commit one message (order is kept: the next message waits). A failure to store
+        the outcome (disk full) is retried until it works; any other error is retried a few times and
+        then ends the message as ``unprocessable``, audited and committed: a poison message must not
+        hold every later decision back. Returns False when stopping before it was finished."""
         backoff = Backoff(base=1.0, cap=30.0)
+        errors = 0
         while True:
             try:
-                self.process(message)
+                if errors < POISON_ATTEMPTS:
+                    self.process(message)
+                else:
+                    self._give_up(message)
                 break
+            except (OutboxFull, OutboxWriteError) as exc:  # not the message's fault: wait for room
+                self._streak.failure("outbox", f"audit record not admitted: {exc}", position=message.position)
             except Exception:
+                errors += 1
                 log.exception(
-                    "decision could not be processed; retrying", extra={"position": message.position}
+                    "decision could not be processed", extra={"position": message.position, "attempt": errors}
                 )
-                if self.stop_event.wait(backoff.next_delay()):
-                    return False
+            if self.stop_event.wait(backoff.next_delay()):
+                return False
         try:
             self.source.commit(message)
         except SourceError as exc:  # a lost commit means a re-read, which the store recognises
             log.warning("commit failed; the decision may be read again", extra={"error": str(exc)})
         return True
+
+    def _give_up(self, message: Message) -> None:
+        raw = _loads_object(message.payload) or {}
+        decision_id = raw.get("decisionId") if isinstance(raw.get("decisionId"), str) else None
+        started = decision_id is not None and self.store.get(decision_id) is not None
+        # Once started it may have reached an agent: say "failed", not "refused" (the agent's own
+        # audit record tells whether a StartRequest was posted).
+        outcome = "failed" if started else "refused"
+        detail = f"processing failed {POISON_ATTEMPTS} times; see the approver log"
+        self._finish(raw, message, outcome, "unprocessable", detail, [], record_final=started)
+
+    def close(self) -> None:
+        """Release the state directory: the decision store, the outbox and the lock."""
+        self.store.close()
+        self.outbox.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def shutdown(self) -> None:
         self.stop_event.set()
@@ -324,8 +380,7 @@ class Approver:
         for worker in self.workers:
             worker.join(15.0)
         self.source.close()
-        self.store.close()
-        self.outbox.close()
+        self.close()
         log.info("approver stopped")
 
 
@@ -348,8 +403,8 @@ def build_approver(config: Any) -> Approver:
         keys, config.allow_unsigned, frozenset(config.issuer), config.max_skew, config.max_ttl
     )
     state_dir = Path(config.state_dir)
+    lock = lock_state_dir(state_dir)  # before any file in it is read, compacted or replaced
     try:
-        ensure_private_dir(state_dir)
         source = create_source(config.source, state_dir, group=config.group)
         sinks = [create_sink(spec) for spec in config.sink]
         if config.mode == "fleet":
@@ -371,4 +426,27 @@ def build_approver(config: Any) -> Approver:
         policy,
         sinks,
         state_dir,
+        lock=lock,
     )
+
+
+def lock_state_dir(state_dir: Path) -> int | None:
+    """Create the state directory (0700) and take its lock, or refuse to start (exit 2): a second
+    approver on the same directory must stop before it touches the first one's files."""
+    from bridge.config import ConfigError
+
+    try:
+        ensure_private_dir(state_dir)
+        return lock_directory(state_dir)
+    except DirectoryLocked as exc:
+        raise ConfigError(f"state_dir: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None
+
+
+def _loads_object(payload: bytes) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None

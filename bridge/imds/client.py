@@ -10,6 +10,14 @@ Timeouts: the very first request may take up to two minutes (Scheduled Events sw
 the first call, and switches off again after 24 h without one), so it gets ``first_timeout``; after
 that IMDS answers in milliseconds and a short ``timeout`` detects a hung connection quickly.
 
+The timeout is a deadline for the **whole exchange** (connect, request, status line, headers, body),
+not a per-``recv`` limit: a socket timeout alone restarts with every byte, so an endpoint on
+169.254.169.254 that answers one byte per second would hold the poll forever and ``/readyz`` would
+keep saying ready. The deadline costs no thread and no wake-up: the connection's socket
+(:class:`_DeadlineSocket`) checks the time left before each ``recv``/``send`` and lowers its own
+timeout as the deadline approaches. The answer is also capped at :data:`MAX_ANSWER_BYTES`, so a
+hostile endpoint cannot make the agent buffer without bound.
+
 Errors are raised as :class:`ImdsError` with a bounded ``kind`` (metric label) and never end the
 process; callers decide when to try again (see :mod:`bridge.agent.poller`).
 """
@@ -17,6 +25,7 @@ process; callers decide when to try again (see :mod:`bridge.agent.poller`).
 from __future__ import annotations
 
 import http.client
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -37,13 +46,24 @@ DEFAULT_IMDS_URL = "http://169.254.169.254"
 IMDS_MAX_RETRY_AFTER = 10.0
 SCHEDULED_EVENTS_PATH = "/metadata/scheduledevents"
 INSTANCE_PATH = "/metadata/instance"
+#: The largest answer body accepted. A Scheduled Events document is a few KB (instance metadata a few
+#: more); anything near this is not IMDS, and buffering it without a bound would let whatever answers
+#: on 169.254.169.254 exhaust the agent's memory.
+MAX_ANSWER_BYTES = 1 << 20
+#: How far the socket's own timeout may drift from the time left before the deadline before it is set
+#: again. Setting it is a syscall (``ioctl(FIONBIO)`` in CPython), so a normal exchange, whose reads
+#: all come within microseconds of the request, never pays it; a trickling one is cut off at most this
+#: much after (or before) its deadline.
+DEADLINE_SLACK = 0.05
 
 
 class ImdsError(Exception):
     """An IMDS request that did not produce a 2xx answer.
 
     ``kind`` is one of: ``timeout``, ``connection``, ``http_400``, ``http_404``, ``http_405``,
-    ``http_410``, ``http_429``, ``http_5xx``, ``http_other``.
+    ``http_410``, ``http_429``, ``http_5xx``, ``http_other``. ``timeout`` means the whole exchange
+    did not finish within the operation's timeout (a silent *or* a trickling endpoint);
+    ``http_other`` also covers an answer larger than :data:`MAX_ANSWER_BYTES`.
     """
 
     def __init__(self, kind: str, message: str, status: int | None = None, retry_after: float | None = None):
@@ -197,12 +217,23 @@ class ImdsClient:
     def _exchange(self, method: str, path: str, body: bytes | None, timeout: float) -> ImdsResponse:
         headers = self._headers if body is None else {**self._headers, "Content-Type": "application/json"}
         reused = self._conn is not None
+        # One deadline for the whole request, retry on a stale keep-alive included: ``timeout`` bounds
+        # how long the poll loop can be held, whatever the endpoint does.
+        deadline = time.monotonic() + timeout
         for attempt in (1, 2):
-            conn = self._connection(timeout)
+            conn = self._connection(deadline)
+            r: http.client.HTTPResponse | None = None
             try:
                 conn.request(method, path, body=body, headers=headers)
                 r = conn.getresponse()
-                data = r.read()
+                length = r.length  # Content-Length; None when chunked or delimited by the close
+                if length is not None and length > MAX_ANSWER_BYTES:
+                    raise _TooLarge(f"Content-Length: {length}")
+                # A known length is read in one go (the normal IMDS answer: the hot path is unchanged);
+                # otherwise one byte more than the cap tells "too large" from "just fits".
+                data = r.read() if length is not None else r.read(MAX_ANSWER_BYTES + 1)
+                if len(data) > MAX_ANSWER_BYTES:
+                    raise _TooLarge("no Content-Length, and more was sent")
                 if r.will_close:
                     self._drop()
                 return (
@@ -215,35 +246,138 @@ class ImdsClient:
                     )
                 )
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-                self._drop()
+                self._drop(r)
                 # A kept-alive connection the server closed while idle fails on first use; that is
                 # not an IMDS failure, so try once more on a fresh connection.
                 if attempt == 1 and reused:
                     continue
                 raise ImdsError("connection", f"IMDS connection failed: {exc.__class__.__name__}") from None
             except TimeoutError:
-                self._drop()
-                raise ImdsError("timeout", f"IMDS did not answer within {timeout:g} s") from None
+                self._drop(r)
+                raise ImdsError("timeout", f"IMDS did not answer completely within {timeout:g} s") from None
+            except _TooLarge as exc:
+                self._drop(r)  # the rest of the answer is never read: the connection is unusable
+                raise ImdsError(
+                    "http_other", f"IMDS answer larger than {MAX_ANSWER_BYTES} bytes ({exc}); refused"
+                ) from None
             except (OSError, http.client.HTTPException) as exc:
-                self._drop()
+                self._drop(r)
                 raise ImdsError(
                     "connection", f"IMDS request failed: {exc.__class__.__name__}: {exc}"
                 ) from None
         raise AssertionError("unreachable")
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-        elif self._conn.timeout != timeout:
-            self._conn.timeout = timeout
-            if self._conn.sock is not None:
-                self._conn.sock.settimeout(timeout)
-        return self._conn
+    def _connection(self, deadline: float) -> _DeadlineConnection:
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = _DeadlineConnection(self._host, self._port)
+        conn.set_deadline(deadline)
+        return conn
 
-    def _drop(self) -> None:
+    def _drop(self, response: http.client.HTTPResponse | None = None) -> None:
+        """Close the connection, and the answer being read if any.
+
+        An answer the server delimits by closing the connection owns the socket (``http.client``
+        hands it over), so closing the connection alone would leave it open, still receiving, until
+        the answer object is collected: a failed read must close both.
+        """
+        if response is not None:
+            response.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class _TooLarge(Exception):
+    """An answer over :data:`MAX_ANSWER_BYTES` (internal: becomes an :class:`ImdsError`)."""
+
+
+# The base methods, looked up once: ``super()`` and attribute lookups are a measurable share of the few
+# hundred nanoseconds each checked call adds to a poll (see _DeadlineSocket).
+_monotonic = time.monotonic
+_base_recv_into = socket.socket.recv_into
+_base_recv = socket.socket.recv
+_base_sendall = socket.socket.sendall
+_base_send = socket.socket.send
+
+
+class _DeadlineSocket(socket.socket):
+    """A socket whose every ``recv``/``send`` ends by ``deadline`` (``time.monotonic()``), in total.
+
+    ``http.client`` reads through ``sock.makefile()``, whose raw reads call ``recv_into`` on this
+    object, so checking here covers the status line, the headers and the body alike; it sends with
+    ``sendall``. A normal poll makes one call of each. Before each call: one clock read and two
+    comparisons; the socket's timeout is set again (a syscall) only when it is more than
+    :data:`DEADLINE_SLACK` away from the time left, which in a normal exchange it never is (every
+    read comes within microseconds of the request).
+    """
+
+    __slots__ = ("_armed", "deadline")
+
+    deadline: float
+    _armed: float  # the timeout currently set on the socket
+
+    def _arm(self) -> None:
+        left = self.deadline - _monotonic()
+        if left <= 0.0:
+            raise TimeoutError("IMDS answer deadline passed")
+        if not -DEADLINE_SLACK <= left - self._armed <= DEADLINE_SLACK:
+            self.settimeout(left)
+            self._armed = left
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        self._arm()
+        return _base_recv_into(self, buffer, nbytes, flags)
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        self._arm()
+        return _base_recv(self, bufsize, flags)
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        self._arm()
+        _base_sendall(self, data, flags)
+
+    def send(self, data: Any, flags: int = 0) -> int:
+        self._arm()
+        return _base_send(self, data, flags)
+
+
+class _DeadlineConnection(http.client.HTTPConnection):
+    """``HTTPConnection`` on a :class:`_DeadlineSocket`, connected within the request's deadline.
+
+    ``http.client`` has no hook for the socket class, so ``connect`` is replaced: the stdlib's
+    ``create_connection`` (address resolution, error handling) opens the socket, whose descriptor is
+    then adopted by a :class:`_DeadlineSocket` (no new connection, no extra round trip).
+    """
+
+    sock: _DeadlineSocket | None  # only ``connect`` below creates it
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(host, port)
+        self.deadline = 0.0
+
+    def set_deadline(self, deadline: float) -> None:
+        self.deadline = deadline
+        sock = self.sock
+        if sock is not None:
+            sock.deadline = deadline
+
+    def connect(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0.0:
+            raise TimeoutError("IMDS answer deadline passed")
+        plain = socket.create_connection((self.host, self.port), left, self.source_address)
+        sock = _DeadlineSocket(plain.family, plain.type, plain.proto, plain.detach())
+        sock.deadline = self.deadline
+        sock._armed = left
+        try:
+            # The adopted descriptor is non-blocking already; this puts the object in step with it.
+            sock.settimeout(left)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as HTTPConnection.connect
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,8 @@ Why it looks like this:
   collide with it or be sent to the server. The fragment (``#format=cloudevents&timeout=5``) is
   never sent over HTTP, so the URL before ``#`` is used exactly as given and the options stay local.
 * **Secrets never come from the spec.** The spec is logged and exported as a metric label (through
-  :func:`~bridge.observability.redact`, which masks ``sig=``); the HMAC key, the Event Grid key and
+  :func:`~bridge.redaction.redact`, which masks ``sig=``, user info and the path tokens of Slack,
+  Teams, Discord and ``/hooks/`` URLs); the HMAC key, the Event Grid key and
   secret header values come from an environment variable or a file named in the spec. An inline
   ``header.Authorization=...`` is refused rather than risk printing it.
 * **Records are rare and the connection goes stale.** A Scheduled Events document changes a few
@@ -47,7 +48,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import SplitResult, quote, unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, quote, unquote, unquote_plus, urlsplit, urlunsplit
 
 import orjson
 import requests
@@ -55,8 +56,8 @@ import urllib3
 
 from bridge import __version__
 from bridge.netaddr import is_loopback
-from bridge.observability import redact
 from bridge.pipeline import CONTENT_TYPE, Entry, SinkError, SynchronousSink
+from bridge.redaction import secrets_in
 from bridge.retry import parse_retry_after
 from bridge.sinks.base import config_error
 
@@ -290,22 +291,25 @@ class WebhookSink(SynchronousSink):
             self._secret_headers[header] = ("env" if kind == "header_env" else "file", value)
 
     def _read_secret(self, what: str, source: tuple[str, str]) -> str:
-        """The value of an ``*_env`` / ``*_file`` option; a missing one can never work: permanent."""
+        """The value of an ``*_env`` / ``*_file`` option; a missing one can never work: permanent.
+
+        The messages say "for header Authorization, ..." rather than "header Authorization: ...", which
+        redaction would take for a header line and mask to its end."""
         where, name = source
         if where == "env":
             value = os.environ.get(name)
             if not value:
-                raise self._config_error(f"{what}: environment variable {name} is not set or empty")
+                raise self._config_error(f"for {what}, environment variable {name} is not set or empty")
             return value
         try:
             value = Path(name).read_text(encoding="utf-8")
         except OSError as exc:
-            raise self._config_error(f"{what}: cannot read {name}: {exc.strerror}") from None
+            raise self._config_error(f"for {what}, cannot read {name}: {exc.strerror}") from None
         except UnicodeDecodeError:
-            raise self._config_error(f"{what}: {name} is not UTF-8 text") from None
+            raise self._config_error(f"for {what}, {name} is not UTF-8 text") from None
         value = value.rstrip("\r\n")  # `echo`/`openssl rand -hex 32 >file` leave a newline
         if not value:
-            raise self._config_error(f"{what}: {name} is empty")
+            raise self._config_error(f"for {what}, {name} is empty")
         return value
 
     # -- life cycle ----------------------------------------------------------------------------------
@@ -509,14 +513,17 @@ class WebhookSink(SynchronousSink):
 
 
 def _url_secrets(parts: SplitResult) -> list[str]:
-    """The credential values of the target URL (those :func:`redact` masks), raw and decoded."""
-    found: list[str] = []
+    """The credential values of the target URL (those :func:`redact` masks: a query's ``sig``, a
+    password, a Slack/Teams/Discord path token), raw and decoded, whole and, for a path, per segment
+    (a server may echo only the token segment). Longest first, so a value is never half-replaced."""
+    found: set[str] = set()
     if parts.password:
-        found.append(parts.password)
-    for pair in parts.query.split("&"):
-        name, sep, value = pair.partition("=")
-        if sep and value and redact(f"?{name}={value}") != f"?{name}={value}":
-            found.extend({value, unquote(value)})
+        found.add(parts.password)
+    url = urlunsplit((parts.scheme, parts.netloc, parts.path, parts.query, ""))
+    for value in secrets_in(url):
+        for v in (value, *value.split("/")):
+            found.update((v, unquote(v), unquote_plus(v)))
+    found.discard("")
     return sorted(found, key=len, reverse=True)
 
 

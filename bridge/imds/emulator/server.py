@@ -224,7 +224,12 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ plumbing
 
     def _send(
-        self, status: int, body: bytes, content_type: str | None = JSON_CONTENT_TYPE, extra: bytes = b""
+        self,
+        status: int,
+        body: bytes,
+        content_type: str | None = JSON_CONTENT_TYPE,
+        extra: bytes = b"",
+        trickle: float | None = None,
     ) -> None:
         self._status = status
         ct = b""
@@ -241,7 +246,24 @@ class _Handler(BaseHTTPRequestHandler):
                 b"\r\n",
             )
         )
-        self.wfile.write(head if self.command == "HEAD" else head + body)
+        data = head if self.command == "HEAD" else head + body
+        if trickle is None:
+            self.wfile.write(data)
+        else:
+            self._trickle(data, trickle)
+
+    def _trickle(self, data: bytes, per_byte: float) -> None:
+        """Send ``data`` one byte every ``per_byte`` seconds, status line and headers included.
+
+        This is the slow-answer attack a per-``recv`` socket timeout cannot see (every byte resets it):
+        it lets tests prove a client bounds the *whole* exchange. No Nagle, so each byte leaves at once.
+        A client that gives up makes the next write fail, which ends this handler (logged at DEBUG).
+        """
+        with contextlib.suppress(OSError):
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(len(data)):
+            time.sleep(per_byte)
+            self.wfile.write(data[i : i + 1])
 
     def _read_body(self) -> bytes | None:
         """Read (and so drain) any request body, or answer the error and return None.
@@ -390,10 +412,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._status = 0
             return
-        if reply.delay:
-            time.sleep(reply.delay)
+        if reply.trickle:
+            trickle: float | None = reply.delay  # the delay is spread over the bytes, not waited first
+        else:
+            trickle = None
+            if reply.delay:
+                time.sleep(reply.delay)
         extra = b"" if reply.retry_after is None else b"Retry-After: %s\r\n" % reply.retry_after.encode()
-        self._send(reply.status, reply.body, reply.content_type, extra)
+        self._send(reply.status, reply.body, reply.content_type, extra, trickle)
         if reply.incarnation is not None:
             state.mark_served(reply.incarnation)
 
@@ -502,9 +528,9 @@ class _Handler(BaseHTTPRequestHandler):
                     raise _BadRequest(f"kind is required, one of {', '.join(FAULT_KINDS)}")
                 count = _integer(data, "count")
                 duration = _number(data, "durationSeconds")
-                delay = _number(data, "delaySeconds", 2.0)
+                delay = _number(data, "delaySeconds")  # None: the kind's default
                 retry_after = _string(data, "retryAfter")
-                state.add_fault(kind, count, duration, 2.0 if delay is None else delay, retry_after)
+                state.add_fault(kind, count, duration, delay, retry_after)
                 self._json(200, {"kind": kind, "faults": state.snapshot()["faults"]})
             case ("DELETE", ["faults"]):
                 state.clear_faults()

@@ -60,7 +60,12 @@ FAULT_KINDS: tuple[str, ...] = (
     "truncated",
     "wrong-types",
     "drop",
+    "trickle",
 )
+# delaySeconds when a fault is queued without one: a 2 s answer for "slow", one byte a second for
+# "trickle" (an answer of ~200 bytes then takes minutes: far past any client timeout).
+_DEFAULT_DELAY: dict[str, float] = {"trickle": 1.0}
+_FALLBACK_DELAY = 2.0
 _FAULT_STATUS: dict[str, tuple[int, bytes]] = {
     "429": (429, BODY_TOO_MANY),
     "500": (500, BODY_INTERNAL),
@@ -92,6 +97,7 @@ class Reply(NamedTuple):
     delay: float = 0.0  # "slow" fault: sleep this long (outside the lock) before answering
     drop: bool = False  # "drop" fault: close the connection without any response
     retry_after: str | None = None  # a fault's Retry-After header, sent as given (even nonsense)
+    trickle: bool = False  # "trickle" fault: send the whole answer one byte every ``delay`` seconds
 
 
 @dataclass(slots=True)
@@ -403,6 +409,7 @@ class EmulatorState:
             self._count_get += 1
             fault = self._take_fault() if self._faults else None
             delay = 0.0
+            trickle = False
             if fault is not None:
                 self._fault_counts[fault.kind] = self._fault_counts.get(fault.kind, 0) + 1
                 kind = fault.kind
@@ -415,10 +422,13 @@ class EmulatorState:
                     return Reply(200, GARBAGE_BODY, JSON_CONTENT_TYPE, None)
                 if kind == "slow":
                     delay = fault.delay
+                elif kind == "trickle":
+                    delay = fault.delay
+                    trickle = True
             if self._raw is not None:
                 self._raw_served += 1
                 status, body, content_type = self._raw
-                return Reply(status, body, content_type, None, delay)
+                return Reply(status, body, content_type, None, delay, trickle=trickle)
             now = self._clock() + self._offset
             if now >= self._next_due:
                 self._evaluate(now)
@@ -430,7 +440,7 @@ class EmulatorState:
                 if fault.kind == "wrong-types":
                     wrong = orjson.dumps({"DocumentIncarnation": self._incarnation, "Events": {}})
                     return Reply(200, wrong, JSON_CONTENT_TYPE, None)
-            return Reply(200, body, JSON_CONTENT_TYPE, self._incarnation, delay)
+            return Reply(200, body, JSON_CONTENT_TYPE, self._incarnation, delay, trickle=trickle)
 
     def mark_served(self, incarnation: int) -> None:
         """Remember when a document with this incarnation was first fully written to a client.
@@ -580,12 +590,14 @@ class EmulatorState:
         kind: str,
         count: int | None = None,
         duration_seconds: float | None = None,
-        delay_seconds: float = 2.0,
+        delay_seconds: float | None = None,
         retry_after: str | None = None,
     ) -> None:
         """Queue a fault for the next ``count`` scheduledevents GETs (or all of them for a duration).
 
         Faults are test tools, so their duration and delay are real seconds, never scaled by speed.
+        ``delay_seconds`` is the wait of ``slow`` (default 2) and the time per byte of ``trickle``
+        (default 1); other kinds ignore it.
         ``retry_after`` is sent verbatim as a ``Retry-After`` header on an error answer (tests send
         what a misbehaving server might: ``86400``, ``inf``, a date).
         """
@@ -595,8 +607,10 @@ class EmulatorState:
             raise ValueError("count must be >= 1")
         if duration_seconds is not None and duration_seconds <= 0:
             raise ValueError("durationSeconds must be > 0")
-        if delay_seconds < 0:
-            raise ValueError("delaySeconds must be >= 0")
+        if delay_seconds is None:
+            delay_seconds = _DEFAULT_DELAY.get(kind, _FALLBACK_DELAY)
+        if delay_seconds < 0 or not math.isfinite(delay_seconds):
+            raise ValueError("delaySeconds must be a finite number >= 0")
         if retry_after is not None and (not retry_after.isprintable() or len(retry_after) > 100):
             raise ValueError("retryAfter must be printable text of at most 100 characters")
         remaining = count if count is not None else (None if duration_seconds is not None else 1)
