@@ -217,6 +217,20 @@ def _header_line(text: str, m: re.Match[str]) -> bool:
 
 #: Every shape of secret, applied in this order (bigger, more specific shapes first: a webhook URL's
 #: path token before its user info, a header line before a ``name=value`` inside it).
+#: The hints of the two named-value shapes (a row runs only if one of these is in the lower-cased text).
+_SECRET_WORD_HINTS = (
+    "key",
+    "token",
+    "secret",
+    "pass",
+    "pwd",
+    "sig",
+    "sas",
+    "authorization",
+    "cookie",
+    "assertion",
+)
+
 SHAPES: tuple[SecretShape, ...] = (
     _shape(
         "pem-private-key",
@@ -299,16 +313,7 @@ SHAPES: tuple[SecretShape, ...] = (
         rf"|'{_SCHEME_KEPT}(?P<secret2>(?:\\.|[^'\"\\]|{_INNER_QUOTE})*)(?:'(?={_END})|(?=\")|\Z)"
         rf"|\\\"{_SCHEME_KEPT}(?P<secret3>(?:[^\"\\]|\\\\(?:\\.|[^\\])|\\[^\"\\])*)(?:\\\"|(?=\")|\Z))",
         'name, separator and quotes of name="value", JSON "name": "value", repr \'name\': \'value\'',
-        "key",
-        "token",
-        "secret",
-        "pass",
-        "pwd",
-        "sig",
-        "sas",
-        "authorization",
-        "cookie",
-        "assertion",
+        *_SECRET_WORD_HINTS,
         accept=_named_value,
     ),
     _shape(
@@ -318,16 +323,7 @@ SHAPES: tuple[SecretShape, ...] = (
         rf"(?:{_AUTH_SCHEME}[ \t]+(?=\S)|(?!\\?[\"']|[{{\[]\s*\\?[\"'{{\[])))"
         rf"(?P<secret>{_VALUE_CHAR}+)",
         "the name and separator of name=value / name: value (query, connection string, config text)",
-        "key",
-        "token",
-        "secret",
-        "pass",
-        "pwd",
-        "sig",
-        "sas",
-        "authorization",
-        "cookie",
-        "assertion",
+        *_SECRET_WORD_HINTS,
         accept=_named_value,
     ),
     _shape(
