@@ -73,7 +73,7 @@ class AsyncSink(Sink):
             err = self.fail.get(entry.seq) if self.sticky else self.fail.pop(entry.seq, None)
             if err is None:
                 self.delivered.append(entry.seq)
-            if err is None or err.permanent:
+            if err is None or not err.retryable:
                 self.settled.add(entry.seq)
             out.append(Outcome(entry.seq, err))
         return out
@@ -171,7 +171,7 @@ def test_transient_failure_resends_from_the_first_unconfirmed(
 
 
 def test_permanent_failure_goes_to_the_dead_letter_file(tmp_path: Path) -> None:
-    sink = AsyncSink("memory://c", fail={3: SinkError("too large", kind="too_large", permanent=True)})
+    sink = AsyncSink("memory://c", fail={3: SinkError("too large", kind="too_large", retryable=False)})
     outbox, worker, metrics = run_worker(tmp_path, sink, 5)
     wait_until(lambda: outbox.cursor(sink.id) == 5, what="queue moved on")
     finish(worker)
@@ -185,7 +185,7 @@ def test_permanent_failure_goes_to_the_dead_letter_file(tmp_path: Path) -> None:
 def test_a_dead_letter_that_cannot_be_written_keeps_the_record(tmp_path: Path) -> None:
     """A refused record is confirmed only once its dead letter is on disk; until then it is retried."""
     (tmp_path / "dead-letter").write_text("a file where the directory should be")
-    refuse = SinkError("too large", kind="too_large", permanent=True)
+    refuse = SinkError("too large", kind="too_large", retryable=False)
     sink = AsyncSink("memory://g", fail={2: refuse}, sticky=True)
     outbox, worker, metrics = run_worker(tmp_path, sink, 3)
     wait_until(

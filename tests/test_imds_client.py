@@ -77,7 +77,7 @@ def test_http_errors_are_typed(recorder: str) -> None:
     Recorder.status = 429
     with pytest.raises(ImdsError) as info:
         client.get_scheduled_events()
-    assert info.value.retry_after == 3.0 and info.value.transient
+    assert info.value.retry_after == 3.0 and info.value.retryable
 
 
 def test_refused_connection_and_timeout() -> None:
@@ -140,7 +140,7 @@ def test_a_trickling_answer_times_out_within_the_timeout_and_the_next_request_su
         with pytest.raises(ImdsError) as info:
             client.get_scheduled_events()
         took = time.monotonic() - started
-        assert info.value.kind == "timeout" and info.value.transient
+        assert info.value.kind == "timeout" and info.value.retryable
         # The whole answer (~150 bytes at 0.3 s each) would take ~45 s; each byte alone is well inside
         # the 1 s timeout, so only a deadline over the whole exchange ends it this soon.
         assert 0.5 < took < 5.0, took

@@ -574,7 +574,7 @@ def test_a_kafka_spec_with_an_inline_password_is_refused_without_showing_it(spec
     secret = "KAFKAPW" + "a/b=c%d+e" * 2
     with pytest.raises(SinkError) as info:
         create_sink(spec.format(t=secret))
-    assert info.value.permanent and secret not in str(info.value)
+    assert not info.value.retryable and secret not in str(info.value)
     sinks = list(built_sinks(info.tb))
     assert sinks, "the kafka sink refuses its spec from inside its constructor"
     for sink in sinks:

@@ -291,7 +291,7 @@ def test_spec_defaults_and_every_option() -> None:
 def test_spec_mistakes_are_refused_without_echoing_secrets(spec: str, message: str) -> None:
     with pytest.raises(SinkError) as caught:
         create_sink(spec)
-    assert caught.value.permanent and message in str(caught.value)
+    assert not caught.value.retryable and message in str(caught.value)
     assert SECRET not in str(caught.value)
 
 
@@ -306,7 +306,7 @@ def test_connection_string_checks_never_echo_the_key() -> None:
     ]:
         with pytest.raises(SinkError) as caught:
             inspect_connection_string(text)
-        assert caught.value.permanent and message in str(caught.value) and SECRET not in str(caught.value)
+        assert not caught.value.retryable and message in str(caught.value) and SECRET not in str(caught.value)
 
 
 def test_open_refuses_a_missing_or_mismatched_connection_string(tmp_path: Path, monkeypatch) -> None:
@@ -314,7 +314,7 @@ def test_open_refuses_a_missing_or_mismatched_connection_string(tmp_path: Path, 
     sink = create_sink("eventhubs://127.0.0.1:5672/hub?connection_string_env=EH_CONN")
     with pytest.raises(SinkError) as caught:
         sink.open()
-    assert caught.value.permanent and "EH_CONN is not set" in str(caught.value)
+    assert not caught.value.retryable and "EH_CONN is not set" in str(caught.value)
     conn_file = tmp_path / "eh.conn"
     conn_file.write_text(
         f"Endpoint=sb://127.0.0.1:5672;SharedAccessKeyName=K;SharedAccessKey={SECRET};"
@@ -323,12 +323,12 @@ def test_open_refuses_a_missing_or_mismatched_connection_string(tmp_path: Path, 
     sink = create_sink(f"eventhubs://127.0.0.1:5672/hub?connection_string_file={conn_file}")
     with pytest.raises(SinkError) as caught:
         sink.open()
-    assert caught.value.permanent and "EntityPath is 'other'" in str(caught.value)
+    assert not caught.value.retryable and "EntityPath is 'other'" in str(caught.value)
     assert SECRET not in str(caught.value)
     missing = create_sink(f"eventhubs://127.0.0.1:5672/hub?connection_string_file={tmp_path}/none")
     with pytest.raises(SinkError) as caught:
         missing.open()
-    assert caught.value.permanent and "cannot read connection_string_file" in str(caught.value)
+    assert not caught.value.retryable and "cannot read connection_string_file" in str(caught.value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -352,7 +352,7 @@ def test_batches_carry_key_and_properties_and_a_too_large_record_is_permanent(mo
         assert sorted(o.seq for o in outcomes) == [e.seq for e in entries]
         failed = [o for o in outcomes if not o.ok]
         assert [o.seq for o in failed] == [5]
-        assert failed[0].error is not None and failed[0].error.permanent
+        assert failed[0].error is not None and not failed[0].error.retryable
         assert failed[0].error.kind == "too_large"
         stored = small.messages()
         expected = [e for e in entries if e.seq != 5]
@@ -405,7 +405,7 @@ def test_after_a_failure_nothing_overtakes_the_resend(peer: EventHubsPeer, monke
         sink.submit(entry(n))
     failed = drain(sink, 2)
     assert [(o.seq, o.ok) for o in failed] == [(2, False), (3, False)]
-    assert failed[0].error is not None and not failed[0].error.permanent
+    assert failed[0].error is not None and failed[0].error.retryable
     sink.submit(entry(4))  # a worker that had not seen the failure yet: must not go out before 2
     peer.start()
     for n in (2, 3, 4):
@@ -426,7 +426,7 @@ def test_watchdog_abandons_a_black_holed_send_and_frees_its_thread(
     assert isinstance(sink, EventHubsSink)
     with pytest.raises(SinkError) as caught:
         sink.open()  # black-holed at start: transient, the agent would start and retry
-    assert not caught.value.permanent and caught.value.kind == "timeout"
+    assert caught.value.retryable and caught.value.kind == "timeout"
     proxy.forward()
     sink.open()
     sink.submit(entry(1))
@@ -437,7 +437,7 @@ def test_watchdog_abandons_a_black_holed_send_and_frees_its_thread(
             sink.submit(entry(n))
         failed = drain(sink, 2, timeout=30)
         assert [(o.seq, o.ok) for o in failed] == [(2, False), (3, False)]
-        assert all(o.error is not None and not o.error.permanent for o in failed)
+        assert all(o.error is not None and o.error.retryable for o in failed)
         if sink.watchdog_fired:
             break
     assert sink.watchdog_fired >= 1
@@ -502,10 +502,10 @@ def test_entra_id_refusals_through_the_real_sdk_are_classified(peer: EventHubsPe
         finally:
             client.close()
         at_start = sink._error(caught.value, opening=True)
-        assert (at_start.kind, at_start.permanent) == ("auth", permanent), at_start
+        assert (at_start.kind, not at_start.retryable) == ("auth", permanent), at_start
         assert ("credential refused" in str(at_start)) == permanent
         running = sink._error(caught.value, opening=False)
-        assert running.kind == "auth" and not running.permanent
+        assert running.kind == "auth" and running.retryable
 
 
 # --------------------------------------------------------------------------------------------------
@@ -760,7 +760,7 @@ def test_official_eventhubs_emulator_in_a_container(tmp_path: Path, monkeypatch)
             missing = create_sink(f"eventhubs://{host}:{port}/not-configured?connection_string_env=EH_CONN")
             with pytest.raises(SinkError) as caught:
                 missing.open()
-            assert caught.value.permanent and "hub not found" in str(caught.value)
+            assert not caught.value.retryable and "hub not found" in str(caught.value)
 
             monkeypatch.setenv("EH_CONN", conn("se-records"))
             sink = create_sink(f"eventhubs://{host}:{port}/se-records?connection_string_env=EH_CONN")

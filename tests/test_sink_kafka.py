@@ -170,7 +170,7 @@ def test_spec_defaults_and_every_option() -> None:
 def test_bad_spec_is_refused_naming_the_option(spec: str, names: str) -> None:
     with pytest.raises(SinkError) as caught:
         create_sink(spec)
-    assert caught.value.permanent and caught.value.kind == "config"
+    assert not caught.value.retryable and caught.value.kind == "config"
     assert names in str(caught.value)
 
 
@@ -181,7 +181,7 @@ def test_a_secret_in_the_spec_is_refused_without_echoing_it(key: str) -> None:
         create_sink(
             f"kafka://h:9092/t?security_protocol=SASL_SSL&sasl_mechanism=PLAIN&sasl_username=u&{key}={secret}"
         )
-    assert caught.value.permanent and "sasl_password_env" in str(caught.value)
+    assert not caught.value.retryable and "sasl_password_env" in str(caught.value)
     assert secret not in str(caught.value)
 
 
@@ -223,7 +223,7 @@ def test_event_hubs_connection_string_mistakes(monkeypatch: pytest.MonkeyPatch, 
     sink = create_sink(spec)
     with pytest.raises(SinkError, match="EH_CS") as caught:
         sink.open()  # not set: the agent refuses to start
-    assert caught.value.permanent
+    assert not caught.value.retryable
     monkeypatch.setenv("EH_CS", "SharedAccessKey=abc123secret")
     with pytest.raises(SinkError, match="Endpoint=sb://") as caught:
         sink.open()
@@ -251,7 +251,7 @@ def test_password_from_a_file(tmp_path: Path) -> None:
     pw.unlink()
     with pytest.raises(SinkError, match="cannot read sasl_password_file") as caught:
         sink.producer_config()
-    assert caught.value.permanent
+    assert not caught.value.retryable
 
 
 class FixedTokenCredential:
@@ -313,7 +313,7 @@ def test_oauthbearer_token_failure_is_transient_and_a_valid_token_is_kept() -> N
     sink._credential = credential
     with pytest.raises(SinkError) as caught:
         sink._ensure_producer()
-    assert caught.value.kind == "token" and not caught.value.permanent
+    assert caught.value.kind == "token" and caught.value.retryable
     credential.fail = False
     assert sink._oauth_token("")[0] == credential.token.token
     credential.fail = True  # a refresh fails while the last token is still valid: keep using it
@@ -352,7 +352,7 @@ def test_sink_keeps_order_across_a_full_window_and_dead_letters_only_the_oversiz
     assert sorted(o.seq for o in outcomes) == [e.seq for e in entries]  # one outcome each
     failed = [o for o in outcomes if not o.ok]
     assert [o.seq for o in failed] == [1201]
-    assert failed[0].error.permanent and failed[0].error.kind == "too_large"
+    assert not failed[0].error.retryable and failed[0].error.kind == "too_large"
     reader = TopicReader(tansu.bootstrap, "sink-order")
     try:
         messages = reader.wait_for(lambda m: len(m) >= len(entries) - 1, what="every record read back")
@@ -375,7 +375,7 @@ def test_sink_open_fails_fast_when_the_broker_refuses_authentication(
         )
         with pytest.raises(SinkError) as caught:
             sink.open()
-    assert caught.value.permanent and caught.value.kind == "auth"
+    assert not caught.value.retryable and caught.value.kind == "auth"
     assert "authentication" in str(caught.value).lower() and secret not in str(caught.value)
 
 
@@ -392,7 +392,7 @@ def test_tls_verification_is_on_by_default_and_a_private_ca_works(tmp_path: Path
             untrusted = create_sink(f"kafka://127.0.0.1:{proxy_port}/se-tls?security_protocol=SSL")
             with pytest.raises(SinkError) as caught:
                 untrusted.open()
-            assert caught.value.permanent and caught.value.kind == "tls"
+            assert not caught.value.retryable and caught.value.kind == "tls"
             assert "certificate verify failed" in str(caught.value)
             sink = create_sink(
                 f"kafka://127.0.0.1:{proxy_port}/se-tls?security_protocol=SSL&ssl_ca_location={proxy.cert_path}"
@@ -419,7 +419,7 @@ def test_sink_open_with_no_broker_is_transient() -> None:
     sink = create_sink(f"kafka://127.0.0.1:{free_port()}/t")
     with pytest.raises(SinkError) as caught:
         sink.open()
-    assert not caught.value.permanent and caught.value.kind == "unreachable"
+    assert caught.value.retryable and caught.value.kind == "unreachable"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -623,7 +623,7 @@ def test_apache_kafka_in_a_container_basic_delivery() -> None:
         missing = create_sink(f"kafka://{bootstrap}/not-created")
         with pytest.raises(SinkError) as caught:
             missing.open()
-        assert caught.value.permanent and caught.value.kind == "topic"
+        assert not caught.value.retryable and caught.value.kind == "topic"
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for future in admin.create_topics([NewTopic("se-records", num_partitions=3)]).values():
             future.result(30)

@@ -119,7 +119,7 @@ REFUSED = {
 def test_unusable_specs_are_refused_permanently_without_echoing_secrets(spec: str) -> None:
     with pytest.raises(SinkError) as info:
         create_sink(spec)
-    assert info.value.permanent and info.value.kind == "config"
+    assert not info.value.retryable and info.value.kind == "config"
     assert REFUSED[spec] in str(info.value)
     assert "s3cr3t" not in str(info.value) and "pw@" not in str(info.value)
 
@@ -140,7 +140,7 @@ def test_secrets_from_the_environment_and_files_are_checked_at_open(tmp_path: Pa
     ]:
         with pytest.raises(SinkError) as info:
             create_sink(spec).open()  # no network: open only reads and checks the configuration
-        assert info.value.permanent, spec
+        assert not info.value.retryable, spec
         assert message in str(info.value), (spec, str(info.value))
     good = tmp_path / "good.key"
     good.write_text("z" * 32 + "\n")
@@ -160,7 +160,7 @@ def test_logic_apps_url_is_posted_as_given_and_its_sig_never_shown(receiver: Htt
     receiver.queue(Answer(500, f"trigger failed for ...invoke?{query} (sig {sig})".encode()))
     with pytest.raises(SinkError) as info:
         s.deliver(entry(2))
-    assert not info.value.permanent and info.value.kind == "http_5xx"
+    assert info.value.retryable and info.value.kind == "http_5xx"
     assert sig not in str(info.value) and "answered 500" in str(info.value)
 
 
@@ -171,7 +171,7 @@ def test_a_server_echoing_a_credential_header_does_not_leak_it(receiver: HttpRec
     receiver.queue(Answer(401, f"invalid credentials: {token} is expired".encode()))
     with pytest.raises(SinkError) as info:
         s.deliver(entry())
-    assert info.value.permanent and info.value.kind == "http_401"
+    assert not info.value.retryable and info.value.kind == "http_401"
     assert token not in str(info.value) and "invalid credentials: *** is expired" in str(info.value)
     (req,) = receiver.requests()
     assert req.headers["authorization"] == f"Bearer {token}"
@@ -210,7 +210,7 @@ def test_answers_are_classified(receiver: HttpReceiver) -> None:
             continue
         with pytest.raises(SinkError) as info:
             s.deliver(entry(status))
-        assert (info.value.kind, info.value.permanent) == expected, status
+        assert (info.value.kind, not info.value.retryable) == expected, status
         if status >= 400:
             assert str(status) in str(info.value) and '{"error": "nope"}' in str(info.value)
     assert receiver.connections == 1  # one kept-alive connection for every answer
@@ -242,7 +242,7 @@ def test_a_connection_dropped_before_the_answer_is_retried_once_at_once(receiver
     receiver.queue(Answer(drop=True), Answer(drop=True))
     with pytest.raises(SinkError) as info:
         s.deliver(entry(2))
-    assert info.value.kind == "connection" and not info.value.permanent
+    assert info.value.kind == "connection" and info.value.retryable
     assert len(receiver.requests()) == 4  # not more than one immediate retry
 
 
@@ -250,7 +250,7 @@ def test_tls_is_verified_and_a_private_ca_is_accepted(tls_files: TlsFiles) -> No
     with HttpReceiver(tls=tls_files) as r:
         with pytest.raises(SinkError) as info:
             sink(f"{r.url}/hook").deliver(entry(1))
-        assert info.value.kind == "tls" and not info.value.permanent  # the backlog waits for a fix
+        assert info.value.kind == "tls" and info.value.retryable  # the backlog waits for a fix
         assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
         assert r.requests() == []  # nothing was sent to the unverified server
         sink(f"{r.url}/hook#ca_file={tls_files.ca}").deliver(entry(2))

@@ -546,7 +546,7 @@ class EventHubsSource(DecisionSource):
         except Exception as exc:
             abandon(None, client)
             error = classify_error(exc, self._where, opening=True)
-            if error.permanent:
+            if not error.retryable:
                 raise _error(f"eventhubs source: {error}") from None
             self._hub_unreachable(str(error))
             return
@@ -694,7 +694,7 @@ class EventHubsSource(DecisionSource):
                     return []
                 error = self._take_error_locked()
                 if error is not None:
-                    raise SourceError(f"eventhubs source {self.name}: {error}", transient=True)
+                    raise SourceError(f"eventhubs source {self.name}: {error}", retryable=True)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
@@ -716,7 +716,7 @@ class EventHubsSource(DecisionSource):
             pending = self._pending.pop(message.position, None)
             if pending is None:
                 raise SourceError(
-                    f"eventhubs source {self.name}: nothing to commit at {message.position}", transient=True
+                    f"eventhubs source {self.name}: nothing to commit at {message.position}", retryable=True
                 )
             partition, sequence, offset = pending
             if sequence <= self._committed.get(partition, -1):
@@ -741,7 +741,7 @@ class EventHubsSource(DecisionSource):
             raise SourceError(
                 f"eventhubs source {self.name}: checkpoint of partition {partition} not written to "
                 f"{self._store_where}: {one_line(exc)}",
-                transient=True,
+                retryable=True,
             ) from None
         with self._cond:
             self._committed[partition] = max(sequence, self._committed.get(partition, -1))

@@ -62,7 +62,7 @@ class KafkaSource(DecisionSource):
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF:
                 return []
-            raise SourceError(f"kafka source {self.name}: {err.str()}", transient=err.retriable())
+            raise SourceError(f"kafka source {self.name}: {err.str()}", retryable=err.retriable())
         return [Message(msg.value() or b"", f"{msg.topic()}/{msg.partition()}@{msg.offset()}")]
 
     def commit(self, message: Message) -> None:
@@ -74,7 +74,7 @@ class KafkaSource(DecisionSource):
             )
         except KafkaException as exc:
             # A lost commit (rebalance, broker away) means a re-read later, which the store absorbs.
-            raise SourceError(f"kafka source {self.name}: commit failed: {exc}", transient=True) from None
+            raise SourceError(f"kafka source {self.name}: commit failed: {exc}", retryable=True) from None
 
     def close(self) -> None:
         if self._consumer is not None:

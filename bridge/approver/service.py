@@ -317,7 +317,7 @@ class Approver:
                 self.source.open()
                 return True
             except SourceError as exc:
-                if not exc.transient:
+                if not exc.retryable:
                     log.error(
                         "decisions source refused", extra={"source": self.source.name, "error": str(exc)}
                     )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from bridge.errors import BridgeError
 from bridge.fsutil import ensure_private_dir, write_atomic
 from bridge.observability import redact
 
@@ -33,12 +34,12 @@ class Message:
     position: str  # where the message sits in its source: stable across re-reads
 
 
-class SourceError(Exception):
-    """A source that cannot be used (configuration) or is unavailable for now (``transient``)."""
+class SourceError(BridgeError):
+    """A source that cannot be used (configuration: ``retryable=False``, the approver exits 2) or is
+    unavailable for now (``retryable=True``: waited for)."""
 
-    def __init__(self, message: str, transient: bool = False) -> None:
-        super().__init__(redact(message))
-        self.transient = transient
+    def __init__(self, message: str, retryable: bool = False, kind: str = "source") -> None:
+        super().__init__(message, kind=kind, retryable=retryable)
 
 
 class DecisionSource(ABC):

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from bridge import __version__
+from bridge.errors import BridgeError
 from bridge.imds.document import DEFAULT_API_VERSION
 from bridge.imds.instance import INSTANCE_API_VERSION
 from bridge.retry import Backoff, parse_retry_after
@@ -57,25 +58,22 @@ MAX_ANSWER_BYTES = 1 << 20
 DEADLINE_SLACK = 0.05
 
 
-class ImdsError(Exception):
+class ImdsError(BridgeError):
     """An IMDS request that did not produce a 2xx answer.
 
     ``kind`` is one of: ``timeout``, ``connection``, ``http_400``, ``http_404``, ``http_405``,
     ``http_410``, ``http_429``, ``http_5xx``, ``http_other``. ``timeout`` means the whole exchange
     did not finish within the operation's timeout (a silent *or* a trickling endpoint);
-    ``http_other`` also covers an answer larger than :data:`MAX_ANSWER_BYTES`.
+    ``http_other`` also covers an answer larger than :data:`MAX_ANSWER_BYTES`. ``retryable`` follows
+    IMDS's documentation: timeouts, connection failures, 410, 429 and 5xx.
     """
 
     def __init__(self, kind: str, message: str, status: int | None = None, retry_after: float | None = None):
-        super().__init__(message)
-        self.kind = kind
+        super().__init__(message, kind=kind, retryable=kind in RETRYABLE_KINDS, retry_after=retry_after)
         self.status = status
-        self.retry_after = retry_after
 
-    @property
-    def transient(self) -> bool:
-        """True when trying again later can succeed (IMDS's documented retryable answers)."""
-        return self.kind in {"timeout", "connection", "http_410", "http_429", "http_5xx"}
+
+RETRYABLE_KINDS = frozenset({"timeout", "connection", "http_410", "http_429", "http_5xx"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +165,7 @@ class ImdsClient:
                 return self._request("POST", path, body, "post_start_requests")
             except ImdsError as err:
                 delay = backoff.next_delay(err.retry_after)
-                if not err.transient or time.monotonic() + delay > give_up:
+                if not err.retryable or time.monotonic() + delay > give_up:
                     raise
                 time.sleep(delay)
 

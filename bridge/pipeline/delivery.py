@@ -176,7 +176,7 @@ class DeliveryWorker(threading.Thread):
         for outcome in outcomes:
             if outcome.ok:
                 window.confirmed.add(outcome.seq)
-            elif outcome.error is not None and outcome.error.permanent:
+            elif outcome.error is not None and not outcome.error.retryable:
                 entry = next((e for e in window.in_flight if e.seq == outcome.seq), None)
                 if entry is not None:
                     self._dead_letter(entry, outcome.error)  # raises if it cannot be kept
@@ -209,7 +209,7 @@ class DeliveryWorker(threading.Thread):
         try:
             self.sink.open()
         except SinkError as err:
-            if err.permanent:
+            if not err.retryable:
                 raise
             log.warning(
                 "sink not reachable at start, will retry", extra={"sink": self.sink.name, "error": str(err)}

@@ -13,7 +13,7 @@ does the worker move the cursor, and only when every sink's cursor has passed a 
 outbox drop it. Transports whose write is synchronous (a file, stdout, an HTTP POST) derive from
 :class:`SynchronousSink` and implement only :meth:`SynchronousSink.deliver`.
 
-Failures are :class:`SinkError`: ``permanent=True`` for what no retry can fix (auth refused, record
+Failures are :class:`SinkError`: ``retryable=False`` for what no retry can fix (auth refused, record
 too large, a 4xx other than 408/429), which the worker moves to a dead-letter file; anything else is
 retried with backoff, forever, within the outbox limits.
 """
@@ -24,20 +24,14 @@ import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from bridge.errors import BridgeError
 from bridge.observability import redact
 from bridge.pipeline.entry import Entry
 
 
-class SinkError(Exception):
-    """A delivery failure. ``kind`` is a short bounded label for metrics (``io``, ``timeout``, ...)."""
-
-    def __init__(
-        self, message: str, *, kind: str = "error", permanent: bool = False, retry_after: float | None = None
-    ) -> None:
-        super().__init__(redact(message))
-        self.kind = kind
-        self.permanent = permanent
-        self.retry_after = retry_after
+class SinkError(BridgeError):
+    """A delivery failure. ``retryable=False`` for what no retry can fix (the record is dead-lettered,
+    or the start is refused); ``kind`` is a short bounded label (``io``, ``timeout``, ``auth`` ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +60,7 @@ class Sink(ABC):
         self.id = f"{self.scheme or 'sink'}-{hashlib.sha256(self.name.encode()).hexdigest()[:12]}"
 
     def open(self) -> None:  # noqa: B027 - optional hook
-        """Connect or prepare. Raise ``SinkError(permanent=True)`` for a configuration that can never
+        """Connect or prepare. Raise ``SinkError(retryable=False)`` for a configuration that can never
         work (start-up then fails fast); a transient error is retried by the worker."""
 
     @abstractmethod

@@ -38,12 +38,12 @@ def create_sink(spec: str) -> Sink:
     target = _REGISTRY.get(scheme)
     if target is None:
         supported = ", ".join(SUPPORTED.values())
-        raise SinkError(f"unsupported sink {spec!r}: expected one of {supported}", permanent=True)
+        raise SinkError(f"unsupported sink {spec!r}: expected one of {supported}", retryable=False)
     try:
         module = importlib.import_module(target[0])
     except ImportError as exc:
         extra = {"kafka": "kafka", "eventhubs": "eventhubs"}.get(scheme)
         hint = f" (install the extra: pip install 'scheduled-events-bridge[{extra}]')" if extra else ""
-        raise SinkError(f"the {scheme} sink is not available: {exc}{hint}", permanent=True) from None
+        raise SinkError(f"the {scheme} sink is not available: {exc}{hint}", retryable=False) from None
     sink: Sink = getattr(module, target[1])(spec)
     return sink

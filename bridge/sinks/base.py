@@ -12,7 +12,7 @@ from bridge.pipeline.sink import SinkError
 
 def config_error(message: str) -> SinkError:
     """A spec that can never work: permanent, so the agent refuses to start with this message."""
-    return SinkError(message, kind="config", permanent=True)
+    return SinkError(message, kind="config", retryable=False)
 
 
 def numeric_option(owner: str, name: str, value: str, low: float, high: float, cast: type = float) -> Any:

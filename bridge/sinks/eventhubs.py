@@ -471,7 +471,7 @@ def classify_error(exc: BaseException, where: str, *, opening: bool) -> SinkErro
     """Classify an SDK failure for ``where`` (endpoint/hub): at start a refused credential or a missing
     hub is permanent (the process stops with the message), later everything is retried."""
     if isinstance(exc, SinkError):
-        if exc.permanent and not opening:  # e.g. the connection string file vanished at run time
+        if not exc.retryable and not opening:  # e.g. the connection string file vanished at run time
             return SinkError(str(exc), kind=exc.kind)
         return exc
     detail = one_line(exc)
@@ -482,7 +482,7 @@ def classify_error(exc: BaseException, where: str, *, opening: bool) -> SinkErro
         refused = unavailable or status in (400, 401, 403)  # no identity, or one Entra ID refuses
         what = "credential refused: Entra ID gave no token" if refused else "Entra ID token request failed"
         return SinkError(
-            f"{what} for {where}: {one_line(identity)}", kind="auth", permanent=opening and refused
+            f"{what} for {where}: {one_line(identity)}", kind="auth", retryable=not (opening and refused)
         )
     try:
         from azure.eventhub.exceptions import (
@@ -502,13 +502,13 @@ def classify_error(exc: BaseException, where: str, *, opening: bool) -> SinkErro
         return SinkError(
             f"credential refused by the Event Hubs namespace for {where}: {detail}",
             kind="auth",
-            permanent=opening,
+            retryable=not opening,
         )
     if condition == "not-found" or "Status code: 404" in detail:
         return SinkError(
             f"hub not found: event hub {where} does not exist (or the namespace is wrong): {detail}",
             kind="not_found",
-            permanent=opening,
+            retryable=not opening,
         )
     if isinstance(exc, OperationTimeoutError):
         kind = "timeout"
@@ -742,7 +742,7 @@ class EventHubsSink(Sink):
                             f"record {entry.record_id} ({len(entry.payload)} bytes) is larger than the "
                             f"hub accepts in one event ({limit} bytes per batch)",
                             kind="too_large",
-                            permanent=True,
+                            retryable=False,
                         ),
                     )
                     index += 1

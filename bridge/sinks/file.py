@@ -22,7 +22,7 @@ class FileSink(SynchronousSink):
         super().__init__(spec)
         parts = urlsplit(spec)
         if parts.netloc not in ("", "localhost") or not parts.path:
-            raise SinkError(f"file sink needs file:///absolute/path.jsonl, got {spec!r}", permanent=True)
+            raise SinkError(f"file sink needs file:///absolute/path.jsonl, got {spec!r}", retryable=False)
         # url2pathname turns file:///C:/logs/x.jsonl into C:\logs\x.jsonl on Windows, /x/y on POSIX.
         self.path = Path(url2pathname(parts.path))
         self._fd: int | None = None

@@ -343,7 +343,7 @@ def classify(err: KafkaError) -> SinkError:
     code = err.code()
     text = f"{err.name()}: {err.str()}"
     if code in _PERMANENT_CODES:
-        return SinkError(text, kind=_PERMANENT_CODES[code], permanent=True)
+        return SinkError(text, kind=_PERMANENT_CODES[code], retryable=False)
     if err.fatal():
         return SinkError(text, kind="fatal")
     return SinkError(text, kind=_KIND_BY_CODE.get(code, "kafka"))
@@ -585,7 +585,7 @@ class KafkaSink(Sink):
             self._outcomes.append(Outcome(seq))
             return
         error = classify(err)
-        if not error.permanent:
+        if error.retryable:
             self._failed = True
         self._outcomes.append(Outcome(seq, error))
 
@@ -611,7 +611,7 @@ class KafkaSink(Sink):
             if problem is not None and problem[0] in ("auth", "tls"):
                 self._drop_producer("refused at start")
                 what = "refused by the broker" if problem[0] == "auth" else "TLS with the broker failed"
-                raise SinkError(f"{what}: {problem[1]}", kind=problem[0], permanent=True)
+                raise SinkError(f"{what}: {problem[1]}", kind=problem[0], retryable=False)
             if metadata is not None:
                 break
             elapsed = time.monotonic() - started
@@ -631,10 +631,10 @@ class KafkaSink(Sink):
                 f"topic {self.topic!r} does not exist and the broker does not create topics on first "
                 "use: create it (on Event Hubs: an event hub of that name)",
                 kind="topic",
-                permanent=True,
+                retryable=False,
             )
         if err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-            raise SinkError(f"not authorized to use topic {self.topic!r}", kind="auth", permanent=True)
+            raise SinkError(f"not authorized to use topic {self.topic!r}", kind="auth", retryable=False)
         raise SinkError(f"topic {self.topic!r}: {err.name()}: {err.str()}", kind="topic")
 
     def submit(self, entry: Entry) -> None:
@@ -671,7 +671,7 @@ class KafkaSink(Sink):
         except KafkaException as exc:
             err = exc.args[0]
             error = classify(err) if isinstance(err, KafkaError) else SinkError(str(exc), kind="kafka")
-            if not error.permanent:
+            if error.retryable:
                 self._failed = True
             self._outcomes.append(Outcome(entry.seq, error))
         else:

@@ -500,10 +500,10 @@ class WebhookSink(SynchronousSink):
                 f"{self.name} answered {status}; redirects are not followed, configure the final URL. "
                 f"Location: {location or '-'}",
                 kind="http_3xx",
-                permanent=True,
+                retryable=False,
             )
         return SinkError(
-            f"{self.name} refused the record with {status}{detail}", kind=f"http_{status}", permanent=True
+            f"{self.name} refused the record with {status}{detail}", kind=f"http_{status}", retryable=False
         )
 
 
