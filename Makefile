@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint bench clean venv infra-tools azurite strace
+.PHONY: demo test test-fast lint bench clean venv infra-tools azurite strace
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,10 @@ TEST_WORKERS ?= auto
 test: $(VENV)/.installed-test $(INFRA_VENV)/.installed $(TOOLS)/.installed-azurite-$(AZURITE_VERSION) strace lint
 	SE_BRIDGE_INFRA_VENV=$(abspath $(INFRA_VENV)) SE_BRIDGE_AZURITE=$(abspath $(TOOLS)) \
 	SE_BRIDGE_FAULT_TESTS=required $(BIN)/python -m pytest -n $(TEST_WORKERS)
+
+# Unit and property tests only (no service process, broker or peer): the quick loop while editing.
+test-fast: $(VENV)/.installed-test lint
+	$(BIN)/python -m pytest -m "not slow" -q
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/poll_bench.py

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bridge import __version__
-from bridge.config import AGENT_SETTINGS, APPROVER_SETTINGS, ENV_PREFIX, ConfigError
+from bridge.config import AgentConfig, ApproverConfig, ConfigError
 
 DESCRIPTION = """\
 Forward Azure IMDS Scheduled Events (Freeze, Reboot, Redeploy, Preempt, Terminate) from this VM to
@@ -16,7 +16,7 @@ durable destinations, one normalized JSON record per document change, at least o
 
 AGENT_EPILOG = f"""\
 Every flag can also be set in the TOML file given by --config (keys as the flag names with '_',
-at the top level or in an [agent] table) or in an environment variable {ENV_PREFIX}<NAME>.
+at the top level or in an [agent] table) or in an environment variable {AgentConfig.env_prefix}<NAME>.
 Precedence: flag > environment > file > default.
 
 Sinks (details and every option: README.md and docs/sink-*.md):
@@ -37,7 +37,7 @@ Exit codes: 0 stopped cleanly, 2 configuration refused.
 
 APPROVER_EPILOG = f"""\
 Every flag can also be set in the [approver] table of the TOML file given by --config, or in an
-environment variable {ENV_PREFIX}APPROVER_<NAME>. Precedence: flag > environment > file > default.
+environment variable {ApproverConfig.env_prefix}<NAME>. Precedence: flag > environment > file > default.
 
 Examples:
   se-bridge approver --source kafka://10.0.0.5:9092/decisions --key ops1=/etc/se-bridge/ops1.key \\
@@ -67,7 +67,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         epilog=AGENT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_arguments(agent, AGENT_SETTINGS)
+    add_arguments(agent, AgentConfig)
 
     simulate = sub.add_parser(
         "simulate",
@@ -100,7 +100,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         epilog=APPROVER_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_arguments(approver, APPROVER_SETTINGS, env_prefix=f"{ENV_PREFIX}APPROVER_")
+    add_arguments(approver, ApproverConfig)
 
     decide = sub.add_parser(
         "decide",

@@ -1,12 +1,20 @@
-"""Configuration: one table of settings drives the TOML file, the environment and the flags.
+"""Configuration: every setting is declared once, as a field of :class:`AgentConfig` or
+:class:`ApproverConfig`, and everything else is derived from that field.
+
+Why: the settings used to be declared twice (a table for the flags and the files, a dataclass for the
+code) and the two drifted apart. Now a field carries its default (the value the code gets) and, in its
+metadata (:func:`setting`), the parser, the help text and the metavar; the flag (``--poll-interval``),
+the environment variable (``SE_BRIDGE_POLL_INTERVAL``, ``SE_BRIDGE_APPROVER_*`` for the approver), the
+TOML key, ``--help`` and the refusal messages are all computed from it (:func:`settings_of`).
 
 Precedence, lowest first: built-in default < TOML file (``--config`` or ``SE_BRIDGE_CONFIG``) <
-environment (``SE_BRIDGE_<NAME>``) < command-line flag. Every setting is declared once in a
-:class:`Setting` table, so the three sources, ``--help`` and the documentation cannot drift apart.
+environment < command-line flag.
 
 A wrong value is refused at start-up with a message naming the setting, the value and where it came
 from (flag, variable or file), never with a traceback. Unknown keys in the TOML file are refused too:
-a typo must not silently fall back to a default on a production VM.
+a typo must not silently fall back to a default on a production VM. The services and the installers
+(:mod:`bridge.install_config`) go through the same loaders, so a file the installer accepts is a file
+the service starts with.
 """
 
 from __future__ import annotations
@@ -15,37 +23,25 @@ import argparse
 import os
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from bridge.imds.client import DEFAULT_IMDS_URL
 from bridge.imds.document import API_VERSIONS, DEFAULT_API_VERSION
 from bridge.netaddr import parse_listen
+from bridge.rules import ApprovalRule
 
 ENV_PREFIX = "SE_BRIDGE_"
+#: The environment variable naming the TOML file, for every command (``--config`` wins over it).
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+#: Key of a setting's :class:`SettingInfo` in its dataclass field's metadata.
+_METADATA_KEY = "se_bridge_setting"
 
 
 class ConfigError(ValueError):
     """A configuration value that cannot be used; the message says which and from where."""
-
-
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    parse: Callable[[Any], Any]
-    default: Any
-    help: str
-    multiple: bool = False
-    metavar: str | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
 
 
 # -- value parsers (raise ValueError with a short explanation) ---------------------------------------
@@ -88,14 +84,22 @@ def size(value: Any) -> int:
     return v
 
 
-def api_version(value: Any) -> str:
+def format_size(value: int) -> str:
+    """``64M`` for 64 MiB: how :func:`size` values are shown in ``--help``, the form operators type."""
+    for suffix, unit in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)
+
+
+def known_api_version(value: Any) -> str:
     v = str(value).strip()
     if v not in API_VERSIONS:
         raise ValueError(f"expected one of {', '.join(API_VERSIONS)}")
     return v
 
 
-def imds_url(value: Any) -> str:
+def imds_base_url(value: Any) -> str:
     v = str(value).strip().rstrip("/")
     if not v.startswith("http://") or len(v) <= len("http://"):
         raise ValueError("expected http://host[:port] (IMDS is plain HTTP on a link-local address)")
@@ -114,7 +118,7 @@ def listen_address(value: Any) -> str:
     return v
 
 
-def log_level(value: Any) -> str:
+def level_name(value: Any) -> str:
     v = str(value).strip().lower()
     if v not in ("debug", "info", "warning", "error"):
         raise ValueError("expected debug, info, warning or error")
@@ -132,6 +136,16 @@ def boolean(value: Any) -> bool:
     raise ValueError("expected true or false")
 
 
+def choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        v = str(value).strip().lower()
+        if v not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return v
+
+    return parse
+
+
 def key_spec(value: Any) -> str:
     v = text(value)
     key_id, sep, file = v.partition("=")
@@ -141,8 +155,8 @@ def key_spec(value: Any) -> str:
 
 
 def auto_approve_rule(value: Any) -> str:
-    from bridge.agent.policy import ApprovalRule
-
+    """The rule's text, once :class:`bridge.rules.ApprovalRule` could parse it (the agent parses it
+    again when it builds its policy; refusing here names the setting and the source)."""
     ApprovalRule.parse(text(value))
     return text(value)
 
@@ -163,460 +177,486 @@ def path(value: Any) -> Path:
     return Path(text(value)).expanduser()
 
 
-AGENT_SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "imds_url", imds_url, DEFAULT_IMDS_URL, "IMDS base URL (the emulator's URL in tests).", metavar="URL"
-    ),
-    Setting(
-        "api_version",
-        api_version,
+# -- the declaration ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SettingInfo:
+    """What a config field declares besides its default (kept in the field's metadata)."""
+
+    parse: Callable[[Any], Any]
+    help: str
+    metavar: str
+    multiple: bool = False
+    #: Other TOML keys accepted for it (``sinks`` for ``sink``).
+    toml_aliases: tuple[str, ...] = ()
+    #: When set, an empty value is refused with ``"<name>: <required>"``.
+    required: str | None = None
+    #: How ``--help`` shows the default (``64M`` rather than 67108864).
+    show: Callable[[Any], str] = str
+
+
+def setting(
+    default: Any,
+    parse: Callable[[Any], Any],
+    help: str,
+    *,
+    metavar: str,
+    multiple: bool = False,
+    toml_aliases: tuple[str, ...] = (),
+    required: str | None = None,
+    show: Callable[[Any], str] = str,
+) -> Any:
+    """A config dataclass field: its default is what the code gets when nothing sets it (so it must
+    already be the parsed value, ``64 << 20`` and not ``"64M"``); the rest feeds the flag, the
+    environment variable, the TOML key, ``--help`` and the refusal messages."""
+    info = SettingInfo(parse, help, metavar, multiple, toml_aliases, required, show)
+    return field(default=default, metadata={_METADATA_KEY: info})
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as the loaders and the command line see it, derived from a config field."""
+
+    name: str
+    default: Any
+    info: SettingInfo
+    flag: str
+    env: str
+    toml_key: str
+
+    @property
+    def parse(self) -> Callable[[Any], Any]:
+        return self.info.parse
+
+    @property
+    def multiple(self) -> bool:
+        return self.info.multiple
+
+    @property
+    def help(self) -> str:
+        return self.info.help
+
+    @property
+    def metavar(self) -> str:
+        return self.info.metavar
+
+
+@dataclass(frozen=True)
+class ConfigBase:
+    """What the agent's and the approver's configurations share: where their settings come from."""
+
+    #: Prefix of the environment variables (``SE_BRIDGE_`` + the setting's name in capitals).
+    env_prefix: ClassVar[str] = ENV_PREFIX
+    #: The TOML table holding the settings.
+    toml_section: ClassVar[str] = ""
+    #: Whether settings may also sit at the top level of the TOML file, outside any table.
+    toml_top_level: ClassVar[bool] = False
+
+    #: Where each value came from: ``default``, the file's path, ``environment variable X``, ``flag --x``.
+    sources: dict[str, str] = field(default_factory=dict, compare=False, kw_only=True)
+
+
+Config = TypeVar("Config", bound=ConfigBase)
+
+
+@cache
+def settings_of(config_class: type[ConfigBase]) -> tuple[Setting, ...]:
+    """Every setting of ``config_class``, in declaration order (the order of ``--help``)."""
+    shared = {f.name for f in fields(ConfigBase)}  # ``sources``: bookkeeping, not a setting
+    out = []
+    for f in fields(config_class):
+        if f.name in shared:
+            continue
+        info = f.metadata.get(_METADATA_KEY)
+        if not isinstance(info, SettingInfo):
+            raise TypeError(f"{config_class.__name__}.{f.name} is not declared with setting(...)")
+        out.append(
+            Setting(
+                name=f.name,
+                default=f.default,
+                info=info,
+                flag="--" + f.name.replace("_", "-"),
+                env=config_class.env_prefix + f.name.upper(),
+                toml_key=f.name,
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class AgentConfig(ConfigBase):
+    """``se-bridge agent``: flags, ``SE_BRIDGE_<NAME>``, the ``[agent]`` table or the file's top level."""
+
+    toml_section: ClassVar[str] = "agent"
+    toml_top_level: ClassVar[bool] = True
+
+    imds_url: str = setting(
+        DEFAULT_IMDS_URL, imds_base_url, "IMDS base URL (the emulator's URL in tests).", metavar="URL"
+    )
+    api_version: str = setting(
         DEFAULT_API_VERSION,
+        known_api_version,
         f"Scheduled Events api-version to request ({API_VERSIONS[0]} .. {API_VERSIONS[-1]}).",
         metavar="V",
-    ),
-    Setting(
-        "sink",
-        text,
+    )
+    sink: tuple[str, ...] = setting(
         (),
+        text,
         "Where records go; repeat for several: file:///path.jsonl, stdout:, kafka://host:port/topic?..., "
         "eventhubs://<namespace>/<hub>?..., https://host/path#options (in the environment: several specs "
         "separated by spaces).",
-        multiple=True,
         metavar="SPEC",
-    ),
-    Setting(
-        "state_dir",
-        path,
+        multiple=True,
+        toml_aliases=("sinks",),
+        required="at least one sink is required (--sink file:///var/log/se-bridge/records.jsonl, "
+        f"{ENV_PREFIX}SINK or 'sink' in the config file)",
+    )
+    state_dir: Path = setting(  # noqa: RUF009 - setting() returns a dataclasses.field
         Path("/var/lib/se-bridge"),
+        path,
         "Directory for the outbox, the baseline document and cursors (must persist across reboots).",
         metavar="DIR",
-    ),
-    Setting(
-        "poll_interval", number(0.1, 60), 1.0, "Seconds between polls (IMDS recommends 1).", metavar="SECONDS"
-    ),
-    Setting(
-        "listen",
-        listen_address,
+    )
+    poll_interval: float = setting(
+        1.0, number(0.1, 60), "Seconds between polls (IMDS recommends 1).", metavar="SECONDS"
+    )
+    listen: str = setting(
         "127.0.0.1:8710",
+        listen_address,
         "HTTP listener for /healthz, /readyz, /metrics, /v1/document and the relay: HOST:PORT (loopback "
         "by default), unix:/path.sock (mode 0660, for a local approver), or 'off'.",
         metavar="HOST:PORT|unix:PATH",
-    ),
-    Setting(
-        "outbox_max_records",
-        integer(1, 10_000_000),
+    )
+    outbox_max_records: int = setting(
         10_000,
+        integer(1, 10_000_000),
         "Records held for the slowest sink before new changes are coalesced.",
         metavar="N",
-    ),
-    Setting(
-        "outbox_max_bytes", size, "64M", "Bytes held for the slowest sink (K/M/G suffix).", metavar="SIZE"
-    ),
-    Setting(
-        "imds_timeout",
-        number(0.1, 60),
-        5.0,
-        "Timeout of an IMDS request after the first answer.",
-        metavar="SECONDS",
-    ),
-    Setting(
-        "imds_first_timeout",
-        number(1, 600),
+    )
+    outbox_max_bytes: int = setting(
+        64 << 20, size, "Bytes held for the slowest sink (K/M/G suffix).", metavar="SIZE", show=format_size
+    )
+    imds_timeout: float = setting(
+        5.0, number(0.1, 60), "Timeout of an IMDS request after the first answer.", metavar="SECONDS"
+    )
+    imds_first_timeout: float = setting(
         120.0,
+        number(1, 600),
         "Timeout of the first IMDS request (Scheduled Events may take 2 minutes to wake up).",
         metavar="SECONDS",
-    ),
-    Setting(
-        "imds_max_rps",
-        number(0.1, 5),
+    )
+    imds_max_rps: float = setting(
         5.0,
+        number(0.1, 5),
         "Most IMDS requests per second this agent sends (IMDS allows about 5 for the whole VM).",
         metavar="N",
-    ),
-    Setting(
-        "ready_max_failure",
-        number(1, 3600),
+    )
+    ready_max_failure: float = setting(
         30.0,
+        number(1, 3600),
         "/readyz reports not ready once IMDS has failed for this many seconds in a row.",
         metavar="SECONDS",
-    ),
-    Setting(
-        "shutdown_timeout",
-        number(0, 300),
+    )
+    shutdown_timeout: float = setting(
         10.0,
+        number(0, 300),
         "On SIGTERM, seconds to keep delivering queued records before exiting.",
         metavar="SECONDS",
-    ),
-    Setting("log_level", log_level, "info", "debug, info, warning or error.", metavar="LEVEL"),
-    Setting(
-        "relay_key",
-        key_spec,
+    )
+    log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
+    relay_key: tuple[str, ...] = setting(
         (),
+        key_spec,
         "Key that relay requests must be signed with, loopback callers included (the local and fleet "
         "approvers hold it); repeat to rotate.",
-        multiple=True,
         metavar="KEYID=PATH",
-    ),
-    Setting(
-        "listen_tls_cert",
-        optional_text,
+        multiple=True,
+    )
+    listen_tls_cert: str | None = setting(
         None,
+        optional_text,
         "PEM certificate (chain) to serve the listener over TLS (with --listen-tls-key), e.g. when fleet "
         "approvers reach the relay API over the network.",
         metavar="PATH",
-    ),
-    Setting("listen_tls_key", optional_text, None, "PEM private key of --listen-tls-cert.", metavar="PATH"),
-    Setting(
-        "listen_max_connections",
-        integer(1, 10_000),
+    )
+    listen_tls_key: str | None = setting(
+        None, optional_text, "PEM private key of --listen-tls-cert.", metavar="PATH"
+    )
+    listen_max_connections: int = setting(
         64,
+        integer(1, 10_000),
         "Connections the listener serves at once; a few more may still ask /healthz and /readyz, the "
         "rest are answered 503.",
         metavar="N",
-    ),
-    Setting(
-        "listen_request_timeout",
-        number(0.5, 300),
+    )
+    listen_request_timeout: float = setting(
         10.0,
+        number(0.5, 300),
         "Seconds a caller has to deliver a whole request (TLS handshake, headers and body); slower "
         "connections are cut.",
         metavar="SECONDS",
-    ),
-    Setting(
-        "relay_allow_unsigned_loopback",
-        boolean,
+    )
+    relay_allow_unsigned_loopback: bool = setting(
         False,
+        boolean,
         "Development only: accept unsigned relay requests from loopback when no relay key is set (any "
         "local user can then approve; a warning is logged at start).",
         metavar="BOOL",
-    ),
-    Setting(
-        "read_token_file",
-        optional_text,
+    )
+    read_token_file: str | None = setting(
         None,
+        optional_text,
         "File holding a token (at least 32 bytes) that non-loopback callers of /metrics and /v1/document "
         "send as 'Authorization: Bearer <token>' (Prometheus: authorization.credentials_file).",
         metavar="PATH",
-    ),
-    Setting(
-        "relay_require_this_vm",
-        boolean,
-        True,
-        "Refuse to approve events whose Resources do not name this VM.",
-        metavar="BOOL",
-    ),
-    Setting(
-        "auto_approve",
-        auto_approve_rule,
+    )
+    relay_require_this_vm: bool = setting(
+        True, boolean, "Refuse to approve events whose Resources do not name this VM.", metavar="BOOL"
+    )
+    auto_approve: tuple[str, ...] = setting(
         (),
+        auto_approve_rule,
         "Approve matching Scheduled events locally, e.g. 'source=User' or 'type=Freeze,max_duration=9'; "
         "repeat for several rules (conditions: type=, source=, max_duration=).",
-        multiple=True,
         metavar="RULE",
-    ),
-    Setting(
-        "prepare_hook",
-        optional_text,
+        multiple=True,
+    )
+    prepare_hook: str | None = setting(
         None,
+        optional_text,
         "Command run for each Scheduled event affecting this VM (event in SE_* variables and SE_EVENT_FILE); "
         "a local approval waits for it to exit 0.",
         metavar="CMD",
-    ),
-    Setting(
-        "recover_hook",
-        optional_text,
+    )
+    recover_hook: str | None = setting(
         None,
+        optional_text,
         "Command run when an event that affected this VM is gone (completed or canceled).",
         metavar="CMD",
-    ),
-    Setting("hook_timeout", number(1, 86400), 600.0, "Longest a hook may run.", metavar="SECONDS"),
-    Setting(
-        "hook_margin",
-        number(0, 3600),
+    )
+    hook_timeout: float = setting(600.0, number(1, 86400), "Longest a hook may run.", metavar="SECONDS")
+    hook_margin: float = setting(
         30.0,
+        number(0, 3600),
         "A prepare hook's timeout ends this long before the event's NotBefore.",
         metavar="SECONDS",
-    ),
-    Setting(
-        "approve_after_prepare",
-        boolean,
+    )
+    approve_after_prepare: bool = setting(
         False,
+        boolean,
         "Approve every Scheduled event affecting this VM once the prepare hook exited 0.",
         metavar="BOOL",
-    ),
-)
+    )
 
 
 @dataclass(frozen=True)
-class AgentConfig:
-    imds_url: str = DEFAULT_IMDS_URL
-    api_version: str = DEFAULT_API_VERSION
-    sink: tuple[str, ...] = ()
-    state_dir: Path = Path("/var/lib/se-bridge")
-    poll_interval: float = 1.0
-    listen: str = "127.0.0.1:8710"
-    outbox_max_records: int = 10_000
-    outbox_max_bytes: int = 64 << 20
-    imds_timeout: float = 5.0
-    imds_first_timeout: float = 120.0
-    imds_max_rps: float = 5.0
-    ready_max_failure: float = 30.0
-    shutdown_timeout: float = 10.0
-    log_level: str = "info"
-    relay_key: tuple[str, ...] = ()
-    listen_tls_cert: str | None = None
-    listen_tls_key: str | None = None
-    relay_require_this_vm: bool = True
-    relay_allow_unsigned_loopback: bool = False
-    listen_max_connections: int = 64
-    listen_request_timeout: float = 10.0
-    read_token_file: str | None = None
-    auto_approve: tuple[str, ...] = ()
-    prepare_hook: str | None = None
-    recover_hook: str | None = None
-    hook_timeout: float = 600.0
-    hook_margin: float = 30.0
-    approve_after_prepare: bool = False
-    sources: dict[str, str] = field(default_factory=dict, compare=False)
+class ApproverConfig(ConfigBase):
+    """``se-bridge approver``: flags, ``SE_BRIDGE_APPROVER_<NAME>`` (so one environment can hold both
+    services' variables) or the ``[approver]`` table (never the file's top level, which is the agent's)."""
 
+    env_prefix: ClassVar[str] = ENV_PREFIX + "APPROVER_"
+    toml_section: ClassVar[str] = "approver"
 
-def choice(*allowed: str) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
-        v = str(value).strip().lower()
-        if v not in allowed:
-            raise ValueError(f"expected one of {', '.join(allowed)}")
-        return v
-
-    return parse
-
-
-APPROVER_SETTINGS: tuple[Setting, ...] = (
-    Setting(
-        "source",
+    source: str = setting(
+        "",
         text,
-        None,
         "Where decisions come from: kafka://host:port/topic, "
         "eventhubs://<namespace>/<hub>?..., file:///path.jsonl or stdin:.",
         metavar="SPEC",
-    ),
-    Setting(
-        "relay",
-        text,
+        required="a decisions source is required (--source kafka://host:9092/decisions, ...)",
+    )
+    relay: str = setting(
         "http://127.0.0.1:8710",
+        text,
         "The local agent's listener (local mode): http(s)://host:port or unix:/path.sock.",
         metavar="URL",
-    ),
-    Setting(
-        "state_dir",
-        path,
+    )
+    state_dir: Path = setting(  # noqa: RUF009 - setting() returns a dataclasses.field
         Path("/var/lib/se-bridge/approver"),
+        path,
         "Directory for the decision store, the audit outbox and source positions.",
         metavar="DIR",
-    ),
-    Setting(
-        "key",
+    )
+    key: tuple[str, ...] = setting(
+        (),
         key_spec,
-        (),
         "Key that signs decisions; repeat to rotate (file: at least 32 bytes).",
-        multiple=True,
         metavar="KEYID=PATH",
-    ),
-    Setting(
-        "sink",
-        text,
-        (),
-        "Where audit records go (same specs as the agent's sinks); repeat for several.",
         multiple=True,
+    )
+    sink: tuple[str, ...] = setting(
+        (),
+        text,
+        "Where audit records go (same specs as the agent's sinks); repeat for several.",
         metavar="SPEC",
-    ),
-    Setting(
-        "mode",
-        choice("local", "fleet"),
+        multiple=True,
+        toml_aliases=("sinks",),
+        required="at least one sink for audit records is required (--sink ...)",
+    )
+    mode: str = setting(
         "local",
+        choice("local", "fleet"),
         "local: the agent on this VM; fleet: agents learned from --events-source.",
         metavar="MODE",
-    ),
-    Setting(
-        "events_source",
-        text,
+    )
+    events_source: tuple[str, ...] = setting(
         (),
+        text,
         "Fleet mode: the events stream the agents publish to (learns each "
         "agent's address and each event's VMs).",
-        multiple=True,
         metavar="SPEC",
-    ),
-    Setting(
-        "relay_url_template",
-        text,
+        multiple=True,
+    )
+    relay_url_template: str = setting(
         "http://{privateIp}:8710",
+        text,
         "Fleet mode: an agent's relay URL from its vm block ({privateIp}, {name}, {vmId}).",
         metavar="TEMPLATE",
-    ),
-    Setting(
-        "relay_key",
-        key_spec,
+    )
+    relay_key: tuple[str, ...] = setting(
         (),
+        key_spec,
         "Key that signs relay requests (needed for non-loopback agents).",
-        multiple=True,
         metavar="KEYID=PATH",
-    ),
-    Setting(
-        "relay_ca_file",
-        optional_text,
+        multiple=True,
+    )
+    relay_ca_file: str | None = setting(
         None,
+        optional_text,
         "CA bundle that signs the agents' listener certificates (https:// relay URLs); default: system CAs.",
         metavar="PATH",
-    ),
-    Setting(
-        "relay_timeout", number(1, 120), 15.0, "Seconds to wait for an agent's answer.", metavar="SECONDS"
-    ),
-    Setting(
-        "group",
-        text,
+    )
+    relay_timeout: float = setting(
+        15.0, number(1, 120), "Seconds to wait for an agent's answer.", metavar="SECONDS"
+    )
+    group: str = setting(
         "se-bridge-approver",
+        text,
         "Consumer group (Kafka) / consumer group name (Event Hubs).",
         metavar="NAME",
-    ),
-    Setting(
-        "allow_unsigned",
-        boolean,
-        False,
-        "Accept unsigned decisions (labs only; refused by default).",
-        metavar="BOOL",
-    ),
-    Setting(
-        "issuer",
-        text,
-        (),
-        "Allowed issuedBy values; repeat. Empty: any signed issuer.",
-        multiple=True,
-        metavar="NAME",
-    ),
-    Setting("max_skew", number(0, 3600), 300.0, "Tolerated clock skew for issuedAt.", metavar="SECONDS"),
-    Setting(
-        "max_ttl", number(1, 7 * 86400), 86400.0, "Longest allowed expiresAt - issuedAt.", metavar="SECONDS"
-    ),
-    Setting("log_level", log_level, "info", "debug, info, warning or error.", metavar="LEVEL"),
-)
-
-
-@dataclass(frozen=True)
-class ApproverConfig:
-    source: str = ""
-    relay: str = "http://127.0.0.1:8710"
-    state_dir: Path = Path("/var/lib/se-bridge/approver")
-    key: tuple[str, ...] = ()
-    sink: tuple[str, ...] = ()
-    mode: str = "local"
-    events_source: tuple[str, ...] = ()
-    relay_url_template: str = "http://{privateIp}:8710"
-    relay_key: tuple[str, ...] = ()
-    relay_timeout: float = 15.0
-    relay_ca_file: str | None = None
-    group: str = "se-bridge-approver"
-    allow_unsigned: bool = False
-    issuer: tuple[str, ...] = ()
-    max_skew: float = 300.0
-    max_ttl: float = 86400.0
-    log_level: str = "info"
-    sources: dict[str, str] = field(default_factory=dict, compare=False)
-
-
-def load_approver_config(
-    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
-) -> ApproverConfig:
-    environ = os.environ if environ is None else environ
-    # The approver's variables are prefixed SE_BRIDGE_APPROVER_ so one environment can hold both.
-    values = load(APPROVER_SETTINGS, args, environ, "approver", env_prefix=ENV_PREFIX + "APPROVER_")
-    if not values["source"]:
-        raise ConfigError(
-            "source: a decisions source is required (--source kafka://host:9092/decisions, ...)"
-        )
-    if not values["sink"]:
-        raise ConfigError("sink: at least one sink for audit records is required (--sink ...)")
-    return ApproverConfig(**values)
-
-
-def add_arguments(
-    parser: argparse.ArgumentParser, settings: tuple[Setting, ...], env_prefix: str = ENV_PREFIX
-) -> None:
-    """One flag per setting; defaults stay None so the loader knows what was given."""
-    parser.add_argument(
-        "--config", metavar="FILE", help=f"TOML configuration file (env: {ENV_PREFIX}CONFIG)."
     )
-    for s in settings:
-        shown = ", ".join(map(str, s.default)) if s.multiple else s.default
-        has_default = shown not in ((), "", None) and not isinstance(shown, bool)
-        env = env_prefix + s.name.upper()
-        help_text = f"{s.help} Env: {env}." + (f" Default: {shown}." if has_default else "")
-        if isinstance(s.default, bool):
-            help_text += f" Default: {str(s.default).lower()}."
+    allow_unsigned: bool = setting(
+        False, boolean, "Accept unsigned decisions (labs only; refused by default).", metavar="BOOL"
+    )
+    issuer: tuple[str, ...] = setting(
+        (),
+        text,
+        "Allowed issuedBy values; repeat. Empty: any signed issuer.",
+        metavar="NAME",
+        multiple=True,
+    )
+    max_skew: float = setting(300.0, number(0, 3600), "Tolerated clock skew for issuedAt.", metavar="SECONDS")
+    max_ttl: float = setting(
+        86400.0, number(1, 7 * 86400), "Longest allowed expiresAt - issuedAt.", metavar="SECONDS"
+    )
+    log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
+
+
+#: The derived tables (read-only views of the dataclasses above; nothing is declared here).
+AGENT_SETTINGS: tuple[Setting, ...] = settings_of(AgentConfig)
+APPROVER_SETTINGS: tuple[Setting, ...] = settings_of(ApproverConfig)
+
+
+# -- the command line ----------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser, config_class: type[ConfigBase]) -> None:
+    """``--config`` and one flag per setting; defaults stay None so the loader knows what was given."""
+    parser.add_argument("--config", metavar="FILE", help=f"TOML configuration file (env: {CONFIG_ENV}).")
+    for s in settings_of(config_class):
         parser.add_argument(
             s.flag,
             dest=s.name,
             metavar=s.metavar,
-            help=help_text,
+            help=help_text(s),
             action="append" if s.multiple else "store",
             default=None,
         )
 
 
-def load(
-    settings: tuple[Setting, ...],
-    args: argparse.Namespace | None = None,
-    environ: Mapping[str, str] | None = None,
-    section: str = "agent",
-    env_prefix: str = ENV_PREFIX,
-) -> dict[str, Any]:
-    """Resolve every setting from defaults, file, environment and flags (in that order)."""
-    environ = os.environ if environ is None else environ
-    given = vars(args) if args is not None else {}
-    values: dict[str, Any] = {s.name: s.default for s in settings}
-    sources: dict[str, str] = dict.fromkeys(values, "default")
+def help_text(s: Setting) -> str:
+    """The setting's help, its environment variable and its default (when it has one worth showing)."""
+    out = f"{s.help} Env: {s.env}."
+    if isinstance(s.default, bool):
+        return out + f" Default: {str(s.default).lower()}."
+    shown = ", ".join(map(s.info.show, s.default)) if s.multiple else s.default
+    if shown in ((), "", None):
+        return out
+    return out + f" Default: {s.info.show(shown) if not s.multiple else shown}."
 
-    config_file = given.get("config") or environ.get(ENV_PREFIX + "CONFIG")
-    if config_file:
-        for key, value in _read_toml(Path(config_file), section, settings).items():
-            values[key], sources[key] = value, f"{config_file}"
-    by_name = {s.name: s for s in settings}
-    for s in settings:
-        env = env_prefix + s.name.upper()
-        if env in environ and environ[env].strip() != "":
-            raw = environ[env]
-            values[s.name] = raw.split() if s.multiple else raw
-            sources[s.name] = f"environment variable {env}"
-        if given.get(s.name) is not None:
-            values[s.name] = given[s.name]
-            sources[s.name] = f"flag {s.flag}"
-    resolved: dict[str, Any] = {}
-    for name, value in values.items():
-        s = by_name[name]
-        try:
-            if s.multiple:
-                items = [value] if isinstance(value, str) else list(value)
-                resolved[name] = tuple(s.parse(v) for v in items)
-            else:
-                resolved[name] = value if value is None else s.parse(value)
-        except (ValueError, TypeError) as exc:
-            shown = "***" if "secret" in name or "password" in name else repr(value)
-            raise ConfigError(f"{name}: {exc} (got {shown} from {sources[name]})") from None
-    resolved["sources"] = sources
-    return resolved
+
+# -- loading -----------------------------------------------------------------------------------------
 
 
 def load_agent_config(
     args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
 ) -> AgentConfig:
-    values = load(AGENT_SETTINGS, args, environ, "agent")
-    if not values["sink"]:
-        raise ConfigError(
-            "sink: at least one sink is required (--sink file:///var/log/se-bridge/records.jsonl, "
-            f"{ENV_PREFIX}SINK or 'sink' in the config file)"
-        )
-    return AgentConfig(**values)
+    """The agent's configuration (what ``se-bridge agent`` and the installer's validation use)."""
+    return load_config(AgentConfig, args, environ)
 
 
-def _read_toml(file: Path, section: str, settings: tuple[Setting, ...]) -> dict[str, Any]:
+def load_approver_config(
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> ApproverConfig:
+    """The approver's configuration (what ``se-bridge approver`` and the installer's validation use)."""
+    return load_config(ApproverConfig, args, environ)
+
+
+def load_config(
+    config_class: type[Config],
+    args: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Resolve every setting from defaults, file, environment and flags (in that order), parse what
+    was given, then refuse an empty required setting; ConfigError names the setting and the source."""
+    environ = os.environ if environ is None else environ
+    settings = settings_of(config_class)
+    raw, sources = _gather(config_class, vars(args) if args is not None else {}, environ)
+    values = {s.name: _parsed(s, raw[s.name], sources[s.name]) for s in settings}
+    for s in settings:
+        if s.info.required and not values[s.name]:
+            raise ConfigError(f"{s.name}: {s.info.required}")
+    return config_class(**values, sources=sources)
+
+
+def _gather(
+    config_class: type[ConfigBase], given: Mapping[str, Any], environ: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each setting's raw value and where it came from, the later source overriding the earlier."""
+    settings = settings_of(config_class)
+    values: dict[str, Any] = {s.name: s.default for s in settings}
+    sources: dict[str, str] = dict.fromkeys(values, "default")
+    config_file = given.get("config") or environ.get(CONFIG_ENV)
+    if config_file:
+        for name, value in _read_toml(Path(config_file), config_class).items():
+            values[name], sources[name] = value, f"{config_file}"
+    for s in settings:
+        if s.env in environ and environ[s.env].strip() != "":
+            values[s.name] = environ[s.env].split() if s.multiple else environ[s.env]
+            sources[s.name] = f"environment variable {s.env}"
+        if given.get(s.name) is not None:
+            values[s.name] = given[s.name]
+            sources[s.name] = f"flag {s.flag}"
+    return values, sources
+
+
+def _parsed(s: Setting, value: Any, source: str) -> Any:
+    """``value`` through the setting's parser; a default is already the value the code wants."""
+    if source == "default" or value is None:
+        return value
+    try:
+        if s.multiple:
+            items = [value] if isinstance(value, str) else list(value)
+            return tuple(s.parse(v) for v in items)
+        return s.parse(value)
+    except (ValueError, TypeError) as exc:
+        shown = "***" if "secret" in s.name or "password" in s.name else repr(value)
+        raise ConfigError(f"{s.name}: {exc} (got {shown} from {source})") from None
+
+
+def _read_toml(file: Path, config_class: type[ConfigBase]) -> dict[str, Any]:
+    """The settings ``file`` gives ``config_class``, by name; unknown keys are refused."""
     try:
         data = tomllib.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -627,17 +667,17 @@ def _read_toml(file: Path, section: str, settings: tuple[Setting, ...]) -> dict[
         raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
     # The agent's settings may sit at the top level or in an [agent] table; the approver's only in
     # an [approver] table, so one file can configure both without one reading the other's keys.
+    section = config_class.toml_section
     table = data.get(section, {}) if isinstance(data.get(section), dict) else {}
-    top = {k: v for k, v in data.items() if not isinstance(v, dict)} if section == "agent" else {}
-    merged = top | table
-    known = {s.name for s in settings}
-    aliases = {"sinks": "sink"}
+    top = {k: v for k, v in data.items() if not isinstance(v, dict)} if config_class.toml_top_level else {}
+    settings = settings_of(config_class)
+    names = {s.toml_key: s.name for s in settings}
+    names |= {alias: s.name for s in settings for alias in s.info.toml_aliases}
     out: dict[str, Any] = {}
-    for key, value in merged.items():
-        name = aliases.get(key.replace("-", "_"), key.replace("-", "_"))
-        if name not in known:
-            raise ConfigError(
-                f"config file {file}: unknown setting {key!r} (known: {', '.join(sorted(known))})"
-            )
+    for key, value in (top | table).items():
+        name = names.get(key.replace("-", "_"))
+        if name is None:
+            known = ", ".join(sorted(s.toml_key for s in settings))
+            raise ConfigError(f"config file {file}: unknown setting {key!r} (known: {known})")
         out[name] = value
     return out

@@ -1,106 +1,205 @@
 """Render and validate ``config.toml`` for the installers (deploy/linux/install.sh, install.ps1).
 
 Both installers run ``<venv>/bin/python -m bridge.install_config`` after installing the package, so the
-package's own settings tables decide what a valid configuration is: unknown keys and bad values are
-refused here, before any service is restarted, and an existing ``config.toml`` is kept unless
-``SEB_FORCE=1``. Inputs come as ``SEB_*`` environment variables (set by the installers, documented in
-docs/deploy.md); secrets arrive as a JSON document or base64 variable, never on a command line, and are
-written with mode 0600 from the start. It runs on Linux and Windows, hence the guards around
-POSIX-only calls.
+package's own loaders (:func:`bridge.config.load_agent_config`, :func:`bridge.config.load_approver_config`,
+the very functions the services start with) decide what a valid configuration is: unknown keys, bad
+values and missing required settings are refused here, before any service is restarted, and an
+existing ``config.toml`` is kept unless ``SEB_FORCE=1``. Inputs come as ``SEB_*`` environment variables
+(set by the installers, documented in docs/deploy.md); secrets arrive as a JSON document or base64
+variable, never on a command line, and are written with mode 0600 from the start. It runs on Linux and
+Windows, hence the guards around POSIX-only calls.
+
+When the approver is enabled without its own audit sinks (``--approver-sink``, ``sink`` in the
+approver's settings), it publishes its audit records to the agent's sinks: the events stream, where
+the agent's own relay audit records already go (docs/approvals.md).
 """
 
+from __future__ import annotations
+
+import argparse
 import base64
 import json
 import os
+import secrets
 import sys
 import tempfile
 import tomllib
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, NoReturn
+
+from bridge.config import ConfigError, load_agent_config, load_approver_config
+
+#: uid and gid of the service account that must read the secrets, or None (Windows, tests as non-root).
+OwnerIds = tuple[int, int] | None
+#: ``write(path, data)``: a file only the service account (and root) can read.
+PrivateWriter = Callable[[Path, bytes], None]
+
+HEADER = (
+    "# Scheduled Events bridge configuration, rendered by deploy/linux/install.sh.\n"
+    "# Keys are the command-line flags with '_' (se-bridge agent --help, se-bridge approver --help).\n"
+    "# Re-running the installer keeps this file unless --force-config is given.\n\n"
+)
 
 
 def main() -> None:
     env = os.environ
-    etc, owner = Path(env["SEB_ETC"]), env.get("SEB_OWNER", "")
-    ids = None
-    if owner:
-        import pwd
+    etc = Path(env["SEB_ETC"])
+    ids = service_account_ids(env.get("SEB_OWNER", ""))
 
-        ids = (pwd.getpwnam(owner).pw_uid, pwd.getpwnam(owner).pw_gid)
+    def write(path: Path, data: bytes) -> None:
+        write_private(path, data, ids)
 
-    def write_private(path: Path, data: bytes, uid_gid=ids) -> None:
-        """Atomic replace with mode 0600 from the start (no window where the secret is world-readable).
-        On Windows the directory's ACL (set by install.ps1) protects the file instead."""
-        if not path.parent.exists():
-            path.parent.mkdir(mode=0o750, parents=True)
-            if uid_gid:  # root-owned, group of the service account: it may traverse, not write
-                os.chown(path.parent, 0, uid_gid[1])
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            os.write(fd, data)
-            if hasattr(os, "fchmod"):
-                os.fchmod(fd, 0o600)
-            if uid_gid:
-                os.fchown(fd, *uid_gid)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+    secret_doc = read_secrets(Path(env["SEB_SECRETS"]))
+    write_secret_files(etc, secret_doc, write)
+    approver_keys = write_approver_keys(etc, secret_doc, write)
+    write_environment_file(etc, secret_doc)
 
-    def lines(name: str) -> list[str]:
-        return [x for x in env.get(name, "").split("\n") if x.strip()]
+    agent, approver = read_settings(env)
+    apply_agent_inputs(agent, env)
+    apply_approver_inputs(approver, env, approver_keys)
+    complete_approver(approver, agent, env)
+    give_local_approver_a_relay_key(approver, agent, etc, write)
 
-    def fail(msg: str) -> None:
-        print(f"se-bridge-install: error: {msg}", file=sys.stderr)
-        sys.exit(1)
+    target = etc / "config.toml"
+    result = install_config_file(
+        target, render_toml(agent, approver), force=env["SEB_FORCE"] == "1", write=write
+    )
+    approver_on = warn_about_kept_unsigned_approver(target, result)
+    Path(env["SEB_RESULT"]).write_text(f"config={result}\napprover={int(approver_on)}\n")
 
-    secrets = json.loads(Path(env["SEB_SECRETS"]).read_text() or "{}")
-    if not isinstance(secrets, dict):
+
+def fail(msg: str) -> NoReturn:
+    print(f"se-bridge-install: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+# -- files with secrets ------------------------------------------------------------------------------
+
+
+def service_account_ids(owner: str) -> OwnerIds:
+    """The service account's uid and gid (``SEB_OWNER``), or None when no account is named."""
+    if not owner:
+        return None
+    import pwd  # POSIX only: Windows installs name no owner
+
+    entry = pwd.getpwnam(owner)
+    return entry.pw_uid, entry.pw_gid
+
+
+def write_private(path: Path, data: bytes, ids: OwnerIds) -> None:
+    """Atomic replace with mode 0600 from the start (no window where the secret is world-readable),
+    owned by the service account when ``ids`` names one. On Windows the directory's ACL (set by
+    install.ps1) protects the file instead."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o750, parents=True)
+        if ids:  # root-owned, group of the service account: it may traverse, not write
+            os.chown(path.parent, 0, ids[1])
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.write(fd, data)
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o600)
+        if ids:
+            os.fchown(fd, *ids)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_secrets(file: Path) -> dict[str, Any]:
+    """The secrets document (``files``, ``approverKeys``, ``env``); an empty file means none."""
+    doc = json.loads(file.read_text() or "{}")
+    if not isinstance(doc, dict):
         fail("the secrets JSON must be an object")
+    return doc
 
-    # Secret files, relative to /etc/se-bridge, readable by the service account only.
-    for name, value in sorted((secrets.get("files") or {}).items()):
+
+def write_secret_files(etc: Path, secret_doc: Mapping[str, Any], write: PrivateWriter) -> None:
+    """``files``: secret files relative to /etc/se-bridge, readable by the service account only."""
+    for name, value in sorted((secret_doc.get("files") or {}).items()):
         rel = Path(name)
         if rel.is_absolute() or ".." in rel.parts or not rel.parts:
             fail(f"secret file name {name!r} must be relative to {etc} without '..'")
-        write_private(etc / rel, str(value).encode())
-    approver_keys = []
-    for key_id, value in sorted((secrets.get("approverKeys") or {}).items()):
+        write(etc / rel, str(value).encode())
+
+
+def write_approver_keys(etc: Path, secret_doc: Mapping[str, Any], write: PrivateWriter) -> list[str]:
+    """``approverKeys``: one key file per id under keys/; returns the approver's ``KEYID=PATH`` specs."""
+    specs = []
+    for key_id, value in sorted((secret_doc.get("approverKeys") or {}).items()):
         if not key_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
             fail(f"approver key id {key_id!r} may only hold letters, digits, '.', '_' and '-'")
         if len(str(value).encode().strip()) < 32:
             fail(f"approver key {key_id!r} is shorter than 32 bytes")
         path = etc / "keys" / f"{key_id}.key"
-        write_private(path, str(value).encode())
-        approver_keys.append(f"{key_id}={path}")
-    # Environment for both services (read by systemd as root before dropping privileges).
-    env_vars = secrets.get("env") or {}
-    if env_vars:
-        out = []
-        for name, value in sorted(env_vars.items()):
-            if not name.replace("_", "").isalnum() or name[0].isdigit():
-                fail(f"environment variable name {name!r} is not valid")
-            quoted = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-            out.append(f'{name}="{quoted}"\n')
-        write_private(etc / "environment", "".join(out).encode(), uid_gid=None)
+        write(path, str(value).encode())
+        specs.append(f"{key_id}={path}")
+    return specs
 
-    # Settings: JSON (file or base64), then the flags on top.
-    settings: dict = {}
+
+def write_environment_file(etc: Path, secret_doc: Mapping[str, Any]) -> None:
+    """``env``: the environment of both services, read by systemd as root before dropping privileges
+    (hence owned by root, not by the service account)."""
+    env_vars = secret_doc.get("env") or {}
+    if not env_vars:
+        return
+    out = []
+    for name, value in sorted(env_vars.items()):
+        if not name.replace("_", "").isalnum() or name[0].isdigit():
+            fail(f"environment variable name {name!r} is not valid")
+        quoted = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        out.append(f'{name}="{quoted}"\n')
+    write_private(etc / "environment", "".join(out).encode(), None)
+
+
+def local_relay_key(etc: Path, write_private: PrivateWriter) -> Path:
+    """The key the local approver signs its relay requests with, made once per VM.
+
+    The agent refuses unsigned relay requests, loopback included (any local user and any web page
+    can reach 127.0.0.1), so the local approver proves itself with a key only the service account
+    can read. Kept across re-runs so a running approver and agent keep agreeing."""
+    path = etc / "keys" / "relay-local.key"
+    if not path.exists():
+        write_private(path, secrets.token_urlsafe(36).encode())
+    return path
+
+
+# -- settings ----------------------------------------------------------------------------------------
+
+
+def lines(env: Mapping[str, str], name: str) -> list[str]:
+    """A multi-valued installer input: one value per line, blank lines ignored."""
+    return [x for x in env.get(name, "").split("\n") if x.strip()]
+
+
+def read_settings(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``[agent]`` and ``[approver]`` tables from the settings JSON (a file or base64)."""
+    settings: Any = {}
     if env.get("SEB_SETTINGS_FILE"):
         settings = json.loads(Path(env["SEB_SETTINGS_FILE"]).read_text())
     elif env.get("SEB_SETTINGS_B64"):
         settings = json.loads(base64.b64decode(env["SEB_SETTINGS_B64"]))
     if not isinstance(settings, dict) or not set(settings) <= {"agent", "approver"}:
         fail('settings must be a JSON object {"agent": {...}, "approver": {...}}')
-    agent = dict(settings.get("agent") or {})
-    approver = dict(settings.get("approver") or {})
+    return dict(settings.get("agent") or {}), dict(settings.get("approver") or {})
+
+
+def apply_agent_inputs(agent: dict[str, Any], env: Mapping[str, str]) -> None:
+    """The installer's own flags (``--sink``, ``--poll-interval``) over the JSON, then its defaults."""
     if "sinks" in agent:
         agent["sink"] = agent.pop("sinks")
-    if lines("SEB_SINKS"):
-        agent["sink"] = lines("SEB_SINKS")
+    if lines(env, "SEB_SINKS"):
+        agent["sink"] = lines(env, "SEB_SINKS")
     if env.get("SEB_POLL_INTERVAL"):
         agent["poll_interval"] = float(env["SEB_POLL_INTERVAL"])
     agent.setdefault("sink", [(Path(env["SEB_LOGS"]) / "records.jsonl").as_uri()])
     agent.setdefault("state_dir", env["SEB_STATE"])
+
+
+def apply_approver_inputs(approver: dict[str, Any], env: Mapping[str, str], approver_keys: list[str]) -> None:
+    """The installer's ``--approver-*`` flags over the JSON, and the keys written from the secrets."""
     for flag, key in (
         ("SEB_APPROVER_SOURCE", "source"),
         ("SEB_APPROVER_RELAY", "relay"),
@@ -108,84 +207,106 @@ def main() -> None:
     ):
         if env.get(flag):
             approver[key] = env[flag]
-    if lines("SEB_APPROVER_KEYS"):
-        approver["key"] = lines("SEB_APPROVER_KEYS")
-    if lines("SEB_APPROVER_SINKS"):
-        approver["sink"] = lines("SEB_APPROVER_SINKS")
+    if lines(env, "SEB_APPROVER_KEYS"):
+        approver["key"] = lines(env, "SEB_APPROVER_KEYS")
+    if "sinks" in approver:
+        approver["sink"] = approver.pop("sinks")
+    if lines(env, "SEB_APPROVER_SINKS"):
+        approver["sink"] = lines(env, "SEB_APPROVER_SINKS")
     if approver_keys:
         approver["key"] = sorted(set(approver.get("key", [])) | set(approver_keys))
-    if approver.get("source"):
-        approver.setdefault("mode", "local")
-        if approver["mode"] == "local":
-            approver.setdefault("relay", "http://127.0.0.1:8710")
-        approver.setdefault("state_dir", env["SEB_APPROVER_STATE"])
-    elif approver:
-        fail("approver settings given without an approver source (--approver-source)")
+
+
+def complete_approver(approver: dict[str, Any], agent: Mapping[str, Any], env: Mapping[str, str]) -> None:
+    """Defaults of an enabled approver; approver settings without a source are a mistake.
+
+    Audit records default to the agent's sinks, so an approver installed without ``--approver-sink``
+    (the VM extension installs it so) starts instead of being refused for want of a sink."""
+    if not approver.get("source"):
+        if approver:
+            fail("approver settings given without an approver source (--approver-source)")
+        return
+    approver.setdefault("mode", "local")
+    if approver["mode"] == "local":
+        approver.setdefault("relay", "http://127.0.0.1:8710")
+    approver.setdefault("state_dir", env["SEB_APPROVER_STATE"])
+    approver.setdefault("sink", list(agent["sink"]))
+
+
+def give_local_approver_a_relay_key(
+    approver: dict[str, Any], agent: dict[str, Any], etc: Path, write: PrivateWriter
+) -> None:
+    """A local approver without a relay key gets the VM's local one, and the agent accepts it."""
     if approver.get("mode") == "local" and not approver.get("relay_key"):
-        key_file = local_relay_key(etc, write_private)
+        key_file = local_relay_key(etc, write)
         approver["relay_key"] = [f"local={key_file}"]
         agent["relay_key"] = sorted({*agent.get("relay_key", []), f"local={key_file}"})
 
-    def toml_value(v) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(toml_value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
-        return json.dumps(str(v))  # a JSON string is a valid TOML basic string
 
-    def table(name: str, values: dict) -> str:
-        return f"[{name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items())
+# -- config.toml ---------------------------------------------------------------------------------------
 
-    text = (
-        "# Scheduled Events bridge configuration, rendered by deploy/linux/install.sh.\n"
-        "# Keys are the command-line flags with '_' (se-bridge agent --help, se-bridge approver --help).\n"
-        "# Re-running the installer keeps this file unless --force-config is given.\n\n"
-        + table("agent", agent)
-        + ("\n" + table("approver", approver) if approver else "")
-    )
-    tomllib.loads(text)  # what we wrote must read back
 
-    def validate(path: Path) -> None:
-        """Load the file with the package's own settings tables: exactly what the services will do."""
-        import argparse
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
 
-        from bridge import config
 
-        args = argparse.Namespace(config=str(path))
-        try:
-            values = config.load(config.AGENT_SETTINGS, args, environ={}, section="agent")
-            if not values["sink"]:
-                raise config.ConfigError("sink: at least one sink is required")
-            approver_settings = getattr(config, "APPROVER_SETTINGS", None)
-            if approver_settings is not None and "approver" in tomllib.loads(path.read_text()):
-                config.load(approver_settings, args, environ={}, section="approver")
-        except config.ConfigError as exc:
-            fail(f"{path}: {exc}")
+def toml_table(name: str, values: Mapping[str, Any]) -> str:
+    return f"[{name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items())
 
-    target = etc / "config.toml"
-    if target.exists() and env["SEB_FORCE"] != "1":
+
+def render_toml(agent: Mapping[str, Any], approver: Mapping[str, Any]) -> str:
+    """The file's text; it must read back as TOML (a rendering bug stops here, not in a service)."""
+    text = HEADER + toml_table("agent", agent) + ("\n" + toml_table("approver", approver) if approver else "")
+    tomllib.loads(text)
+    return text
+
+
+def validate(path: Path) -> None:
+    """Load ``path`` with the loaders the services start with: exactly what they will accept."""
+    args = argparse.Namespace(config=str(path))
+    try:
+        load_agent_config(args, environ={})
+        if "approver" in tomllib.loads(path.read_text()):
+            load_approver_config(args, environ={})
+    except ConfigError as exc:
+        fail(f"{path}: {exc}")
+
+
+def install_config_file(target: Path, text: str, *, force: bool, write: PrivateWriter) -> str:
+    """``written`` (validated first, the previous file kept as config.toml.previous) or ``kept`` (an
+    existing file without ``force``); either way the file in place is validated."""
+    if target.exists() and not force:
         result = "kept"
     else:
-        candidate = etc / ".config.toml.new"
-        write_private(candidate, text.encode())
+        candidate = target.with_name(f".{target.name}.new")
+        write(candidate, text.encode())
         try:
             validate(candidate)
         except SystemExit:
             candidate.unlink()
             raise
         if target.exists():
-            write_private(etc / "config.toml.previous", target.read_bytes())
+            write(target.with_name(f"{target.name}.previous"), target.read_bytes())
         os.replace(candidate, target)
         result = "written"
     validate(target)
-    final = tomllib.loads(target.read_text())
-    approver_on = bool((final.get("approver") or {}).get("source"))
-    kept_approver = final.get("approver") or {}
-    unsigned_local = kept_approver.get("mode", "local") == "local" and not kept_approver.get("relay_key")
+    return result
+
+
+def warn_about_kept_unsigned_approver(target: Path, result: str) -> bool:
+    """Whether the installed file enables the approver; warns when a kept file runs a local approver
+    the agent will refuse (no relay key, and agents refuse unsigned relay requests)."""
+    approver = tomllib.loads(target.read_text()).get("approver") or {}
+    approver_on = bool(approver.get("source"))
+    unsigned_local = approver.get("mode", "local") == "local" and not approver.get("relay_key")
     if result == "kept" and approver_on and unsigned_local:
         print(
             "se-bridge-install: warning: the kept config.toml runs a local approver without a relay "
@@ -193,21 +314,7 @@ def main() -> None:
             "--force-config to add one",
             file=sys.stderr,
         )
-    Path(env["SEB_RESULT"]).write_text(f"config={result}\napprover={int(approver_on)}\n")
-
-
-def local_relay_key(etc: Path, write_private) -> Path:
-    """The key the local approver signs its relay requests with, made once per VM.
-
-    The agent refuses unsigned relay requests, loopback included (any local user and any web page
-    can reach 127.0.0.1), so the local approver proves itself with a key only the service account
-    can read. Kept across re-runs so a running approver and agent keep agreeing."""
-    import secrets
-
-    path = etc / "keys" / "relay-local.key"
-    if not path.exists():
-        write_private(path, secrets.token_urlsafe(36).encode())
-    return path
+    return approver_on
 
 
 if __name__ == "__main__":

@@ -87,9 +87,11 @@ def setup_logging(level: str = "info", stream: Any = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # Chatty third-party loggers stay at warning unless the operator asks for debug everywhere.
+    # Chatty third-party loggers stay at warning unless the operator asks for debug everywhere:
+    # requests' connection pool, the Azure SDKs (their AMQP stack logs under azure.eventhub._pyamqp),
+    # and the Kafka client.
     if level.lower() != "debug":
-        for name in ("urllib3", "azure", "uamqp", "confluent_kafka"):
+        for name in ("urllib3", "azure", "confluent_kafka"):
             logging.getLogger(name).setLevel(logging.WARNING)
 
 

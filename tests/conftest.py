@@ -39,3 +39,31 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+# `make test-fast` runs the unit and property tests (`-m "not slow"`, about half a minute): these
+# modules hold no test that starts a service process or a broker. Every other test is marked `slow`
+# here, so a new integration module is slow unless it is listed, never the other way round.
+FAST_MODULES = frozenset(
+    {
+        "test_config",
+        "test_delivery",
+        "test_diff_record",
+        "test_document",
+        "test_emulator",
+        "test_imds_client",
+        "test_observability",
+        "test_outbox",
+        "test_outbox_model",
+        "test_redaction",
+        "test_retry",
+        "test_state",
+        "test_transports",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is None or item.module.__name__.rsplit(".", 1)[-1] not in FAST_MODULES:
+            item.add_marker(pytest.mark.slow)

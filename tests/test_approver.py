@@ -42,6 +42,18 @@ class Approver:
         self.proc = start_approver(self.workdir, source, sink, self.relay, KEY, *self.extra)
         return self
 
+    def logged(self, msg: str, **fields: Any) -> bool:
+        """Whether the approver logged ``msg`` with these fields (its JSON log, every run)."""
+        path = self.workdir / "approver.log"
+        for line in path.read_bytes().splitlines() if path.exists() else []:
+            try:
+                entry = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if entry.get("msg") == msg and all(entry.get(k) == v for k, v in fields.items()):
+                return True
+        return False
+
     def audits(self) -> list[dict[str, Any]]:
         if not self.audit.exists():
             return []
@@ -204,7 +216,11 @@ def test_approver_killed_before_relaying_processes_after_restart_once(
     try:
         audit = audit_for(again, decision["decisionId"])
         assert audit["outcome"] == "approved"
-        time.sleep(1.0)  # give a wrong second attempt the chance to show up
+        # Decisions are processed in order: once a later one is audited, a wrong second attempt at
+        # the first would have happened already.
+        marker = signed("00000000-0000-0000-0000-000000000000")
+        again.publish(marker)
+        assert audit_for(again, marker["decisionId"])["outcome"] == "refused"
         assert emulator.state()["startRequests"] == {eid: 1}
         approved = [a for a in again.audits() if a["decisionId"] == decision["decisionId"]]
         assert len(approved) == 1
@@ -219,7 +235,8 @@ def test_approver_killed_after_relaying_does_not_post_twice(
     from bridge.approver.decision import ValidationPolicy
     from bridge.approver.routing import LocalRouter, RelayClient
     from bridge.approver.service import Approver as ApproverService
-    from bridge.approver.sources import FileSource, Message
+    from bridge.approver.sources import Message
+    from bridge.approver.sources.file import FileSource
     from bridge.signing import KeyRing
     from bridge.sinks import create_sink
 
@@ -423,7 +440,10 @@ def test_fleet_mode_learns_agents_and_fails_over_to_another_vm_of_the_event(tmp_
         vms["vm-a"][1].kill()  # the primary does not answer
         cleanup.append(approver.stop)
         approver.start()
-        time.sleep(2)  # let it learn the fleet from the events stream
+        for name in vms:  # it learns the fleet from the events stream
+            wait_until(
+                lambda name=name: approver.logged("fleet: agent learned", vmName=name), what=f"{name} learned"
+            )
         decision = signed(event_id, target="vm-a")
         approver.publish(decision)
         audit = audit_for(approver, decision["decisionId"])

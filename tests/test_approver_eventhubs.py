@@ -33,8 +33,8 @@ from brokers import free_port
 from peers.amqp_eventhubs import EventHubsPeer, StoredEvent
 from procs import Emulator, approver_command, decide, start_approver, wait_until
 
-from bridge.approver.eventhubs_source import parse_source_spec
 from bridge.approver.sources import SourceError
+from bridge.approver.sources.eventhubs import parse_source_spec
 
 KEY = b"e" * 40
 EH_KEY = secrets.token_urlsafe(32)  # the hub's SAS key: must never reach a log line

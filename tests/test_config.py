@@ -1,14 +1,25 @@
-"""Configuration precedence and refusal messages."""
+"""Configuration precedence, refusal messages, and every setting declared once (on its dataclass)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from bridge import config
 from bridge.cli import build_parser
-from bridge.config import ConfigError, load_agent_config
+from bridge.config import (
+    AgentConfig,
+    ApproverConfig,
+    ConfigBase,
+    ConfigError,
+    Setting,
+    load_agent_config,
+    load_approver_config,
+    settings_of,
+)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -84,3 +95,112 @@ def test_help_explains_environment_and_defaults(capsys: pytest.CaptureFixture[st
         build_parser().parse_args(["agent", "--help"])
     out = capsys.readouterr().out
     assert "SE_BRIDGE_POLL_INTERVAL" in out and "Default: 1.0" in out and "SIGTERM" in out
+
+
+@pytest.mark.parametrize("config_class", [AgentConfig, ApproverConfig])
+def test_every_setting_is_declared_once_on_its_dataclass(config_class: type[ConfigBase]) -> None:
+    """Issue 10: each field carries its own metadata; the flags, variables, TOML keys and tables are
+    derived from it, so no setting (nor its default) is declared a second time anywhere."""
+    names = [f.name for f in fields(config_class) if f.name != "sources"]
+    settings = settings_of(config_class)
+    assert [s.name for s in settings] == names
+    for s in settings:
+        assert s.flag == "--" + s.name.replace("_", "-")
+        assert s.env == config_class.env_prefix + s.name.upper() and s.env.startswith("SE_BRIDGE_")
+        assert s.toml_key == s.name
+        assert s.help and s.metavar
+        assert s.multiple == isinstance(s.default, tuple)
+    for attribute in ("flag", "env", "toml_key"):
+        assert len({getattr(s, attribute) for s in settings}) == len(settings), attribute
+    # The defaults are the dataclass's: a config built from nothing holds exactly them.
+    built = config_class()
+    assert {s.name: s.default for s in settings} == {name: getattr(built, name) for name in names}
+    # The command line offers exactly these flags, each with its variable named in --help.
+    command = "agent" if config_class is AgentConfig else "approver"
+    sub = next(a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {a.dest: a for a in sub.choices[command]._actions if a.dest not in ("help", "config")}
+    assert list(actions) == names
+    for s in settings:
+        assert actions[s.name].option_strings == [s.flag]
+        assert f"Env: {s.env}." in (actions[s.name].help or "")
+
+
+def test_the_tables_are_derived_not_declared() -> None:
+    assert settings_of(AgentConfig) is config.AGENT_SETTINGS
+    assert settings_of(ApproverConfig) is config.APPROVER_SETTINGS
+    tables = [v for v in vars(config).values() if isinstance(v, tuple) and v and isinstance(v[0], Setting)]
+    assert tables == [config.AGENT_SETTINGS, config.APPROVER_SETTINGS]
+    # A field declared without setting(...) is a bug caught at once, not a setting without a flag.
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Undeclared(ConfigBase):
+        plain: int = 1
+
+    with pytest.raises(TypeError, match=r"Undeclared\.plain is not declared with setting"):
+        settings_of(Undeclared)
+
+
+def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
+    """The derived flag, variable and TOML key of every setting reach the loader (one sample value)."""
+    samples = {"sink": "stdout:", "source": "stdin:", "state_dir": str(tmp_path)}
+    for config_class, loader, command in (
+        (AgentConfig, load_agent_config, "agent"),
+        (ApproverConfig, load_approver_config, "approver"),
+    ):
+        required = [("--sink", "stdout:")] + ([("--source", "stdin:")] if command == "approver" else [])
+        base = [arg for pair in required for arg in pair]
+        for s in settings_of(config_class):
+            value = samples.get(s.name) or _sample(s)
+            file = tmp_path / "c.toml"
+            section = f"[{config_class.toml_section}]\n"
+            file.write_text(f"{section}{s.toml_key} = {_toml(s, value)}\n")
+            from_file = loader(build_parser(command).parse_args([command, "--config", str(file), *base]), {})
+            from_env = loader(build_parser(command).parse_args([command, *base]), {s.env: value})
+            from_flag = loader(build_parser(command).parse_args([command, *base, s.flag, value]), {})
+            if s.name not in ("sink", "source"):  # given as a flag by every call above
+                assert from_file.sources[s.name] == str(file)
+                assert from_env.sources[s.name] == f"environment variable {s.env}"
+            assert from_flag.sources[s.name] == f"flag {s.flag}"
+
+
+def test_approver_refuses_missing_source_and_sink_like_the_agent_its_sink() -> None:
+    def approver(*argv: str) -> argparse.Namespace:
+        return build_parser("approver").parse_args(["approver", *argv])
+
+    with pytest.raises(ConfigError, match=r"^source: a decisions source is required"):
+        load_approver_config(approver(), {})
+    with pytest.raises(ConfigError, match=r"^sink: at least one sink for audit records is required"):
+        load_approver_config(approver("--source", "stdin:"), {})
+    config_ = load_approver_config(approver("--source", "stdin:"), {"SE_BRIDGE_APPROVER_SINK": "stdout:"})
+    assert config_.sink == ("stdout:",) and config_.mode == "local"
+
+
+def _sample(s: Setting) -> str:
+    """A valid value for ``s``, different from its default where it matters little."""
+    if s.metavar == "KEYID=PATH":
+        return "k1=/etc/se-bridge/k1.key"
+    if s.metavar == "RULE":
+        return "source=User"
+    if s.metavar == "BOOL":
+        return "true"
+    if s.metavar == "SIZE":
+        return "1M"
+    if s.metavar == "MODE":
+        return "fleet"
+    if s.metavar == "LEVEL":
+        return "debug"
+    if s.name == "api_version":
+        return "2019-08-01"
+    if s.name in ("imds_url", "relay"):
+        return "http://127.0.0.1:8080"
+    if s.name == "listen":
+        return "127.0.0.1:0"
+    if s.metavar in ("SECONDS", "N"):
+        return "2"
+    return "value"
+
+
+def _toml(s: Setting, value: str) -> str:
+    quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return f"[{quoted}]" if s.multiple else quoted

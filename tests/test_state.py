@@ -7,9 +7,10 @@ from pathlib import Path
 from helpers import VM, doc, event
 
 from bridge.agent.diff import diff
-from bridge.agent.record import build_record, encode
 from bridge.agent.state import BaselineStore, IdentityCache
 from bridge.pipeline import Outbox, RecordMeta
+from bridge.records import encode
+from bridge.records import scheduled_events_record as build_record
 
 
 def test_baseline_round_trip(tmp_path: Path) -> None:

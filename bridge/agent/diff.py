@@ -38,19 +38,6 @@ from datetime import datetime
 
 from bridge.imds.document import SCHEDULED, STARTED, EventsDocument, ScheduledEvent
 
-TRANSITIONS = (
-    "present",
-    "scheduled",
-    "startedWithoutNotice",
-    "appeared",
-    "started",
-    "statusChanged",
-    "updated",
-    "completed",
-    "canceled",
-    "removed",
-)
-
 
 @dataclass(frozen=True, slots=True)
 class Change:

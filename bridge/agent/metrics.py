@@ -3,9 +3,16 @@
 Labels are bounded (see ``docs/operations.md``): error kinds and transition names are closed sets,
 event types and statuses are the documented IMDS values or ``other``; event ids, record ids and URLs
 never appear in a label.
+
+The agent's own series are declared as class attributes (:func:`counter`, :func:`gauge`,
+:func:`histogram`): one line of name, help and labels each, read like a table, and each is created on
+the instance's private registry by ``AgentMetrics()``. ``metrics.polls`` is then the live
+:class:`~prometheus_client.Counter`, typed as such.
 """
 
 from __future__ import annotations
+
+from typing import Any, Generic, TypeVar, overload
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -13,89 +20,119 @@ from bridge.pipeline.metrics import PipelineMetrics
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Series(Generic[M]):
+    """One series, declared on a metrics class; :meth:`create` makes it on a registry.
+
+    A non-data descriptor: once ``AgentMetrics.__init__`` has set the created series on the instance,
+    the instance attribute is what ``metrics.<name>`` returns."""
+
+    def __init__(self, kind: type[M], name: str, help: str, labels: tuple[str, ...], **options: Any) -> None:
+        self.kind, self.name, self.help, self.labels, self.options = kind, name, help, labels, options
+        self.attr = ""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> Series[M]: ...
+    @overload
+    def __get__(self, instance: object, owner: type) -> M: ...
+    def __get__(self, instance: object | None, owner: type) -> Series[M] | M:
+        if instance is None:
+            return self
+        raise AttributeError(f"{owner.__name__}.{self.attr} is created by {owner.__name__}.__init__")
+
+    def create(self, registry: CollectorRegistry) -> M:
+        return self.kind(self.name, self.help, self.labels, registry=registry, **self.options)
+
+
+def counter(name: str, help: str, *labels: str) -> Series[Counter]:
+    return Series(Counter, name, help, labels)
+
+
+def gauge(name: str, help: str, *labels: str) -> Series[Gauge]:
+    return Series(Gauge, name, help, labels)
+
+
+def histogram(name: str, help: str, *labels: str, buckets: tuple[float, ...]) -> Series[Histogram]:
+    return Series(Histogram, name, help, labels, buckets=buckets)
+
 
 class AgentMetrics(PipelineMetrics):
     """Every Prometheus series the agent exports, on a private registry (no global state in tests):
-    the pipeline's (outbox, delivery, component liveness) and the agent's own."""
+    the pipeline's (outbox, delivery, component liveness) and the agent's own, declared below."""
+
+    # -- polling IMDS
+    polls = counter("se_bridge_imds_polls", "Scheduled Events GET requests answered 200.")
+    poll_errors = counter(
+        "se_bridge_imds_poll_errors",
+        "Failed Scheduled Events polls by kind (timeout, connection, http_410, http_429, http_5xx, ...).",
+        "kind",
+    )
+    document_errors = counter(
+        "se_bridge_document_errors",
+        "IMDS answers that could not be parsed as a Scheduled Events document, by reason.",
+        "reason",
+    )
+    imds_requests = counter("se_bridge_imds_requests", "Every HTTP request sent to IMDS, by operation.", "op")
+    imds_latency = histogram(
+        "se_bridge_imds_request_seconds",
+        "IMDS request duration (request sent to body read).",
+        "op",
+        buckets=_LATENCY_BUCKETS,
+    )
+    # -- the document and its changes
+    document_incarnation = gauge(
+        "se_bridge_document_incarnation", "DocumentIncarnation of the last accepted document."
+    )
+    events_current = gauge(
+        "se_bridge_events", "Events in the current document by type and status.", "type", "status"
+    )
+    changes = counter("se_bridge_changes", "Event transitions detected, by transition.", "change", "type")
+    records = counter("se_bridge_records", "Records written to the outbox.")
+    record_latency = histogram(
+        "se_bridge_record_durable_seconds",
+        "From the IMDS answer received to the record durable in the outbox.",
+        buckets=_LATENCY_BUCKETS,
+    )
+    outbox_full = counter(
+        "se_bridge_outbox_full",
+        "Polls whose change could not be admitted because the outbox was at its limit "
+        "(the change is coalesced into the next record, see docs/operations.md).",
+    )
+    # -- the agent's health
+    internal_errors = counter(
+        "se_bridge_internal_errors", "Unexpected errors caught by the poll loop (a bug: please report)."
+    )
+    identity_known = gauge(
+        "se_bridge_vm_identity_known", "1 when the VM identity came from /metadata/instance."
+    )
+    ready = gauge("se_bridge_ready", "1 when /readyz answers 200.")
+    # -- the listener, the relay and local policies
+    relay_requests = counter(
+        "se_bridge_relay_requests",
+        "Relay (approval) requests by outcome and reason (a closed set of codes).",
+        "outcome",
+        "reason",
+    )
+    http_refused = counter(
+        "se_bridge_http_refused",
+        "API requests refused before their route, by reason (origin, host, content_type, auth, busy, "
+        "timeout, length, chunked).",
+        "reason",
+    )
+    hook_runs = counter("se_bridge_hook_runs", "Local hook runs by hook and result.", "hook", "result")
 
     def __init__(self) -> None:
         super().__init__(CollectorRegistry(auto_describe=True))
-        r = self.registry
-        self.polls = Counter(
-            "se_bridge_imds_polls", "Scheduled Events GET requests answered 200.", registry=r
-        )
-        self.poll_errors = Counter(
-            "se_bridge_imds_poll_errors",
-            "Failed Scheduled Events polls by kind (timeout, connection, http_410, http_429, http_5xx, ...).",
-            ["kind"],
-            registry=r,
-        )
-        self.document_errors = Counter(
-            "se_bridge_document_errors",
-            "IMDS answers that could not be parsed as a Scheduled Events document, by reason.",
-            ["reason"],
-            registry=r,
-        )
-        self.imds_requests = Counter(
-            "se_bridge_imds_requests", "Every HTTP request sent to IMDS, by operation.", ["op"], registry=r
-        )
-        self.imds_latency = Histogram(
-            "se_bridge_imds_request_seconds",
-            "IMDS request duration (request sent to body read).",
-            ["op"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.document_incarnation = Gauge(
-            "se_bridge_document_incarnation", "DocumentIncarnation of the last accepted document.", registry=r
-        )
-        self.events_current = Gauge(
-            "se_bridge_events",
-            "Events in the current document by type and status.",
-            ["type", "status"],
-            registry=r,
-        )
-        self.changes = Counter(
-            "se_bridge_changes", "Event transitions detected, by transition.", ["change", "type"], registry=r
-        )
-        self.records = Counter("se_bridge_records", "Records written to the outbox.", registry=r)
-        self.record_latency = Histogram(
-            "se_bridge_record_durable_seconds",
-            "From the IMDS answer received to the record durable in the outbox.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.outbox_full = Counter(
-            "se_bridge_outbox_full",
-            "Polls whose change could not be admitted because the outbox was at its limit "
-            "(the change is coalesced into the next record, see docs/operations.md).",
-            registry=r,
-        )
-        self.config_errors = Counter(
-            "se_bridge_config_errors", "Configuration values refused at start-up.", registry=r
-        )
-        self.internal_errors = Counter(
-            "se_bridge_internal_errors",
-            "Unexpected errors caught by the poll loop (a bug: please report).",
-            registry=r,
-        )
-        self.identity_known = Gauge(
-            "se_bridge_vm_identity_known", "1 when the VM identity came from /metadata/instance.", registry=r
-        )
-        self.ready = Gauge("se_bridge_ready", "1 when /readyz answers 200.", registry=r)
-        self.relay_requests = Counter(
-            "se_bridge_relay_requests",
-            "Relay (approval) requests by outcome and reason (a closed set of codes).",
-            ["outcome", "reason"],
-            registry=r,
-        )
-        self.http_refused = Counter(
-            "se_bridge_http_refused",
-            "API requests refused before their route, by reason (origin, host, content_type, auth, busy, "
-            "timeout, length, chunked).",
-            ["reason"],
-            registry=r,
-        )
-        self.hook_runs = Counter(
-            "se_bridge_hook_runs", "Local hook runs by hook and result.", ["hook", "result"], registry=r
-        )
+        self._create_declared_series()
+
+    def _create_declared_series(self) -> None:
+        """Create every :class:`Series` declared on this class (and its bases), in declaration order."""
+        for cls in reversed(type(self).__mro__):
+            for attr, declared in vars(cls).items():
+                if isinstance(declared, Series):
+                    setattr(self, attr, declared.create(self.registry))

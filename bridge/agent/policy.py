@@ -41,55 +41,13 @@ import orjson
 from bridge.agent.diff import Change
 from bridge.imds.document import SCHEDULED, EventsDocument, ScheduledEvent
 from bridge.imds.instance import VmIdentity
+from bridge.rules import ApprovalRule
 
 log = logging.getLogger("bridge.policy")
 
 OUTPUT_LIMIT = 4096
 GONE = {"completed", "canceled", "removed"}
 NEW_SCHEDULED = {"scheduled", "present", "updated"}
-
-
-@dataclass(frozen=True)
-class ApprovalRule:
-    """``type=Freeze|Reboot,source=User,max_duration=9``: every given condition must hold."""
-
-    text: str
-    types: frozenset[str] | None = None
-    sources: frozenset[str] | None = None
-    max_duration: int | None = None  # DurationInSeconds known and strictly below this
-
-    @classmethod
-    def parse(cls, text: str) -> ApprovalRule:
-        types = sources = None
-        max_duration = None
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            key, sep, value = part.partition("=")
-            values = frozenset(v.strip() for v in value.split("|") if v.strip())
-            if not sep or not values:
-                raise ValueError(f"auto-approve rule {text!r}: expected key=value[,key=value]")
-            if key == "type":
-                types = values
-            elif key == "source":
-                sources = values
-            elif key == "max_duration" and value.strip().isdigit():
-                max_duration = int(value)
-            else:
-                raise ValueError(
-                    f"auto-approve rule {text!r}: unknown condition {key!r} "
-                    "(type=, source=, max_duration=<seconds>)"
-                )
-        if types is None and sources is None and max_duration is None:
-            raise ValueError(f"auto-approve rule {text!r} has no condition")
-        return cls(text, types, sources, max_duration)
-
-    def matches(self, event: ScheduledEvent) -> bool:
-        if self.types is not None and event.event_type not in self.types:
-            return False
-        if self.sources is not None and event.event_source not in self.sources:
-            return False
-        return self.max_duration is None or (
-            event.duration_in_seconds is not None and event.duration_in_seconds < self.max_duration
-        )
 
 
 @dataclass(frozen=True)

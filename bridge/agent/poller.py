@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from bridge.agent.diff import Change, diff, is_change
 from bridge.agent.identity import IdentityResolver
 from bridge.agent.metrics import AgentMetrics
-from bridge.agent.record import build_record, encode
 from bridge.agent.state import BaselineStore
 from bridge.imds.client import IMDS_MAX_RETRY_AFTER, ImdsClient, ImdsError
 from bridge.imds.document import (
@@ -39,6 +38,7 @@ from bridge.imds.document import (
 )
 from bridge.observability import ErrorStreak
 from bridge.pipeline import Health, Outbox, OutboxFull, OutboxWriteError, RecordMeta
+from bridge.records import encode, scheduled_events_record
 from bridge.retry import Backoff
 
 log = logging.getLogger("bridge.poller")
@@ -142,7 +142,7 @@ class Poller:
         )
         changes = diff(self.baseline, doc, resp.received_at, continuous=not gap)
         identity = self.identity.current
-        record = build_record(identity, self.baseline, doc, changes, resp.received_at)
+        record = scheduled_events_record(identity, self.baseline, doc, changes, resp.received_at)
         try:
             entry = self.outbox.append(RecordMeta.of(record), encode(record))
         except OutboxFull as err:

@@ -22,22 +22,19 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-import uuid
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from bridge import __version__
+from bridge import records
 from bridge.fsutil import write_atomic
 from bridge.imds.client import ImdsClient, ImdsError
 from bridge.imds.document import SCHEDULED, STARTED
 from bridge.imds.instance import VmIdentity
 from bridge.observability import ErrorStreak
 from bridge.pipeline import Outbox, OutboxFull, RecordMeta
-from bridge.timeutil import rfc3339
 
 log = logging.getLogger("bridge.relay")
 
@@ -117,24 +114,14 @@ class Relay:
             self._malformed.failure("malformed", str(err), requester=requester)
             return 400, {"error": str(err)}
         self._malformed.success()
+        request = {**meta, "eventIds": event_ids}
         with self._lock:
             earlier = self._ledger.get(decision_id)
             if earlier is not None:
                 # Same decision again (an approver retried after a crash): same answer, no second POST.
-                answer = {**earlier, "repeat": True}
-                self._audit(
-                    decision_id,
-                    event_ids,
-                    requester,
-                    component,
-                    earlier["outcome"],
-                    earlier.get("reason"),
-                    "repeat of an earlier request: answered from the ledger, nothing posted",
-                    earlier["results"],
-                    0,
-                    meta,
-                )
-                return 200, answer
+                detail = "repeat of an earlier request: answered from the ledger, nothing posted"
+                self._audit(component, requester, earlier, request, detail=detail, start_requests_posted=0)
+                return 200, {**earlier, "repeat": True}
             doc = self._current()
             if doc is None:
                 return 503, {"error": "no Scheduled Events document observed yet; try again"}
@@ -149,9 +136,7 @@ class Relay:
             }
             self._ledger.put(decision_id, answer)
         self._count(outcome, reason or "ok")
-        self._audit(
-            decision_id, event_ids, requester, component, outcome, reason, None, results, posted, meta
-        )
+        self._audit(component, requester, answer, request, start_requests_posted=posted)
         return 200, answer
 
     def _approve(
@@ -199,42 +184,25 @@ class Relay:
             self._metrics.relay_requests.labels(outcome, reason).inc()
 
     def _audit(
-        self,
-        decision_id: str | None,
-        event_ids: list[str],
-        requester: str,
-        component: str,
-        outcome: str,
-        reason: str | None,
-        detail: str | None,
-        results: list[dict[str, Any]],
-        posted: int,
-        meta: dict[str, Any],
+        self, component: str, requester: str, answer: dict[str, Any], meta: dict[str, Any], **more: Any
     ) -> None:
-        vm: VmIdentity = self._identity()
-        now = time.time()
-        record = {
-            "schemaVersion": 1,
-            "recordType": "approval",
-            # An attempt is an occurrence, not a derivable change: a random id, fixed once in the outbox.
-            "recordId": str(uuid.uuid4()),
-            "observedAt": rfc3339(now),
-            "source": {"agentVersion": __version__, "apiVersion": self.api_version},
-            "component": component,
-            "vm": vm.to_record(),
-            "decisionId": decision_id,
-            "eventIds": event_ids,
-            "target": meta.get("target"),
-            "issuedBy": meta.get("issuedBy"),
-            "requester": requester,
-            "outcome": outcome,
-            "reason": reason,
-            "detail": detail,
-            "results": results,
-            "startRequestsPosted": posted,
-        }
+        """Publish the attempt as an approval record (``more``: ``detail``, ``start_requests_posted``)."""
+        record = records.approval_record(
+            component,
+            vm=self._identity(),
+            api_version=self.api_version,
+            decision_id=answer["decisionId"],
+            event_ids=meta["eventIds"],
+            target=meta.get("target"),
+            issued_by=meta.get("issuedBy"),
+            requester=requester,
+            outcome=answer["outcome"],
+            reason=answer.get("reason"),
+            results=answer["results"],
+            **more,
+        )
         try:
-            self._outbox.append(RecordMeta.of(record), orjson.dumps(record))
+            self._outbox.append(RecordMeta.of(record), records.encode(record))
         except (OutboxFull, OSError) as exc:
             # The approval itself already happened (or was refused); the audit is best effort here
             # and the log line is its trace.

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from bridge import __version__
+from bridge import __version__, records
 from bridge.agent.access import RELAY_PATH, AccessPolicy
 from bridge.agent.identity import IdentityResolver
 from bridge.agent.metrics import AgentMetrics
@@ -43,7 +43,6 @@ from bridge.listener import Limits, Listener, Request, Response, Route, json_res
 from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked
 from bridge.signing import KeyRing, NonceStore, RequestVerifier
 from bridge.sinks import Sink, SinkError, create_sink
-from bridge.timeutil import rfc3339
 
 log = logging.getLogger("bridge.agent")
 
@@ -59,20 +58,7 @@ class Agent:
         self.health = Health(self.metrics, on_fatal=lambda _why: self.stop_event.set())
         self.sinks = self._build_sinks(config.sink)
         state_dir = Path(config.state_dir)
-        try:
-            ensure_private_dir(state_dir)
-        except OSError as exc:
-            raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None
-        try:
-            self.outbox = Outbox(
-                state_dir / "outbox",
-                [s.id for s in self.sinks],
-                max_records=config.outbox_max_records,
-                max_bytes=config.outbox_max_bytes,
-                metrics=self.metrics,
-            )
-        except OutboxLocked as exc:
-            raise ConfigError(f"state_dir: {exc}") from None
+        self.outbox = self._open_outbox(state_dir)
         self.client = ImdsClient(
             config.imds_url,
             config.api_version,
@@ -96,20 +82,47 @@ class Agent:
             DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter", health=self.health)
             for s in self.sinks
         ]
-        self.relay = Relay(
+        self.relay, self.verifier = self._build_relay(state_dir)
+        self.policy = self._build_policy()
+        self.api: Listener | None = self._build_listener(config, state_dir) if config.listen else None
+
+    def _open_outbox(self, state_dir: Path) -> Outbox:
+        try:
+            ensure_private_dir(state_dir)
+            return Outbox(
+                state_dir / "outbox",
+                [s.id for s in self.sinks],
+                max_records=self.config.outbox_max_records,
+                max_bytes=self.config.outbox_max_bytes,
+                metrics=self.metrics,
+            )
+        except OutboxLocked as exc:
+            raise ConfigError(f"state_dir: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None
+
+    def _build_relay(self, state_dir: Path) -> tuple[Relay, RequestVerifier]:
+        relay = Relay(
             self.client,
             lambda: self.poller.current.document if self.poller.current else None,
             lambda: self.identity.current,
             self.outbox,
             self.metrics,
             state_dir,
-            require_this_vm=config.relay_require_this_vm,
-            api_version=config.api_version,
+            require_this_vm=self.config.relay_require_this_vm,
+            api_version=self.config.api_version,
         )
         try:
             # Nonces are kept in the state directory: a captured request cannot be replayed after a restart.
             nonces = NonceStore(state_dir / "relay-nonces.jsonl")
-            self.verifier = RequestVerifier(KeyRing.from_specs(config.relay_key), nonces=nonces)
+            return relay, RequestVerifier(KeyRing.from_specs(self.config.relay_key), nonces=nonces)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def _build_policy(self) -> LocalPolicy | None:
+        """Local auto-approval rules and hooks; None when none is configured."""
+        config = self.config
+        try:
             policy = PolicyConfig(
                 rules=tuple(ApprovalRule.parse(r) for r in config.auto_approve),
                 prepare_hook=config.prepare_hook,
@@ -120,16 +133,16 @@ class Agent:
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        self.policy: LocalPolicy | None = None
-        if policy.active:
-            self.policy = LocalPolicy(
-                policy,
-                lambda body, requester: self.relay.handle(body, requester, component="policy"),
-                lambda: self.identity.current,
-                self.metrics,
-            )
-            self.poller.listeners.append(self.policy.on_change)
-        self.api: Listener | None = self._build_listener(config, state_dir) if config.listen else None
+        if not policy.active:
+            return None
+        local = LocalPolicy(
+            policy,
+            lambda body, requester: self.relay.handle(body, requester, component="policy"),
+            lambda: self.identity.current,
+            self.metrics,
+        )
+        self.poller.listeners.append(local.on_change)
+        return local
 
     def _build_listener(self, config: AgentConfig, state_dir: Path) -> Listener:
         tls = None
@@ -202,19 +215,8 @@ class Agent:
             obs = self.poller.current
             if obs is None:
                 return json_response(503, {"error": "no document observed yet"})
-            vm = self.identity.current
-            names = vm.names()
             return json_response(
-                200,
-                {
-                    "observedAt": rfc3339(obs.observed_at),
-                    "documentIncarnation": obs.document.incarnation,
-                    "vm": vm.to_record(),
-                    "events": [
-                        {**e.to_json(), "affectsThisVm": vm.affects(e.resources, names)}
-                        for e in obs.document.events
-                    ],
-                },
+                200, records.document_view(self.identity.current, obs.document, obs.observed_at)
             )
 
         return {

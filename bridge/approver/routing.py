@@ -143,6 +143,11 @@ class FleetRouter:
             return
         with self._lock:
             entry = {**vm, "seenAt": time.time()}
+            known = self._vms.get(str(vm["name"]).lower())
+            if known is None or known.get("privateIp") != vm.get("privateIp"):
+                log.info(
+                    "fleet: agent learned", extra={"vmName": vm["name"], "privateIp": vm.get("privateIp")}
+                )
             self._vms[str(vm["name"]).lower()] = entry
             if vm.get("vmId"):
                 self._vms[str(vm["vmId"]).lower()] = entry

@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from bridge import __version__
 from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
-from bridge.approver.sources import DecisionSource, Message, SourceError, StdinSource, create_source
+from bridge.approver.sources import DecisionSource, Message, SourceError, create_source
 from bridge.approver.store import DecisionStore
 from bridge.fsutil import DirectoryLocked, ensure_private_dir, lock_directory
 from bridge.observability import ErrorStreak
@@ -299,7 +299,7 @@ class Approver:
                 for message in messages:
                     if not self._handle(message):
                         break  # stopping while a message could not be finished: it is re-read later
-                if isinstance(self.source, StdinSource) and self.source.exhausted:
+                if self.source.exhausted:
                     break
         finally:
             self.shutdown()

@@ -1,13 +1,14 @@
 """Helpers every sink module shares for reading its spec (the sink contract itself is
-:mod:`bridge.pipeline.sink`): the config error that stops a start, numeric options, the scheme.
+:mod:`bridge.pipeline.sink`): the config error that stops a start, the :class:`Owner` a sink hands to
+the transport helpers it shares with the decision sources (:mod:`bridge.transports`), the scheme.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from bridge.pipeline.sink import SinkError
+from bridge.transports.base import Owner
 
 
 def config_error(message: str) -> SinkError:
@@ -15,16 +16,10 @@ def config_error(message: str) -> SinkError:
     return SinkError(message, kind="config", retryable=False)
 
 
-def numeric_option(owner: str, name: str, value: str, low: float, high: float, cast: type = float) -> Any:
-    """A numeric spec option within [low, high]; a :func:`config_error` naming it otherwise."""
-    try:
-        number = cast(value)
-    except ValueError:
-        kind = "an integer" if cast is int else "a number"
-        raise config_error(f"{owner}: {name} must be {kind}, got {value!r}") from None
-    if not low <= number <= high:
-        raise config_error(f"{owner}: {name} must be between {low:g} and {high:g}, got {number:g}")
-    return number
+def owner(label: str) -> Owner:
+    """A sink as the transport helpers speak for it: messages start with ``label`` ("kafka sink"),
+    refusals are :func:`config_error` s."""
+    return Owner(label, config_error)
 
 
 _SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*):", re.IGNORECASE)

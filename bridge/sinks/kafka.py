@@ -30,338 +30,54 @@ Why it is built this way:
   are not about one record, and dead-lettering would empty the whole queue into the dead-letter file
   while a credential is being fixed. Only what the broker will never take for *this record* (too
   large, invalid) is permanent.
-* **Secrets stay out.** The SASL password is never in the spec (``sasl_password_env`` /
-  ``sasl_password_file``, read when a producer is built); librdkafka's own log lines, which it would
-  otherwise print raw on stderr, go through the agent's JSON logger (and :func:`redact`) at debug
-  level; errors reach the operator through the worker's once-per-streak log.
-* **Azure Event Hubs.** ``<ns>.servicebus.windows.net:9093`` gets SASL_SSL with either the
-  ``$ConnectionString`` user and the connection string as password, or OAUTHBEARER with an Entra ID
-  token from azure-identity (managed identity or the default chain, imported only when asked for),
-  plus the settings Microsoft recommends for its Kafka endpoint (idle connections closed by Azure
-  after 240 s, 1 MB requests). See ``docs/sink-kafka.md``.
+* **One spec syntax with the approver's Kafka source.** The spec's options, the SASL password and
+  Entra ID tokens, the connection settings (Event Hubs' Kafka endpoint included) and the meaning of a
+  librdkafka error are :mod:`bridge.transports.kafka`'s, shared with
+  :mod:`bridge.approver.sources.kafka`; this module adds the producer. The SASL password is never in
+  the spec (``sasl_password_env`` / ``sasl_password_file``, read when a producer is built);
+  librdkafka's own log lines go through the ``bridge.sinks.kafka.librdkafka`` logger at debug level;
+  errors reach the operator through the worker's once-per-streak log.
+* **Azure Event Hubs** refuses requests over 1 MB: ``message.max.bytes`` is capped there. See
+  ``docs/sink-kafka.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import re
 import time
-import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from bridge.observability import redact
 from bridge.pipeline import CONTENT_TYPE, Entry, Outcome, Sink, SinkError
-from bridge.sinks.base import config_error, numeric_option
+from bridge.sinks.base import config_error, owner
+from bridge.transports import kafka
+from bridge.transports.kafka import KafkaConnection, KafkaOptions, TokenUnavailable
 
-log = logging.getLogger("bridge.sinks.kafka")
-_rdkafka_log = logging.getLogger("bridge.sinks.kafka.librdkafka")
+log = logging.getLogger(__name__)
+_rdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
 
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
-COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
-AZURE_IDENTITIES = ("managed", "default")
-DEFAULT_PORT = 9092
+#: Who speaks in this sink's refusals ("kafka sink: ...").
+OWNER = owner("kafka sink")
 #: How long ``open()`` waits for the topic's metadata before calling the broker unreachable.
 OPEN_TIMEOUT = 10.0
 #: ... but a refused connection is called unreachable after this long (authentication errors, which
 #: must stop the start, arrive within milliseconds of a connection).
 OPEN_REFUSED_AFTER = 2.0
-EVENT_HUBS_SUFFIXES = (
-    ".servicebus.windows.net",
-    ".servicebus.chinacloudapi.cn",
-    ".servicebus.usgovcloudapi.net",
-)
-EVENT_HUBS_USERNAME = "$ConnectionString"
-
-#: Every query option, with what it does (the error for an unknown option lists them).
-OPTIONS: dict[str, str] = {
-    "client_id": "client.id shown in broker logs and quotas (default se-bridge)",
-    "security_protocol": "PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
-    "sasl_mechanism": "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (with a SASL_* protocol)",
-    "sasl_username": "SASL user (PLAIN/SCRAM); $ConnectionString for Event Hubs",
-    "sasl_password_env": "name of the environment variable holding the SASL password",
-    "sasl_password_file": "absolute path of a file holding the SASL password",
-    "ssl_ca_location": "CA bundle (PEM file) to verify the brokers with (SSL/SASL_SSL)",
-    "message_timeout_ms": "oldest unconfirmed record age before the producer is rebuilt (default 30000)",
-    "linger_ms": "how long the producer waits to batch records (default 5)",
-    "compression": "none (default), gzip, snappy, lz4 or zstd",
-    "idempotence": "true (default) or false for a broker without idempotent producers",
-    "azure_identity": "managed or default: OAUTHBEARER token from azure-identity (Event Hubs)",
-    "azure_client_id": "client id (UUID) of a user-assigned managed identity",
-}
-
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(\d{1,5}))?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
-
-
-# --------------------------------------------------------------------------------------------------
-# The spec
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class KafkaOptions:
-    """What a ``kafka://`` spec says, validated. Holds no secret: only where to read it from."""
-
-    bootstrap: tuple[str, ...]
-    topic: str
-    client_id: str = "se-bridge"
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password_env: str | None = None
-    sasl_password_file: str | None = None
-    ssl_ca_location: str | None = None
-    message_timeout_ms: int = 30_000
-    linger_ms: int = 5
-    compression: str = "none"
-    idempotence: bool = True
-    azure_identity: str | None = None
-    azure_client_id: str | None = None
-
-    @property
-    def first_host(self) -> str:
-        host = self.bootstrap[0].rsplit(":", 1)[0]
-        return host.strip("[]")
-
-    @property
-    def event_hubs(self) -> bool:
-        """The Kafka endpoint of an Event Hubs namespace (public or sovereign cloud)."""
-        return self.first_host.lower().endswith(EVENT_HUBS_SUFFIXES)
-
-    @property
-    def token_scope(self) -> str:
-        """The Entra ID scope of an Event Hubs namespace: ``https://<ns>.servicebus.windows.net/.default``."""
-        return f"https://{self.first_host}/.default"
-
-
-def _bootstrap(netloc: str) -> tuple[str, ...]:
-    servers = []
-    for part in netloc.split(","):
-        m = _HOST.match(part.strip())
-        if not m:
-            raise config_error(f"kafka sink: {part!r} is not a host:port")
-        host, port = m.group(1), int(m.group(2) or DEFAULT_PORT)
-        if not 0 < port < 65536:
-            raise config_error(f"kafka sink: port {port} of {host} is out of range")
-        servers.append(f"{host}:{port}")
-    return tuple(servers)
 
 
 def parse_kafka_spec(spec: str) -> KafkaOptions:
-    """Validate a ``kafka://`` spec. Every mistake is a permanent :class:`SinkError` naming the option
-    (never echoing a value that could be a secret), so a wrong spec stops the agent at start."""
-    parts = urlsplit(spec.strip())
-    if parts.scheme.lower() != "kafka" or not parts.netloc:
-        raise config_error(f"kafka sink needs kafka://host:port[,host:port]/topic[?options], got {spec!r}")
-    if "@" in parts.netloc:
-        raise config_error(
-            "kafka sink: no credentials in the address; use sasl_username and sasl_password_env"
-        )
-    bootstrap = _bootstrap(parts.netloc)
-    topic = unquote(parts.path.lstrip("/"))
-    if not _TOPIC.match(topic):
-        raise config_error(
-            f"kafka sink: the path must be one topic name (letters, digits, '.', '_', '-'), got {topic!r}"
-        )
-    values: dict[str, str] = {}
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        name = key.strip().lower()
-        if name in ("password", "sasl_password", "sasl.password", "secret", "connection_string"):
-            raise config_error(
-                f"kafka sink: {key} is refused: never put a secret in the sink spec; use "
-                "sasl_password_env=VARIABLE or sasl_password_file=/path"
-            )
-        if name not in OPTIONS:
-            known = ", ".join(OPTIONS)
-            raise config_error(f"kafka sink: unknown option {key!r} (known: {known})")
-        if name in values:
-            raise config_error(f"kafka sink: option {name} given twice")
-        values[name] = value.strip()
-
-    protocol = values.get("security_protocol", "PLAINTEXT").upper()
-    if protocol not in SECURITY_PROTOCOLS:
-        raise config_error(f"kafka sink: security_protocol must be one of {', '.join(SECURITY_PROTOCOLS)}")
-    mechanism = values["sasl_mechanism"].upper() if "sasl_mechanism" in values else None
-    sasl = protocol.startswith("SASL_")
-    if mechanism is not None and mechanism not in SASL_MECHANISMS:
-        raise config_error(f"kafka sink: sasl_mechanism must be one of {', '.join(SASL_MECHANISMS)}")
-    if sasl and mechanism is None:
-        raise config_error(f"kafka sink: security_protocol={protocol} needs sasl_mechanism")
-    if not sasl and mechanism is not None:
-        raise config_error("kafka sink: sasl_mechanism needs security_protocol=SASL_SSL or SASL_PLAINTEXT")
-
-    username = values.get("sasl_username") or None
-    password_env = values.get("sasl_password_env") or None
-    password_file = values.get("sasl_password_file") or None
-    azure_identity = values.get("azure_identity", "").lower() or None
-    azure_client_id = values.get("azure_client_id") or None
-    if mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
-        if not username:
-            raise config_error(f"kafka sink: sasl_mechanism={mechanism} needs sasl_username")
-        if (password_env is None) == (password_file is None):
-            raise config_error(
-                f"kafka sink: sasl_mechanism={mechanism} needs exactly one of sasl_password_env, "
-                "sasl_password_file"
-            )
-    elif username or password_env or password_file:
-        raise config_error(
-            "kafka sink: sasl_username / sasl_password_* go with sasl_mechanism=PLAIN or SCRAM-SHA-*"
-        )
-    if password_env is not None and not _ENV_NAME.match(password_env):
-        raise config_error("kafka sink: sasl_password_env must be an environment variable name")
-    if password_file is not None and not Path(password_file).is_absolute():
-        raise config_error("kafka sink: sasl_password_file must be an absolute path")
-    if mechanism == "OAUTHBEARER":
-        if azure_identity not in AZURE_IDENTITIES:
-            raise config_error(
-                "kafka sink: sasl_mechanism=OAUTHBEARER needs azure_identity=managed or "
-                "azure_identity=default"
-            )
-    elif azure_identity or azure_client_id:
-        raise config_error("kafka sink: azure_identity / azure_client_id go with sasl_mechanism=OAUTHBEARER")
-    if azure_client_id is not None:
-        try:
-            uuid.UUID(azure_client_id)
-        except ValueError:
-            raise config_error(
-                "kafka sink: azure_client_id must be a UUID (the identity's client id)"
-            ) from None
-
-    ssl_ca = values.get("ssl_ca_location") or None
-    if ssl_ca is not None and protocol not in ("SSL", "SASL_SSL"):
-        raise config_error("kafka sink: ssl_ca_location goes with security_protocol=SSL or SASL_SSL")
-    if ssl_ca is not None and ssl_ca != "probe" and not Path(ssl_ca).exists():
-        raise config_error(f"kafka sink: ssl_ca_location {ssl_ca} does not exist")
-
-    timeout = numeric_option(
-        "kafka sink", "message_timeout_ms", values.get("message_timeout_ms", "30000"), 1000, 86_400_000, int
-    )
-    linger = numeric_option("kafka sink", "linger_ms", values.get("linger_ms", "5"), 0, 900_000, int)
-    if linger >= timeout:
-        raise config_error("kafka sink: linger_ms must be smaller than message_timeout_ms")
-    compression = values.get("compression", "none").lower()
-    if compression not in COMPRESSIONS:
-        raise config_error(f"kafka sink: compression must be one of {', '.join(COMPRESSIONS)}")
-    idempotence_text = values.get("idempotence", "true").lower()
-    if idempotence_text not in _TRUE + _FALSE:
-        raise config_error("kafka sink: idempotence must be true or false")
-    client_id = values.get("client_id") or "se-bridge"
-    if len(client_id) > 255 or not client_id.isprintable():
-        raise config_error("kafka sink: client_id must be printable and at most 255 characters")
-
-    options = KafkaOptions(
-        bootstrap=bootstrap,
-        topic=topic,
-        client_id=client_id,
-        security_protocol=protocol,
-        sasl_mechanism=mechanism,
-        sasl_username=username,
-        sasl_password_env=password_env,
-        sasl_password_file=password_file,
-        ssl_ca_location=ssl_ca,
-        message_timeout_ms=timeout,
-        linger_ms=linger,
-        compression=compression,
-        idempotence=idempotence_text in _TRUE,
-        azure_identity=azure_identity,
-        azure_client_id=azure_client_id,
-    )
-    if options.event_hubs and protocol != "SASL_SSL":
-        raise config_error(
-            "kafka sink: the Event Hubs Kafka endpoint needs security_protocol=SASL_SSL (port 9093) with "
-            "sasl_mechanism=PLAIN (connection string) or OAUTHBEARER (azure_identity)"
-        )
-    return options
-
-
-def make_azure_credential(options: KafkaOptions) -> Any:
-    """The azure-identity credential an ``azure_identity=`` spec asks for (imported only here: an agent
-    that does not use Entra ID never loads it). Constructing one contacts nothing."""
-    try:
-        from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
-    except ImportError as exc:
-        raise config_error(
-            f"kafka sink: azure_identity needs azure-identity ({exc}); "
-            "pip install 'scheduled-events-bridge[eventhubs]'"
-        ) from None
-    if options.azure_identity == "managed":
-        if options.azure_client_id:
-            return ManagedIdentityCredential(client_id=options.azure_client_id)
-        return ManagedIdentityCredential()
-    if options.azure_client_id:
-        return DefaultAzureCredential(managed_identity_client_id=options.azure_client_id)
-    return DefaultAzureCredential()
-
-
-# --------------------------------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------------------------------
-
-_PERMANENT_CODES = {
-    KafkaError.MSG_SIZE_TOO_LARGE: "too_large",
-    KafkaError.RECORD_LIST_TOO_LARGE: "too_large",
-    KafkaError.INVALID_RECORD: "invalid",
-}
-_KIND_BY_CODE = {
-    KafkaError._AUTHENTICATION: "auth",
-    KafkaError.SASL_AUTHENTICATION_FAILED: "auth",
-    KafkaError.TOPIC_AUTHORIZATION_FAILED: "auth",
-    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "auth",
-    KafkaError.UNSUPPORTED_SASL_MECHANISM: "auth",
-    KafkaError.ILLEGAL_SASL_STATE: "auth",
-    KafkaError._SSL: "tls",
-    KafkaError.UNKNOWN_TOPIC_OR_PART: "topic",
-    KafkaError._UNKNOWN_TOPIC: "topic",
-    KafkaError._UNKNOWN_PARTITION: "topic",
-    KafkaError._MSG_TIMED_OUT: "timeout",
-    KafkaError._TIMED_OUT: "timeout",
-    KafkaError.REQUEST_TIMED_OUT: "timeout",
-    KafkaError._TRANSPORT: "unreachable",
-    KafkaError._ALL_BROKERS_DOWN: "unreachable",
-    KafkaError._RESOLVE: "unreachable",
-    KafkaError._QUEUE_FULL: "queue_full",
-}
+    """Validate a ``kafka://`` sink spec (:func:`bridge.transports.kafka.parse_spec`): every mistake is
+    a permanent :class:`SinkError` naming the option, so a wrong spec stops the agent at start."""
+    return kafka.parse_spec(spec, OWNER)
 
 
 def classify(err: KafkaError) -> SinkError:
-    """Map a librdkafka error to a :class:`SinkError`: permanent only for what no retry of *this
-    record* can fix; everything else (transport, timeouts, authentication, a missing topic, fatal
-    idempotence errors) is transient and makes the worker resend in order."""
-    code = err.code()
-    text = f"{err.name()}: {err.str()}"
-    if code in _PERMANENT_CODES:
-        return SinkError(text, kind=_PERMANENT_CODES[code], retryable=False)
-    if err.fatal():
-        return SinkError(text, kind="fatal")
-    return SinkError(text, kind=_KIND_BY_CODE.get(code, "kafka"))
-
-
-class _TokenUnavailable(Exception):
-    """Raised from the OAUTHBEARER callback when no Entra ID token can be had; confluent-kafka re-raises
-    it from ``poll()``/``Producer()``, where the sink turns it into a transient ``token`` failure."""
-
-
-class _LibrdkafkaLog:
-    """librdkafka's log lines (``logger`` config): at debug level through the agent's JSON logger and
-    its redaction, never raw on stderr. Failures reach the operator through delivery outcomes and the
-    worker's once-per-streak log; librdkafka would log every reconnect attempt."""
-
-    def log(self, level: int, fmt: str, *args: Any) -> None:
-        if _rdkafka_log.isEnabledFor(logging.DEBUG):
-            _rdkafka_log.debug(fmt, *args, extra={"librdkafkaLevel": logging.getLevelName(level)})
+    """A librdkafka error as a :class:`SinkError` (see :func:`bridge.transports.kafka.classify`)."""
+    return kafka.classify(err, SinkError)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -387,8 +103,8 @@ class KafkaSink(Sink):
         self._failed = False  # a transient failure is waiting to be returned: submit nothing more
         self._fatal: KafkaError | None = None
         self._problem: tuple[str, str] | None = None  # (kind, text) of the last client-level error
-        self._credential: Any = None
-        self._token: Any = None  # last AccessToken, reused while a refresh fails
+        #: Brokers, TLS, the SASL password or Entra ID tokens (shared with the Kafka source).
+        self.connection = KafkaConnection(self.options, OWNER, on_problem=self._note_problem)
         if self.options.security_protocol == "SASL_PLAINTEXT" and self.options.sasl_mechanism == "PLAIN":
             log.warning(
                 "SASL PLAIN without TLS: the password and the records cross the network in clear",
@@ -397,39 +113,14 @@ class KafkaSink(Sink):
 
     # -- configuration ----------------------------------------------------------------------------
 
-    def connection_config(self) -> dict[str, Any]:
-        """Where and how to connect (brokers, TLS, SASL, Entra ID tokens), shared by the producer and
-        the approver's consumer (:mod:`bridge.approver.kafka_source`). Holds the password: never log it."""
-        o = self.options
-        conf: dict[str, Any] = {
-            "bootstrap.servers": ",".join(o.bootstrap),
-            "client.id": o.client_id,
-            "security.protocol": o.security_protocol,
-            "socket.keepalive.enable": True,
-            "error_cb": self._on_error,
-            "logger": _LibrdkafkaLog(),
-        }
-        if o.sasl_mechanism is not None:
-            conf["sasl.mechanism"] = o.sasl_mechanism
-        if o.sasl_mechanism == "OAUTHBEARER":
-            conf["oauth_cb"] = self._oauth_token
-        elif o.sasl_mechanism is not None:
-            conf["sasl.username"] = o.sasl_username
-            conf["sasl.password"] = self._password()
-        if o.ssl_ca_location is not None:
-            conf["ssl.ca.location"] = o.ssl_ca_location
-        if o.event_hubs:
-            # Microsoft's recommendations for its Kafka endpoint: Azure closes connections idle for
-            # 240 s (a send on such a connection shows up as a timeout), and requests over 1 MB.
-            conf["metadata.max.age.ms"] = 180_000
-            conf["connections.max.idle.ms"] = 180_000
-        return conf
+    def _note_problem(self, kind: str, text: str) -> None:
+        self._problem = (kind, text)
 
     def producer_config(self) -> dict[str, Any]:
         """The librdkafka configuration (with the password, read now: never log this dict)."""
         o = self.options
         conf: dict[str, Any] = {
-            **self.connection_config(),
+            **self.connection.config(error_cb=self._on_error, logger=_rdkafka_log),
             "enable.idempotence": o.idempotence,
             "acks": "all",
             "max.in.flight.requests.per.connection": 5 if o.idempotence else 1,
@@ -444,71 +135,6 @@ class KafkaSink(Sink):
             conf["message.max.bytes"] = 1_000_000
         return conf
 
-    def _password(self) -> str:
-        o = self.options
-        if o.sasl_password_env is not None:
-            value = os.environ.get(o.sasl_password_env, "")
-            if not value:
-                raise config_error(
-                    f"kafka sink: environment variable {o.sasl_password_env} (sasl_password_env) is not set"
-                )
-        else:
-            assert o.sasl_password_file is not None
-            try:
-                value = Path(o.sasl_password_file).read_text(encoding="utf-8").rstrip("\r\n")
-            except (OSError, UnicodeDecodeError) as err:
-                reason = getattr(err, "strerror", None) or type(err).__name__
-                raise config_error(f"kafka sink: cannot read sasl_password_file: {reason}") from None
-            if not value:
-                raise config_error("kafka sink: sasl_password_file is empty")
-        if o.sasl_username == EVENT_HUBS_USERNAME:
-            self._check_connection_string(value)
-        return value
-
-    def _check_connection_string(self, value: str) -> None:
-        """Catch the classic Event Hubs mistakes without ever showing the value."""
-        source = self.options.sasl_password_env or "sasl_password_file"
-        fields = dict(
-            item.split("=", 1) for item in value.strip().strip(";").split(";") if "=" in item.strip()
-        )
-        fields = {k.strip().lower(): v.strip() for k, v in fields.items()}
-        if not fields.get("endpoint", "").startswith("sb://"):
-            raise config_error(
-                f"kafka sink: with sasl_username=$ConnectionString the password ({source}) must be an Event "
-                "Hubs connection string (Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...)"
-            )
-        entity = fields.get("entitypath")
-        if entity and entity != self.topic:
-            raise config_error(
-                f"kafka sink: the connection string in {source} is for event hub {entity!r}, "
-                f"not {self.topic!r}"
-            )
-
-    # -- Entra ID (OAUTHBEARER) -------------------------------------------------------------------
-
-    def _get_credential(self) -> Any:
-        if self._credential is None:
-            self._credential = make_azure_credential(self.options)
-        return self._credential
-
-    def _oauth_token(self, _oauthbearer_config: str | None = None) -> tuple[str, float]:
-        """confluent-kafka's ``oauth_cb``: ``(token, expiry in epoch seconds)`` for the namespace scope.
-        librdkafka calls it when the producer is built and again at 80 % of the token's lifetime."""
-        scope = self.options.token_scope
-        try:
-            token = self._get_credential().get_token(scope)
-        except SinkError:
-            raise
-        except Exception as exc:
-            text = redact(f"cannot get an Entra ID token for {scope}: {type(exc).__name__}: {exc}")
-            self._problem = ("token", text)
-            cached = self._token
-            if cached is not None and cached.expires_on - time.time() > 60:
-                return cached.token, float(cached.expires_on)  # still valid: librdkafka retries later
-            raise _TokenUnavailable(text) from None
-        self._token = token
-        return token.token, float(token.expires_on)
-
     # -- producer lifecycle -----------------------------------------------------------------------
 
     def _ensure_producer(self) -> Producer:
@@ -516,8 +142,8 @@ class KafkaSink(Sink):
             return self._producer
         if self.options.sasl_mechanism == "OAUTHBEARER":
             try:  # fetch the first token here: a failure is then a clear transient error, at once
-                self._oauth_token()
-            except _TokenUnavailable as exc:
+                self.connection.oauth_token()
+            except TokenUnavailable as exc:
                 raise SinkError(str(exc), kind="token") from None
         conf = self.producer_config()
         try:
@@ -549,7 +175,7 @@ class KafkaSink(Sink):
         try:
             producer.purge(in_queue=True, in_flight=True)
             producer.poll(0)
-        except (KafkaException, _TokenUnavailable, RuntimeError):
+        except (KafkaException, TokenUnavailable, RuntimeError):
             pass
         close = getattr(producer, "close", None)
         if close is not None:
@@ -565,7 +191,7 @@ class KafkaSink(Sink):
                 if not served:
                     break
                 served = producer.poll(0)
-        except _TokenUnavailable:
+        except TokenUnavailable:
             pass  # recorded in self._problem; the stall watch reports it if it lasts
 
     # -- callbacks (run inside producer.poll, on the worker thread) -------------------------------
@@ -720,6 +346,6 @@ class KafkaSink(Sink):
     def close(self, timeout: float = 5.0) -> None:
         producer = self._producer
         if producer is not None:
-            with contextlib.suppress(KafkaException, _TokenUnavailable, RuntimeError):
+            with contextlib.suppress(KafkaException, TokenUnavailable, RuntimeError):
                 producer.flush(timeout)
         self._drop_producer("closing")

@@ -41,12 +41,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import re
 import ssl
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, quote, unquote, unquote_plus, urlsplit, urlunsplit
 
@@ -59,7 +57,9 @@ from bridge.netaddr import is_loopback
 from bridge.pipeline import CONTENT_TYPE, Entry, SinkError, SynchronousSink
 from bridge.redaction import secrets_in
 from bridge.retry import parse_retry_after
-from bridge.sinks.base import config_error
+from bridge.sinks.base import config_error, owner
+from bridge.transports.base import Owner
+from bridge.transports.secrets import SecretRef
 
 FORMATS = ("json", "cloudevents", "eventgrid")
 #: CloudEvents ``type`` and Event Grid ``eventType`` of every record.
@@ -150,12 +150,12 @@ class WebhookSink(SynchronousSink):
             )
         self.ca_file = self._parse_ca(options.pop("ca_file", None), options.pop("verify", None))
         self.proxy = self._parse_proxy(options.pop("proxy", None))
-        self._hmac_source = self._secret_source("hmac_key", options)
-        self._aeg_source = self._secret_source("aeg_key", options)
+        self._hmac_source = self._secret_source("hmac_key", "HMAC key", options)
+        self._aeg_source = self._secret_source("aeg_key", "Event Grid key", options)
         if self._aeg_source is not None and self.format != "eventgrid":
             raise self._config_error("aeg_key_env/aeg_key_file only apply to format=eventgrid")
         self._static_headers: dict[str, str] = {}
-        self._secret_headers: dict[str, tuple[str, str]] = {}  # header -> (env|file, name or path)
+        self._secret_headers: dict[str, SecretRef] = {}
         for key, value in options.items():
             kind, _, header = key.partition(".")
             self._add_header(kind, header, value)
@@ -172,6 +172,13 @@ class WebhookSink(SynchronousSink):
 
     def _config_error(self, message: str) -> SinkError:
         return config_error(f"webhook sink {self.name}: {message}")
+
+    @property
+    def _owner(self) -> Owner:
+        """This sink as the transport helpers speak for it (``webhook sink <redacted URL>: ...``). The
+        secret readers say "for header Authorization, ..." rather than "header Authorization: ...",
+        which redaction would take for a header line and mask to its end."""
+        return owner(f"webhook sink {self.name}")
 
     def _parse_options(self, fragment: str) -> dict[str, str]:
         if not fragment:
@@ -254,19 +261,11 @@ class WebhookSink(SynchronousSink):
             )
         return proxy
 
-    def _secret_source(self, prefix: str, options: dict[str, str]) -> tuple[str, str] | None:
+    def _secret_source(self, prefix: str, what: str, options: dict[str, str]) -> SecretRef | None:
+        # Paths are taken as given (relative ones too) and variable names are not checked here: a
+        # name no environment holds is refused at open(), as not set.
         env, file = options.pop(f"{prefix}_env", None), options.pop(f"{prefix}_file", None)
-        if env is not None and file is not None:
-            raise self._config_error(f"give either {prefix}_env or {prefix}_file, not both")
-        if env is not None:
-            if not env:
-                raise self._config_error(f"{prefix}_env needs the name of an environment variable")
-            return ("env", env)
-        if file is not None:
-            if not file:
-                raise self._config_error(f"{prefix}_file needs a path")
-            return ("file", file)
-        return None
+        return SecretRef.from_options(self._owner, prefix, env, file, what=what, strict=False)
 
     def _add_header(self, kind: str, header: str, value: str) -> None:
         if not _TOKEN.match(header):
@@ -286,31 +285,9 @@ class WebhookSink(SynchronousSink):
             _check_header_value(header, value, self._config_error)
             self._static_headers[header] = value
         else:
-            if not value:
-                raise self._config_error(f"{kind}.{header} needs a variable name or a path")
-            self._secret_headers[header] = ("env" if kind == "header_env" else "file", value)
-
-    def _read_secret(self, what: str, source: tuple[str, str]) -> str:
-        """The value of an ``*_env`` / ``*_file`` option; a missing one can never work: permanent.
-
-        The messages say "for header Authorization, ..." rather than "header Authorization: ...", which
-        redaction would take for a header line and mask to its end."""
-        where, name = source
-        if where == "env":
-            value = os.environ.get(name)
-            if not value:
-                raise self._config_error(f"for {what}, environment variable {name} is not set or empty")
-            return value
-        try:
-            value = Path(name).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise self._config_error(f"for {what}, cannot read {name}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise self._config_error(f"for {what}, {name} is not UTF-8 text") from None
-        value = value.rstrip("\r\n")  # `echo`/`openssl rand -hex 32 >file` leave a newline
-        if not value:
-            raise self._config_error(f"for {what}, {name} is empty")
-        return value
+            env, path = (value, None) if kind == "header_env" else (None, value)
+            ref = SecretRef(f"{kind}.{header}", env=env, path=path, what=f"header {header}")
+            self._secret_headers[header] = ref.checked(self._owner, strict=False)
 
     # -- life cycle ----------------------------------------------------------------------------------
 
@@ -321,19 +298,19 @@ class WebhookSink(SynchronousSink):
             return
         headers = {"User-Agent": f"se-bridge/{__version__}", "Accept": "*/*", **self._static_headers}
         secrets: list[str] = []
-        for header, source in self._secret_headers.items():
-            value = self._read_secret(f"header {header}", source)
+        for header, ref in self._secret_headers.items():
+            value = ref.resolve(self._owner)
             _check_header_value(header, value, self._config_error)
             headers[header] = value
             secrets.append(value)
         if self._aeg_source is not None:
-            key = self._read_secret("Event Grid key", self._aeg_source)
+            key = self._aeg_source.resolve(self._owner)
             _check_header_value(EVENT_GRID_KEY_HEADER, key, self._config_error)
             headers[EVENT_GRID_KEY_HEADER] = key
             secrets.append(key)
         hmac_key = None
         if self._hmac_source is not None:
-            hmac_key = self._read_secret("HMAC key", self._hmac_source).encode()
+            hmac_key = self._hmac_source.resolve(self._owner).encode()
             if len(hmac_key) < MIN_HMAC_KEY_BYTES:
                 raise self._config_error(
                     f"HMAC key is {len(hmac_key)} bytes, at least {MIN_HMAC_KEY_BYTES} are needed "

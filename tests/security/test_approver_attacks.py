@@ -177,7 +177,7 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
     import bridge.approver.service as service_module
     from bridge.approver.decision import ValidationPolicy
     from bridge.approver.routing import LocalRouter, RelayClient
-    from bridge.approver.sources import FileSource
+    from bridge.approver.sources.file import FileSource
     from bridge.retry import Backoff
     from bridge.signing import KeyRing
     from bridge.sinks import create_sink

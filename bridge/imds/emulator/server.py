@@ -18,6 +18,7 @@ import socket
 import socketserver
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl
@@ -43,7 +44,7 @@ from .protocol import (
 from .scenarios import SCENARIOS
 from .state import FAULT_KINDS, ConflictError, EmulatorState
 
-logger = logging.getLogger("bridge.imds.emulator")
+logger = logging.getLogger(__name__)
 
 _MAX_BODY = 1 << 20
 _SCHEDULED_PATH = "/metadata/scheduledevents"
@@ -477,111 +478,164 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": f"unknown event {exc.args[0]}"})
 
     def _control_route(self, method: str, route: list[str], data: dict[str, Any]) -> None:
-        state = self.server.state
-        match (method, route):
-            case ("GET", ["state"]):
-                self._json(200, state.snapshot())
-            case ("GET", ["scenarios"]):
-                self._json(200, {name: s.summary for name, s in SCENARIOS.items()})
-            case ("POST", ["events"]):
-                event_type = _string(data, "eventType")
-                if not event_type:
-                    raise _BadRequest("eventType is required")
-                resources = data.get("resources")
-                if resources is not None and (
-                    not isinstance(resources, list) or not all(isinstance(r, str) for r in resources)
-                ):
-                    raise _BadRequest("resources must be a list of strings")
-                event_id = state.add_event(
-                    event_type=event_type,
-                    event_source=_string(data, "eventSource", "Platform") or "",
-                    description=_string(data, "description", "") or "",
-                    duration=_integer(data, "durationInSeconds", -1) or 0,
-                    resources=resources,
-                    status=_string(data, "status", "Scheduled") or "",
-                    notice_seconds=_number(data, "noticeSeconds"),
-                    started_seconds=_number(data, "startedSeconds", 600.0) or 0.0,
-                    event_id=_string(data, "eventId"),
-                )
-                self._json(201, {"eventId": event_id, "documentIncarnation": state.incarnation})
-            case ("POST", ["events", event_id, action]):
-                if action == "cancel":
-                    incarnation = state.cancel_event(event_id)
-                elif action == "reschedule":
-                    notice = _number(data, "noticeSeconds")
-                    if notice is None:
-                        raise _BadRequest("noticeSeconds is required")
-                    incarnation = state.reschedule_event(event_id, notice)
-                elif action == "start":
-                    incarnation = state.start_event(event_id)
-                elif action == "complete":
-                    incarnation = state.complete_event(event_id)
-                else:
-                    self._json(404, {"error": f"unknown action {action!r}"})
-                    return
-                self._json(200, {"eventId": event_id, "documentIncarnation": incarnation})
-            case ("POST", ["faults"]):
-                kind = data.get("kind")
-                if isinstance(kind, int) and not isinstance(kind, bool):
-                    kind = str(kind)
-                if not isinstance(kind, str):
-                    raise _BadRequest(f"kind is required, one of {', '.join(FAULT_KINDS)}")
-                count = _integer(data, "count")
-                duration = _number(data, "durationSeconds")
-                delay = _number(data, "delaySeconds")  # None: the kind's default
-                retry_after = _string(data, "retryAfter")
-                state.add_fault(kind, count, duration, delay, retry_after)
-                self._json(200, {"kind": kind, "faults": state.snapshot()["faults"]})
-            case ("DELETE", ["faults"]):
-                state.clear_faults()
-                self._json(200, {"faults": []})
-            case ("POST", ["scenario"]):
-                name = _string(data, "name")
-                if name not in SCENARIOS:
-                    raise _BadRequest(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
-                state.start_scenario(name, _number(data, "speed"))
-                self._json(
-                    200, {"scenario": name, "speed": state.speed, "documentIncarnation": state.incarnation}
-                )
-            case ("POST", ["advance"]):
-                seconds = _number(data, "seconds")
-                if seconds is None:
-                    raise _BadRequest("seconds is required")
-                state.advance(seconds)
-                snap = state.snapshot()
-                self._json(
-                    200,
-                    {
-                        "clockOffsetSeconds": snap["clockOffsetSeconds"],
-                        "clock": snap["clock"],
-                        "documentIncarnation": snap["documentIncarnation"],
-                    },
-                )
-            case ("POST", ["reset"]):
-                state.reset()
-                self._json(200, {"documentIncarnation": state.incarnation})
-            case ("PUT", ["raw"]):
-                text = _string(data, "body")
-                if text is None:
-                    raise _BadRequest("body (the exact text to serve) is required")
-                status = _integer(data, "status", 200) or 200
-                if not 200 <= status <= 599 or status in (204, 304):
-                    raise _BadRequest("status must be 200-599 and allow a body (not 204/304)")
-                content_type = _string(data, "contentType", JSON_CONTENT_TYPE) or JSON_CONTENT_TYPE
-                state.set_raw(text.encode(), status, content_type)
-                self._json(200, {"raw": True, "status": status, "length": len(text.encode())})
-            case ("DELETE", ["raw"]):
-                state.clear_raw()
-                self._json(200, {"raw": False})
-            case (
-                _,
-                ["state" | "scenarios" | "events" | "faults" | "scenario" | "advance" | "reset" | "raw"],
-            ):
-                self._json(405, {"error": f"{method} not allowed here"})
-            case (_, ["events", _, _]):
-                self._json(405, {"error": f"{method} not allowed here"})
-            case _:
-                self._json(404, {"error": "unknown control path"})
+        """Answer with the route's handler: 404 for an unknown path, 405 for a known path and another verb."""
+        path, params = _control_path(route)
+        handlers = _CONTROL_ROUTES.get(path)
+        if handlers is None:
+            self._json(404, {"error": "unknown control path"})
+        elif method not in handlers:
+            self._json(405, {"error": f"{method} not allowed here"})
+        else:
+            self._json(*handlers[method](self.server.state, data, *params))
+
+
+# ---------------------------------------------------------------------- control API routes
+# One function per route: (HTTP status, JSON answer) from the state and the request's JSON body. A
+# malformed body raises _BadRequest (400); the state's ValueError (400), ConflictError (409) and
+# KeyError (unknown event, 404) are answered by _Handler._control.
+
+ControlAnswer = tuple[int, Any]
+ControlRoute = Callable[..., ControlAnswer]  # (state, body, *path parameters)
+
+_EVENT_ACTION_PATH = "events/{eventId}/{action}"
+
+
+def _control_path(route: list[str]) -> tuple[str, tuple[str, ...]]:
+    """The key of ``route`` in :data:`_CONTROL_ROUTES` and its path parameters (``""``: no route)."""
+    if len(route) == 1:
+        return route[0], ()
+    if len(route) == 3 and route[0] == "events":
+        return _EVENT_ACTION_PATH, (route[1], route[2])
+    return "", ()
+
+
+def _required_number(data: dict[str, Any], key: str) -> float:
+    value = _number(data, key)
+    if value is None:
+        raise _BadRequest(f"{key} is required")
+    return value
+
+
+def _get_state(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+    return 200, state.snapshot()
+
+
+def _get_scenarios(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+    return 200, {name: s.summary for name, s in SCENARIOS.items()}
+
+
+def _add_event(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+    event_type = _string(data, "eventType")
+    if not event_type:
+        raise _BadRequest("eventType is required")
+    resources = data.get("resources")
+    if resources is not None and (
+        not isinstance(resources, list) or not all(isinstance(r, str) for r in resources)
+    ):
+        raise _BadRequest("resources must be a list of strings")
+    event_id = state.add_event(
+        event_type=event_type,
+        event_source=_string(data, "eventSource", "Platform") or "",
+        description=_string(data, "description", "") or "",
+        duration=_integer(data, "durationInSeconds", -1) or 0,
+        resources=resources,
+        status=_string(data, "status", "Scheduled") or "",
+        notice_seconds=_number(data, "noticeSeconds"),
+        started_seconds=_number(data, "startedSeconds", 600.0) or 0.0,
+        event_id=_string(data, "eventId"),
+    )
+    return 201, {"eventId": event_id, "documentIncarnation": state.incarnation}
+
+
+#: ``POST /_emulator/events/<id>/<action>``: the action on one event, returning the new incarnation.
+_EVENT_ACTIONS: dict[str, Callable[[EmulatorState, str, dict[str, Any]], int]] = {
+    "cancel": lambda state, event_id, data: state.cancel_event(event_id),
+    "reschedule": lambda state, event_id, data: state.reschedule_event(
+        event_id, _required_number(data, "noticeSeconds")
+    ),
+    "start": lambda state, event_id, data: state.start_event(event_id),
+    "complete": lambda state, event_id, data: state.complete_event(event_id),
+}
+
+
+def _event_action(state: EmulatorState, data: dict[str, Any], event_id: str, action: str) -> ControlAnswer:
+    act = _EVENT_ACTIONS.get(action)
+    if act is None:
+        return 404, {"error": f"unknown action {action!r}"}
+    return 200, {"eventId": event_id, "documentIncarnation": act(state, event_id, data)}
+
+
+def _add_fault(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+    kind = data.get("kind")
+    if isinstance(kind, int) and not isinstance(kind, bool):
+        kind = str(kind)
+    if not isinstance(kind, str):
+        raise _BadRequest(f"kind is required, one of {', '.join(FAULT_KINDS)}")
+    count = _integer(data, "count")
+    duration = _number(data, "durationSeconds")
+    delay = _number(data, "delaySeconds")  # None: the kind's default
+    retry_after = _string(data, "retryAfter")
+    state.add_fault(kind, count, duration, delay, retry_after)
+    return 200, {"kind": kind, "faults": state.snapshot()["faults"]}
+
+
+def _clear_faults(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+    state.clear_faults()
+    return 200, {"faults": []}
+
+
+def _start_scenario(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+    name = _string(data, "name")
+    if name not in SCENARIOS:
+        raise _BadRequest(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    state.start_scenario(name, _number(data, "speed"))
+    return 200, {"scenario": name, "speed": state.speed, "documentIncarnation": state.incarnation}
+
+
+def _advance(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+    state.advance(_required_number(data, "seconds"))
+    snap = state.snapshot()
+    return 200, {
+        "clockOffsetSeconds": snap["clockOffsetSeconds"],
+        "clock": snap["clock"],
+        "documentIncarnation": snap["documentIncarnation"],
+    }
+
+
+def _reset(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+    state.reset()
+    return 200, {"documentIncarnation": state.incarnation}
+
+
+def _set_raw(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+    text = _string(data, "body")
+    if text is None:
+        raise _BadRequest("body (the exact text to serve) is required")
+    status = _integer(data, "status", 200) or 200
+    if not 200 <= status <= 599 or status in (204, 304):
+        raise _BadRequest("status must be 200-599 and allow a body (not 204/304)")
+    content_type = _string(data, "contentType", JSON_CONTENT_TYPE) or JSON_CONTENT_TYPE
+    state.set_raw(text.encode(), status, content_type)
+    return 200, {"raw": True, "status": status, "length": len(text.encode())}
+
+
+def _clear_raw(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+    state.clear_raw()
+    return 200, {"raw": False}
+
+
+#: Path under /_emulator/ -> verb -> route (docs/emulator.md lists them).
+_CONTROL_ROUTES: dict[str, dict[str, ControlRoute]] = {
+    "state": {"GET": _get_state},
+    "scenarios": {"GET": _get_scenarios},
+    "events": {"POST": _add_event},
+    _EVENT_ACTION_PATH: {"POST": _event_action},
+    "faults": {"POST": _add_fault, "DELETE": _clear_faults},
+    "scenario": {"POST": _start_scenario},
+    "advance": {"POST": _advance},
+    "reset": {"POST": _reset},
+    "raw": {"PUT": _set_raw, "DELETE": _clear_raw},
+}
 
 
 class EmulatorServer:

@@ -6,10 +6,10 @@ Why it is built this way:
 
 * **One spec syntax for both directions.** The hub part of the spec (namespace, hub, ``credential``,
   ``client_id``, ``connection_string_env|file``, ``open_timeout``, ``retry_total``, ``transport``) is
-  parsed, read and classified by the Event Hubs sink's own helpers (:mod:`bridge.sinks.eventhubs`), so
-  ``se-bridge decide --sink X`` and ``se-bridge approver --source X`` accept the same ``X``; the sink's
-  delivery options (``send_timeout``, ``max_in_flight``) are accepted and ignored. The source adds
-  ``consumer_group`` and the checkpoint store.
+  parsed, read and classified by :mod:`bridge.transports.eventhubs`, which the Event Hubs sink uses
+  too, so ``se-bridge decide --sink X`` and ``se-bridge approver --source X`` accept the same ``X``;
+  the sink's delivery options (``send_timeout``, ``max_in_flight``) are checked and ignored. The
+  source adds ``consumer_group`` and the checkpoint store.
 * **Checkpoint only when final.** The SDK's ``receive`` runs in a background thread and hands events
   to :meth:`EventHubsSource.poll` through a bounded queue, each partition in order. Nothing is
   checkpointed by the SDK: :meth:`EventHubsSource.commit` writes the partition's checkpoint (offset
@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import re
 import threading
 import time
@@ -53,34 +52,33 @@ import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
-from bridge.approver.sources import DecisionSource, Message, SourceError
+from bridge.approver.sources.base import DecisionSource, Message, SourceError, owner
 from bridge.fsutil import ensure_private_dir, write_atomic
-from bridge.observability import redact
-from bridge.pipeline import SinkError
-from bridge.sinks.base import numeric_option
-from bridge.sinks.eventhubs import OPTIONS as HUB_OPTIONS
-from bridge.sinks.eventhubs import (
+from bridge.redaction import redact
+from bridge.transports import eventhubs
+from bridge.transports.azure import EXTRA_HINT
+from bridge.transports.base import numeric_option
+from bridge.transports.eventhubs import (
     Abandoned,
     EventHubsOptions,
+    HubConnection,
     abandon,
     call_with_deadline,
-    classify_error,
-    client_options,
     identity_error,
-    make_credential,
     one_line,
-    parse_eventhubs_spec,
-    read_connection_string,
-    resolve_connection_string,
 )
+from bridge.transports.secrets import SecretRef
 
-log = logging.getLogger("bridge.approver.eventhubs")
+log = logging.getLogger(__name__)
 
-#: The options the source adds to the sink's (see :data:`bridge.sinks.eventhubs.OPTIONS`).
+#: Who speaks in this source's refusals ("eventhubs source: ...").
+OWNER = owner("eventhubs source")
+
+#: The options the source adds to the hub's (see :data:`bridge.transports.eventhubs.OPTIONS`).
 SOURCE_OPTIONS: dict[str, str] = {
     "consumer_group": "the hub's consumer group (default $Default)",
     "checkpoint_url": "https://<account>.blob.core.windows.net/<container> (the hub's Entra ID credential)",
@@ -91,15 +89,17 @@ SOURCE_OPTIONS: dict[str, str] = {
     "ownership_expiration": "seconds after which a silent instance's partitions are taken over "
     "(default 6 x load_balancing_interval)",
 }
-SINK_ONLY = ("send_timeout", "max_in_flight")  # accepted (one spec for both directions), ignored
 DEFAULT_CONSUMER_GROUP = "$Default"
 MAX_QUEUED = 200  # events received and not yet handed out: the SDK's receive thread waits beyond
 MAX_BATCH = 100  # messages handed out by one poll
 
 _CONTAINER = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(?:-[a-z0-9]+)*$")
 _CONSUMER_GROUP = re.compile(r"^(?:\$Default|[A-Za-z0-9][A-Za-z0-9._-]{0,49})$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRETISH = re.compile(r"(?i)(key|sas|secret|token|password|connection_?string$|signature)")
+_CHECKPOINT_SECRET_HINT = (
+    "checkpoint_connection_string_env=VARIABLE, checkpoint_connection_string_file=/path or "
+    "checkpoint_url with credential=managed|default"
+)
 
 # The storage client's own retries: a few quick ones (its default waits 15 s, then 18 s, then 24 s).
 _STORE_OPTIONS: dict[str, Any] = {
@@ -112,86 +112,71 @@ _STORE_OPTIONS: dict[str, Any] = {
 }
 
 
-def _error(message: str) -> SourceError:
-    return SourceError(message.replace("eventhubs sink", "eventhubs source"))
-
-
 class SourceOptions:
     """What the source adds to an ``eventhubs://`` spec, validated. Holds no secret."""
 
     def __init__(self, values: dict[str, str], hub: EventHubsOptions, group: str | None) -> None:
         self.consumer_group = values.get("consumer_group") or group or DEFAULT_CONSUMER_GROUP
         if not _CONSUMER_GROUP.match(self.consumer_group):
-            raise _error(
-                "eventhubs source: consumer_group must be $Default or 1-50 letters, digits, '.', '_', '-'"
-            )
+            raise OWNER.refuse("consumer_group must be $Default or 1-50 letters, digits, '.', '_', '-'")
         self.checkpoint_url = values.get("checkpoint_url") or None
-        self.checkpoint_env = values.get("checkpoint_connection_string_env") or None
-        self.checkpoint_file = values.get("checkpoint_connection_string_file") or None
+        #: The storage account's connection string (checkpoint_connection_string_env / _file).
+        self.checkpoint: SecretRef | None = SecretRef.from_options(
+            OWNER,
+            "checkpoint_connection_string",
+            values.get("checkpoint_connection_string_env") or None,
+            values.get("checkpoint_connection_string_file") or None,
+        )
         self.container = values.get("checkpoint_container") or None
         self.account_url: str | None = None
-        if self.checkpoint_env and self.checkpoint_file:
-            raise _error(
-                "eventhubs source: give checkpoint_connection_string_env or "
-                "checkpoint_connection_string_file, not both"
-            )
-        by_string = bool(self.checkpoint_env or self.checkpoint_file)
+        by_string = self.checkpoint is not None
         if self.checkpoint_url and (by_string or self.container):
-            raise _error(
-                "eventhubs source: checkpoint_url names the container itself; it excludes "
+            raise OWNER.refuse(
+                "checkpoint_url names the container itself; it excludes "
                 "checkpoint_connection_string_* and checkpoint_container"
             )
         if self.checkpoint_url:
             self._parse_url(self.checkpoint_url, hub)
         elif by_string:
-            if self.checkpoint_env is not None and not _ENV_NAME.match(self.checkpoint_env):
-                raise _error(
-                    "eventhubs source: checkpoint_connection_string_env must be an environment variable name"
-                )
-            if self.checkpoint_file is not None and not Path(self.checkpoint_file).is_absolute():
-                raise _error("eventhubs source: checkpoint_connection_string_file must be an absolute path")
             if not self.container:
-                raise _error(
-                    "eventhubs source: checkpoint_connection_string_* needs checkpoint_container=NAME"
-                )
+                raise OWNER.refuse("checkpoint_connection_string_* needs checkpoint_container=NAME")
         elif self.container:
-            raise _error(
-                "eventhubs source: checkpoint_container needs checkpoint_connection_string_env or _file "
+            raise OWNER.refuse(
+                "checkpoint_container needs checkpoint_connection_string_env or _file "
                 "(or use checkpoint_url=https://<account>.blob.core.windows.net/<container>)"
             )
         if self.container is not None and not _CONTAINER.match(self.container):
-            raise _error(
-                "eventhubs source: the checkpoint container must be a blob container name "
+            raise OWNER.refuse(
+                "the checkpoint container must be a blob container name "
                 "(3-63 lower-case letters, digits and single hyphens)"
             )
         interval = _seconds(values, "load_balancing_interval", 30.0, 1.0, 3600.0)
         expiration = _seconds(values, "ownership_expiration", 6 * interval, 2.0, 86_400.0)
         if expiration <= interval:
-            raise _error("eventhubs source: ownership_expiration must be longer than load_balancing_interval")
+            raise OWNER.refuse("ownership_expiration must be longer than load_balancing_interval")
         self.load_balancing_interval = interval
         self.ownership_expiration = expiration
 
     def _parse_url(self, url: str, hub: EventHubsOptions) -> None:
         parts = urlsplit(url)
         if parts.query or parts.fragment or "@" in parts.netloc:
-            raise _error(
-                "eventhubs source: no SAS token or credentials in checkpoint_url; it uses the hub's Entra "
+            raise OWNER.refuse(
+                "no SAS token or credentials in checkpoint_url; it uses the hub's Entra "
                 "ID credential (or use checkpoint_connection_string_env/_file)"
             )
         if parts.scheme.lower() != "https" or not parts.hostname:
-            raise _error(
-                "eventhubs source: checkpoint_url must be "
+            raise OWNER.refuse(
+                "checkpoint_url must be "
                 "https://<account>.blob.core.windows.net/<container> (Entra ID tokens are only sent over TLS)"
             )
         segments = [s for s in parts.path.split("/") if s]
         if not segments:
-            raise _error(
-                "eventhubs source: checkpoint_url names no container: "
-                "https://<account>.blob.core.windows.net/<container>"
+            raise OWNER.refuse(
+                "checkpoint_url names no container: https://<account>.blob.core.windows.net/<container>"
             )
         if hub.uses_connection_string:
-            raise _error(
-                "eventhubs source: checkpoint_url uses the hub's Entra ID credential (credential=managed or "
+            raise OWNER.refuse(
+                "checkpoint_url uses the hub's Entra ID credential (credential=managed or "
                 "default); with connection_string_* give checkpoint_connection_string_env/_file and "
                 "checkpoint_container"
             )
@@ -201,48 +186,30 @@ class SourceOptions:
 
     @property
     def has_store(self) -> bool:
-        return bool(self.checkpoint_url or self.checkpoint_env or self.checkpoint_file)
+        return bool(self.checkpoint_url or self.checkpoint)
 
 
 def _seconds(values: dict[str, str], name: str, default: float, low: float, high: float) -> float:
     raw = values.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        return float(numeric_option("eventhubs source", name, raw, low, high))
-    except SinkError as exc:
-        raise _error(str(exc)) from None
+    return float(numeric_option(OWNER, name, raw, low, high))
 
 
 def parse_source_spec(spec: str, group: str | None = None) -> tuple[EventHubsOptions, SourceOptions]:
-    """Split an ``eventhubs://`` source spec into the hub part (parsed by the sink's parser) and the
-    source's own options. Every mistake is a :class:`SourceError` naming the option, never a value."""
-    parts = urlsplit(spec.strip())
-    hub_pairs: list[tuple[str, str]] = []
-    own: dict[str, str] = {}
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        name = key.strip().lower()
-        if name in SOURCE_OPTIONS:
-            if name in own:
-                raise _error(f"eventhubs source: option {name} given twice")
-            own[name] = value.strip()
-        elif name.startswith("checkpoint_") and _SECRETISH.search(name):
-            raise _error(
-                f"eventhubs source: {key} is refused: never put a secret in the source spec; use "
-                "checkpoint_connection_string_env=VARIABLE, checkpoint_connection_string_file=/path or "
-                "checkpoint_url with credential=managed|default"
-            )
-        elif name in HUB_OPTIONS or _SECRETISH.search(name):
-            hub_pairs.append((key, value))  # the sink's parser refuses secrets with its own message
-        else:
-            known = ", ".join([*HUB_OPTIONS, *SOURCE_OPTIONS])
-            raise _error(f"eventhubs source: unknown option {key!r} (known: {known})")
-    hub_spec = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(hub_pairs), ""))
-    try:
-        hub = parse_eventhubs_spec(hub_spec)
-    except SinkError as exc:
-        raise _error(str(exc)) from None
+    """An ``eventhubs://`` source spec: the hub part (:func:`bridge.transports.eventhubs.parse_spec`,
+    shared with the sink) and the source's own options. Every mistake is a :class:`SourceError`
+    naming the option, never a value."""
+    hub, own = eventhubs.parse_spec(spec, OWNER, SOURCE_OPTIONS, _secret_hint)
     return hub, SourceOptions(own, hub, group)
+
+
+def _secret_hint(name: str) -> str | None:
+    """A ``checkpoint_*`` name that looks like a secret's is refused with the checkpoint's ways of
+    giving one; any other name as the hub's would be."""
+    if name.startswith("checkpoint_") and _SECRETISH.search(name):
+        return _CHECKPOINT_SECRET_HINT
+    return eventhubs.secret_hint(name)
 
 
 def _payload(event: Any) -> bytes:
@@ -326,16 +293,12 @@ class EventHubsSource(DecisionSource):
         self.options, self.source_options = parse_source_spec(spec, group)
         opts = self.options
         self.consumer_group = self.source_options.consumer_group
-        self._credential: Any = None
+        #: The credential or connection string, and the hub's name and endpoint once it is read.
+        self.connection = HubConnection(opts, OWNER, log, {"source": self.name})
         if opts.uses_connection_string:
-            try:
-                info, self.hub = resolve_connection_string(opts, read_connection_string(opts))
-            except SinkError as exc:
-                raise _error(str(exc)) from None
-            self._where = f"{info.host}/{self.hub}"
-        else:
-            self.hub = opts.hub
-            self._where = f"{opts.namespace}/{opts.hub}"
+            self.connection.connection_string()  # the hub and endpoint it names (and a check, now)
+        self.hub = self.connection.hub
+        self._where = self.connection.where
         digest = hashlib.sha256(f"{self._where}/{self.consumer_group}".lower().encode()).hexdigest()[:12]
         ensure_private_dir(state_dir)
         self._owner_path = state_dir / f"source-eventhubs-{digest}.owner"
@@ -364,15 +327,11 @@ class EventHubsSource(DecisionSource):
             self._positions = self._read_positions()
         self._check_hub()
 
-    # -- building ---------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, spec: str, state_dir: Path, group: str) -> EventHubsSource:
+        return cls(spec, state_dir, group=group)
 
-    def _hub_credential(self) -> Any:
-        if self._credential is None:
-            try:
-                self._credential = make_credential(self.options)
-            except SinkError as exc:
-                raise _error(str(exc)) from None
-        return self._credential
+    # -- building ---------------------------------------------------------------------------------
 
     def _owner_id(self) -> str:
         try:
@@ -384,48 +343,27 @@ class EventHubsSource(DecisionSource):
             write_atomic(self._owner_path, owner.encode() + b"\n")
         return owner
 
-    def _read_store_connection_string(self) -> str:
-        so = self.source_options
-        if so.checkpoint_env is not None:
-            value = os.environ.get(so.checkpoint_env, "").strip()
-            if not value:
-                raise _error(
-                    f"eventhubs source: environment variable {so.checkpoint_env} is not set or empty"
-                )
-            return value
-        assert so.checkpoint_file is not None
-        try:
-            value = Path(so.checkpoint_file).read_text(encoding="utf-8").strip()
-        except OSError as err:
-            raise _error(
-                f"eventhubs source: cannot read checkpoint_connection_string_file {so.checkpoint_file}: "
-                f"{err.strerror or type(err).__name__}"
-            ) from None
-        if not value:
-            raise _error(f"eventhubs source: checkpoint_connection_string_file {so.checkpoint_file} is empty")
-        return value
-
     def _new_store(self) -> Any:
         try:
             from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
         except ImportError as exc:
-            raise _error(
-                f"eventhubs source: the checkpoint store needs azure-eventhub-checkpointstoreblob ({exc}); "
-                "pip install 'scheduled-events-bridge[eventhubs]'"
+            raise OWNER.refuse(
+                f"the checkpoint store needs azure-eventhub-checkpointstoreblob ({exc}); {EXTRA_HINT}"
             ) from None
         so = self.source_options
         assert so.container is not None
         if so.account_url is not None:
             return BlobCheckpointStore(
-                so.account_url, so.container, credential=self._hub_credential(), **_STORE_OPTIONS
+                so.account_url, so.container, credential=self.connection.azure_credential(), **_STORE_OPTIONS
             )
-        text = self._read_store_connection_string()
+        assert so.checkpoint is not None
+        text = so.checkpoint.resolve(OWNER).strip()
         try:
             return BlobCheckpointStore.from_connection_string(text, so.container, **_STORE_OPTIONS)
         except (ValueError, TypeError, KeyError) as exc:
             # The SDK's parse errors are generic, but never echo anything derived from the secret.
-            raise _error(
-                f"eventhubs source: the checkpoint connection string is not usable ({type(exc).__name__})"
+            raise OWNER.refuse(
+                f"the checkpoint connection string is not usable ({type(exc).__name__})"
             ) from None
 
     def _build_stores(self) -> None:
@@ -438,41 +376,15 @@ class EventHubsSource(DecisionSource):
         self._store = _stable_owner_store(self._sdk_store, self._owner_id(), self._health)
 
     def _build_client(self) -> Any:
-        try:
-            from azure.eventhub import EventHubConsumerClient
-        except ImportError as exc:
-            raise _error(
-                f"eventhubs source: azure-eventhub is not installed ({exc}); "
-                "pip install 'scheduled-events-bridge[eventhubs]'"
-            ) from None
-        opts, so = self.options, self.source_options
-        kwargs: dict[str, Any] = {
-            **client_options(opts),
-            "consumer_group": self.consumer_group,
-            "checkpoint_store": self._store,
-            "load_balancing_interval": so.load_balancing_interval,
-            "partition_ownership_expiration_interval": so.ownership_expiration,
-        }
-        if not opts.uses_connection_string:
-            return EventHubConsumerClient(
-                fully_qualified_namespace=opts.namespace,
-                eventhub_name=opts.hub,
-                credential=self._hub_credential(),
-                **kwargs,
-            )
-        try:
-            text = read_connection_string(opts)
-            info, hub = resolve_connection_string(opts, text)
-        except SinkError as exc:
-            raise _error(str(exc)) from None
-        try:
-            return EventHubConsumerClient.from_connection_string(
-                text, eventhub_name=None if info.entity_path else hub, **kwargs
-            )
-        except (ValueError, TypeError) as exc:
-            raise _error(
-                f"eventhubs source: the connection string is not usable ({type(exc).__name__})"
-            ) from None
+        """A new consumer client (connects lazily: building it contacts nothing)."""
+        so = self.source_options
+        return self.connection.build(
+            "EventHubConsumerClient",
+            consumer_group=self.consumer_group,
+            checkpoint_store=self._store,
+            load_balancing_interval=so.load_balancing_interval,
+            partition_ownership_expiration_interval=so.ownership_expiration,
+        )
 
     # -- start-up checks --------------------------------------------------------------------------
 
@@ -492,9 +404,7 @@ class EventHubsSource(DecisionSource):
         except Exception as exc:
             permanent, detail = self._classify_store_error(exc)
             if permanent:
-                raise SourceError(
-                    f"eventhubs source: checkpoint store {self._store_where}: {detail}"
-                ) from None
+                raise OWNER.refuse(f"checkpoint store {self._store_where}: {detail}") from None
             self._store_unreachable(detail)
 
     def _classify_store_error(self, exc: BaseException) -> tuple[bool, str]:
@@ -545,9 +455,9 @@ class EventHubsSource(DecisionSource):
             return
         except Exception as exc:
             abandon(None, client)
-            error = classify_error(exc, self._where, opening=True)
+            error = self.connection.classify(exc, SourceError, opening=True)
             if not error.retryable:
-                raise _error(f"eventhubs source: {error}") from None
+                raise OWNER.refuse(str(error)) from None
             self._hub_unreachable(str(error))
             return
         self._client = client

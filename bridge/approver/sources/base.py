@@ -1,0 +1,73 @@
+"""The decision source contract: where the approver reads decisions (and, in fleet mode, event
+records) from, with a commit only once an outcome is final.
+
+Every source hands out :class:`Message` s in order and is told to :meth:`DecisionSource.commit` a
+message only once its outcome is final (audit record durable). A crash before the commit means the
+message is read again after the restart, which the decision store recognises (see
+:mod:`bridge.approver.store`). This module is the interface alone, like :mod:`bridge.pipeline.sink`
+for sinks, so the transports a source is built on (:mod:`bridge.transports`) and the approver that
+drives it import it without importing each other.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from bridge.errors import BridgeError
+from bridge.redaction import redact
+from bridge.transports.base import Owner
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    payload: bytes
+    position: str  # where the message sits in its source: stable across re-reads
+
+
+class SourceError(BridgeError):
+    """A source that cannot be used (configuration: ``retryable=False``, the approver exits 2) or is
+    unavailable for now (``retryable=True``: waited for)."""
+
+    def __init__(self, message: str, retryable: bool = False, kind: str = "source") -> None:
+        super().__init__(message, kind=kind, retryable=retryable)
+
+
+def owner(label: str) -> Owner:
+    """A source as the transport helpers speak for it: messages start with ``label`` ("kafka
+    source"), refusals are permanent :class:`SourceError` s (the approver exits 2)."""
+    return Owner(label, SourceError)
+
+
+class DecisionSource(ABC):
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.name = redact(spec)
+
+    @classmethod
+    def create(cls, spec: str, state_dir: Path, group: str) -> DecisionSource:
+        """Build the source ``spec`` names (what :func:`bridge.approver.sources.create_source` calls).
+        ``state_dir`` keeps what the source must remember locally, ``group`` is the consumer group of
+        sources that have one; a source that needs neither ignores them."""
+        return cls(spec)
+
+    def open(self) -> None:  # noqa: B027 - optional hook
+        """Connect; raise :class:`SourceError` when the configuration can never work."""
+
+    @abstractmethod
+    def poll(self, timeout: float) -> list[Message]:
+        """Messages not handed out before, oldest first, waiting up to ``timeout`` for one."""
+
+    @abstractmethod
+    def commit(self, message: Message) -> None:
+        """The message's outcome is final: never hand it out again, even after a restart."""
+
+    @property
+    def exhausted(self) -> bool:
+        """True once the source can never hand out another message (standard input at its end): the
+        approver then stops. A stream (a file followed as it grows, a topic, a hub) never is."""
+        return False
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass

@@ -1,0 +1,65 @@
+"""``file:///path.jsonl``: decisions from a JSON Lines file, followed as it grows.
+
+For a lab, a test or an operator who writes decisions by hand: no broker needed. The position of a
+message is its line number; the last committed line is kept in the state directory (written
+atomically), so a restarted approver resumes after it. A last line without its newline is a writer
+caught mid-line and is read once complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from bridge.approver.sources.base import DecisionSource, Message
+from bridge.fsutil import ensure_private_dir, write_atomic
+
+
+class FileSource(DecisionSource):
+    """Follows a JSON Lines file; position ``line:<n>``; committed line persisted in the state dir."""
+
+    def __init__(self, spec: str, state_dir: Path) -> None:
+        super().__init__(spec)
+        parts = urlsplit(spec)
+        self.path = Path(unquote(parts.path))
+        digest = hashlib.sha256(str(self.path).encode()).hexdigest()[:12]
+        ensure_private_dir(state_dir)
+        self._cursor_path = state_dir / f"source-file-{digest}.cursor"
+        try:
+            self._committed = int(self._cursor_path.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            self._committed = 0
+        self._handed = self._committed
+        self._wake = threading.Event()
+
+    @classmethod
+    def create(cls, spec: str, state_dir: Path, group: str) -> FileSource:
+        return cls(spec, state_dir)
+
+    def poll(self, timeout: float) -> list[Message]:
+        out = self._read()
+        if not out:
+            self._wake.wait(timeout)
+            out = self._read()
+        return out
+
+    def _read(self) -> list[Message]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        lines = data.split(b"\n")
+        complete = lines[:-1]  # the last piece has no newline yet: a writer is mid-line
+        out = []
+        for number in range(self._handed + 1, len(complete) + 1):
+            line = complete[number - 1].strip()
+            if line:
+                out.append(Message(line, f"line:{number}"))
+            self._handed = number
+        return out
+
+    def commit(self, message: Message) -> None:
+        self._committed = int(message.position.split(":", 1)[1])
+        write_atomic(self._cursor_path, b"%d\n" % self._committed)

@@ -1,0 +1,105 @@
+"""``kafka://host:port/topic?...``: decisions from a Kafka topic, through a consumer group.
+
+The spec is :mod:`bridge.transports.kafka`'s, the one the Kafka sink takes (TLS, SASL, the Event Hubs
+Kafka endpoint with a connection string or an Entra ID token; the producer options are checked and
+ignored), so ``se-bridge decide --sink X`` and ``se-bridge approver --source X`` accept the same
+``X``. The connection settings come from the same place; this module adds only the consumer.
+
+Offsets are committed one by one, synchronously, only after a decision's outcome is final
+(auto-commit is off): a crash re-reads the decision, and the approver's store makes the re-read
+harmless. Group settings: ``roundrobin`` assignment (works everywhere, and some Kafka-protocol brokers
+hang a ``range,roundrobin`` join) and a 10 s session timeout (a dead approver's partitions move on
+quickly).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from bridge.approver.sources.base import DecisionSource, Message, SourceError, owner
+from bridge.transports import kafka
+from bridge.transports.kafka import KafkaConnection, TokenUnavailable
+
+log = logging.getLogger(__name__)
+_rdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
+
+#: Who speaks in this source's refusals ("kafka source: ...").
+OWNER = owner("kafka source")
+
+
+class KafkaSource(DecisionSource):
+    def __init__(self, spec: str, group: str) -> None:
+        super().__init__(spec)
+        self.options = kafka.parse_spec(spec, OWNER)
+        self.connection = KafkaConnection(self.options, OWNER)
+        self.topic = self.options.topic
+        self.group = group
+        self._consumer: Any = None
+
+    @classmethod
+    def create(cls, spec: str, state_dir: Path, group: str) -> KafkaSource:
+        return cls(spec, group)
+
+    def consumer_config(self) -> dict[str, Any]:
+        """The librdkafka configuration (with the password, read now: never log this dict)."""
+        return {
+            **self.connection.config(error_cb=self._on_error, logger=_rdkafka_log),
+            "group.id": self.group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "roundrobin",
+            "session.timeout.ms": 10_000,
+            "heartbeat.interval.ms": 2_000,
+            # Notice a topic created after the approver started within 30 s, not librdkafka's 5 min.
+            "topic.metadata.refresh.interval.ms": 30_000,
+        }
+
+    def open(self) -> None:
+        config = self.consumer_config()
+        try:
+            self._consumer = Consumer(config)
+        except TokenUnavailable as exc:
+            raise SourceError(f"kafka source {self.name}: {exc}", retryable=True, kind="token") from None
+        except (KafkaException, TypeError, ValueError) as exc:
+            raise OWNER.refuse(f"invalid consumer configuration: {exc}") from None
+        self._consumer.subscribe([self.topic])
+
+    def _on_error(self, err: KafkaError) -> None:
+        """Client-level errors (a broker away, a refused login) are retried by librdkafka; they reach
+        the operator through :meth:`poll` while nothing arrives."""
+        log.debug(
+            "kafka client error", extra={"source": self.name, "error": str(kafka.classify(err, SourceError))}
+        )
+
+    def poll(self, timeout: float) -> list[Message]:
+        if self._consumer is None:
+            self.open()
+        msg = self._consumer.poll(timeout)
+        if msg is None:
+            return []
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return []
+            raise kafka.classify(err, SourceError, context=f"kafka source {self.name}")
+        return [Message(msg.value() or b"", f"{msg.topic()}/{msg.partition()}@{msg.offset()}")]
+
+    def commit(self, message: Message) -> None:
+        topic_partition, _, offset = message.position.rpartition("@")
+        topic, _, partition = topic_partition.rpartition("/")
+        try:
+            self._consumer.commit(
+                offsets=[TopicPartition(topic, int(partition), int(offset) + 1)], asynchronous=False
+            )
+        except KafkaException as exc:
+            # A lost commit (rebalance, broker away) means a re-read later, which the store absorbs.
+            raise SourceError(f"kafka source {self.name}: commit failed: {exc}", retryable=True) from None
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

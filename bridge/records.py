@@ -1,0 +1,134 @@
+"""Every record shape the bridge publishes, in one place: what consumers read is decided here.
+
+* ``scheduledEvents`` (``schemas/record.v1.schema.json``): one document change seen by the agent.
+  ``recordId`` is derived from *what changed*, never from when it was seen: the VM, and the
+  (incarnation, content digest) of the documents before and after. The same change therefore gets
+  the same id after a crash, a restart or a resend, and consumers can deduplicate on it; a different
+  change can never reuse an id.
+* ``approval`` (``schemas/approval.v1.schema.json``): the outcome of one approval attempt, written by
+  the agent's relay (``component`` ``agent`` or ``policy``) and by the approver (``approver``). An
+  attempt is an occurrence, not a derivable change: its id is random, fixed once in the outbox.
+* the ``/v1/document`` view of the agent's API: the current events as records show them.
+
+Routing metadata next to each record comes from :meth:`bridge.pipeline.RecordMeta.of`, which reads
+the envelope every shape here shares (``recordId``, ``recordType``, ``schemaVersion``,
+``observedAt``, ``vm``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import orjson
+
+from bridge import __version__
+from bridge.imds.document import EventsDocument
+from bridge.imds.instance import VmIdentity
+from bridge.timeutil import rfc3339
+
+SCHEMA_VERSION = 1
+SCHEDULED_EVENTS = "scheduledEvents"
+APPROVAL = "approval"
+# Namespace of record ids (uuid5); fixed forever so ids stay comparable across versions of the agent.
+RECORD_NAMESPACE = uuid.UUID("5b0f3d38-6c1e-4c61-9d43-5fd0d0f0a2b1")
+
+
+class Transition(Protocol):
+    """One event's change between two documents (``bridge.agent.diff.Change``)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def record_id(vm_key: str, previous: EventsDocument | None, current: EventsDocument) -> str:
+    before = "initial" if previous is None else f"{previous.incarnation}:{previous.digest}"
+    return str(uuid.uuid5(RECORD_NAMESPACE, f"{vm_key}|{before}|{current.incarnation}:{current.digest}"))
+
+
+def events_view(vm: VmIdentity, document: EventsDocument) -> list[dict[str, Any]]:
+    """The document's events as records carry them: normalized, with ``affectsThisVm``."""
+    names = vm.names()
+    return [{**e.to_json(), "affectsThisVm": vm.affects(e.resources, names)} for e in document.events]
+
+
+def scheduled_events_record(
+    vm: VmIdentity,
+    previous: EventsDocument | None,
+    current: EventsDocument,
+    changes: Iterable[Transition],
+    observed_at: float,
+) -> dict[str, Any]:
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "recordType": SCHEDULED_EVENTS,
+        "recordId": record_id(vm.key, previous, current),
+        "observedAt": rfc3339(observed_at),
+        "source": {"agentVersion": __version__, "apiVersion": current.api_version},
+        "vm": vm.to_record(),
+        "documentIncarnation": current.incarnation,
+        "previousIncarnation": None if previous is None else previous.incarnation,
+        "events": events_view(vm, current),
+        "changes": [c.to_json() for c in changes],
+        "raw": current.raw,
+    }
+
+
+def document_view(vm: VmIdentity, document: EventsDocument, observed_at: float) -> dict[str, Any]:
+    """``GET /v1/document``: the current document, as a record would show it."""
+    return {
+        "observedAt": rfc3339(observed_at),
+        "documentIncarnation": document.incarnation,
+        "vm": vm.to_record(),
+        "events": events_view(vm, document),
+    }
+
+
+def approval_record(
+    component: str,
+    *,
+    decision_id: str | None,
+    event_ids: list[str],
+    outcome: str,
+    reason: str | None,
+    results: list[dict[str, Any]],
+    vm: VmIdentity | None = None,
+    api_version: str | None = None,
+    target: str | None = None,
+    issued_by: str | None = None,
+    requester: str | None = None,
+    detail: str | None = None,
+    start_requests_posted: int | None = None,
+) -> dict[str, Any]:
+    """One approval attempt, by the agent's relay (with its VM and how many StartRequests it posted)
+    or by the approver (``vm`` null: the decision may never have reached an agent)."""
+    source = {"agentVersion": __version__}
+    if api_version is not None:
+        source["apiVersion"] = api_version
+    record: dict[str, Any] = {
+        "schemaVersion": SCHEMA_VERSION,
+        "recordType": APPROVAL,
+        "recordId": str(uuid.uuid4()),
+        "observedAt": rfc3339(time.time()),
+        "source": source,
+        "component": component,
+        "vm": None if vm is None else vm.to_record(),
+        "decisionId": decision_id,
+        "eventIds": event_ids,
+        "target": target,
+        "issuedBy": issued_by,
+        "requester": requester,
+        "outcome": outcome,
+        "reason": reason,
+        "detail": detail,
+        "results": results,
+    }
+    if start_requests_posted is not None:
+        record["startRequestsPosted"] = start_requests_posted
+    return record
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    """One line of JSON (orjson escapes control characters, so no raw newline can appear)."""
+    return orjson.dumps(record)
