@@ -550,6 +550,20 @@ class ApproverConfig(ConfigBase):
     max_ttl: float = setting(
         86400.0, number(1, 7 * 86400), "Longest allowed expiresAt - issuedAt.", metavar="SECONDS"
     )
+    listen: str = setting(
+        "127.0.0.1:8711",
+        listen_address,
+        "HTTP listener for /healthz, /readyz and /metrics: HOST:PORT (loopback by default), "
+        "unix:/path.sock, or 'off'.",
+        metavar="HOST:PORT|unix:PATH",
+    )
+    read_token_file: str | None = setting(
+        None,
+        optional_text,
+        "File holding a token (at least 32 bytes) that non-loopback scrapers of /metrics send as "
+        "'Authorization: Bearer <token>'.",
+        metavar="PATH",
+    )
     log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
 
 

@@ -501,3 +501,27 @@ class Listener:
 
 def json_response(status: int, payload: Any) -> Response:
     return status, orjson.dumps(payload), "application/json"
+
+
+def probe_routes(
+    alive: Callable[[], tuple[bool, dict[str, Any]]],
+    ready: Callable[[], tuple[bool, str]],
+    registry: Any,
+) -> dict[tuple[str, str], Route]:
+    """``/healthz``, ``/readyz`` and ``/metrics``, the same on every service: liveness from
+    ``alive()`` (a :class:`~bridge.pipeline.health.Health` report), readiness with its reason, and the
+    Prometheus text of ``registry``."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    def healthz(_: Request) -> Response:
+        ok, body = alive()
+        return json_response(200 if ok else 503, body)
+
+    def readyz(_: Request) -> Response:
+        ok, reason = ready()
+        return json_response(200 if ok else 503, {"ready": ok, "reason": reason})
+
+    def metrics(_: Request) -> Response:
+        return 200, generate_latest(registry), CONTENT_TYPE_LATEST
+
+    return {("GET", "/healthz"): healthz, ("GET", "/readyz"): readyz, ("GET", "/metrics"): metrics}

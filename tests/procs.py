@@ -198,16 +198,8 @@ class Agent:
         return requests.get(self.api + path, timeout=5, proxies={"http": "", "https": ""})
 
     def metric(self, name: str, **labels: str) -> float:
-        text = self.get("/metrics").text
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith("#"):
-                continue
-            key, _, value = line.rpartition(" ")
-            base, _, lab = key.partition("{")
-            if base == name and all(f'{k}="{v}"' in lab for k, v in labels.items()):
-                total += float(value)
-        return total
+        assert self.api is not None
+        return scrape(self.api, name, **labels)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -282,6 +274,37 @@ def docker_available() -> str | None:
     return None
 
 
+def scrape(base_url: str, name: str, **labels: str) -> float:
+    """The sum of the ``name`` samples matching ``labels`` on a service's ``/metrics`` (scraped over
+    HTTP, as Prometheus does: tests never read the client library's internals)."""
+    text = requests.get(base_url + "/metrics", timeout=5, proxies={"http": "", "https": ""}).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        base, _, lab = key.partition("{")
+        if base == name and all(f'{k}="{v}"' in lab for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def approver_api(workdir: Path, timeout: float = 30.0) -> str:
+    """The base URL of the approver's API (``--listen 127.0.0.1:0``), from its last start log line."""
+
+    def listening() -> str | None:
+        path = workdir / "approver.log"
+        found = None
+        for line in path.read_bytes().splitlines() if path.exists() else []:
+            if b"--- approver start ---" in line:
+                found = None  # an earlier run's address is not this run's
+            elif b'"approver started"' in line:
+                found = orjson.loads(line).get("listen")
+        return found
+
+    return "http://" + wait_until(listening, timeout, what="the approver's listener")
+
+
 def approver_command(workdir: Path, source: str, sink: str, relay: str, key: bytes, *extra: str) -> list[str]:
     """``se-bridge approver`` with the signing key ``ops`` (written to ``workdir/ops.key``) and its state
     in ``workdir/approver-state``."""
@@ -290,7 +313,7 @@ def approver_command(workdir: Path, source: str, sink: str, relay: str, key: byt
     return [
         PY, "-m", "bridge", "approver", "--source", source, "--sink", sink, "--relay", relay,
         "--key", f"ops={key_file}", "--state-dir", str(workdir / "approver-state"), "--relay-timeout", "3",
-        "--relay-key", f"relay={relay_key_file(workdir)}",
+        "--relay-key", f"relay={relay_key_file(workdir)}", "--listen", "127.0.0.1:0",
         *extra,
     ]  # fmt: skip
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 import pytest
-from procs import RELAY_KEY, Agent, Emulator, decide, start_approver, wait_until
+import requests
+from procs import RELAY_KEY, Agent, Emulator, approver_api, decide, scrape, start_approver, wait_until
 
 from bridge.approver.decision import new_decision, sign
 from bridge.schemas import validate_record
@@ -83,6 +84,10 @@ def setup(emulator: Emulator, make_agent, tmp_path: Path):
     approver.stop()
 
 
+def get(url: str, **headers: str) -> requests.Response:
+    return requests.get(url, headers=headers, timeout=5, proxies={"http": "", "https": ""})
+
+
 def audit_for(approver: Approver, decision_id: str) -> dict[str, Any]:
     return wait_until(
         lambda: next((a for a in approver.audits() if a["decisionId"] == decision_id), None),
@@ -107,6 +112,15 @@ def test_decide_approver_agent_imds_end_to_end(setup) -> None:
         "startRequestsPosted"
     ] == 1
     assert validate_record(agent_audits[0]) == []
+    # The approver serves probes and metrics like the agent (issue 10), behind the same guard.
+    api = approver_api(approver.workdir)
+    assert get(api + "/healthz").status_code == 200
+    assert get(api + "/readyz").json() == {"ready": True, "reason": "ok"}
+    assert scrape(api, "se_bridge_approver_decisions_total", outcome="approved") == 1
+    assert scrape(api, "se_bridge_approver_source_ready") == 1
+    assert scrape(api, "se_bridge_sink_sent_total") >= 1
+    assert get(api + "/metrics", Origin="https://evil.example").status_code == 403
+    assert scrape(api, "se_bridge_http_refused_total", reason="origin") == 1
     # Issue 8: the approver's state directory was created 0755 and the relay ledger written 0644.
     approver.stop()
     for root in (approver.workdir / "approver-state", agent.state_dir):

@@ -21,7 +21,6 @@ import os
 import secrets
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import pytest
 from azurite import Azurite, require_azurite
 from brokers import free_port
 from peers.amqp_eventhubs import EventHubsPeer, StoredEvent
-from procs import Emulator, approver_command, decide, start_approver, wait_until
+from procs import Emulator, approver_api, approver_command, decide, scrape, start_approver, wait_until
 
 from bridge.approver.sources import SourceError
 from bridge.approver.sources.eventhubs import parse_source_spec
@@ -415,8 +414,15 @@ def test_unreachable_namespace_and_checkpoint_store_are_waited_for(
 
         late_peer.start()
         decision_id = decide_on_event_hubs(tmp_path, late_peer, env, eid, "decisions")
-        time.sleep(2.0)
-        assert emulator.state()["startRequests"] == {}  # nothing is read without the checkpoint store
+        # Nothing is read without the checkpoint store: after the decision was published the approver
+        # kept polling (two more failed reads, counted in /metrics) and relayed nothing.
+        api = approver_api(tmp_path)
+        failed = scrape(api, "se_bridge_approver_source_errors_total")
+        wait_until(
+            lambda: scrape(api, "se_bridge_approver_source_errors_total") >= failed + 2, 30, what="reads"
+        )
+        assert emulator.state()["startRequests"] == {}
+        assert scrape(api, "se_bridge_approver_source_ready") == 0
         late_store.start(port=late_store.port)
         late_store.create_container(CONTAINER)
         wait_until(lambda: emulator.state()["startRequests"] == {eid: 1}, 60, what="one StartRequest")

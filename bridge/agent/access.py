@@ -24,25 +24,22 @@ Refusals are counted by reason (``se_bridge_http_refused_total``) and logged onc
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
-from bridge.listener import Request, Response, json_response
-from bridge.netaddr import is_loopback
-from bridge.observability import ErrorStreak
-from bridge.signing import RequestVerifier, load_key
+from bridge.apiguard import ApiGuard, Refusal
+from bridge.listener import Request
+from bridge.signing import RequestVerifier
 
 log = logging.getLogger(__name__)
 
 RELAY_PATH = "/v1/start-requests"
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 READ_PATHS = frozenset({"/metrics", "/v1/document"})
-_LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
-class AccessPolicy:
+class AccessPolicy(ApiGuard):
+    """The agent's guard: :class:`~bridge.apiguard.ApiGuard`'s checks, and the signed relay."""
+
     def __init__(
         self,
         verifier: RequestVerifier,
@@ -52,46 +49,17 @@ class AccessPolicy:
         read_token_file: str | None = None,
         on_refused: Callable[[str], None] | None = None,
     ) -> None:
+        super().__init__(listen, READ_PATHS, read_token_file=read_token_file, on_refused=on_refused)
         self.verifier = verifier
         self.allow_unsigned_loopback = allow_unsigned_loopback
-        self.read_token = load_key(Path(read_token_file)) if read_token_file else None
-        self.unix = listen.startswith("unix:")
-        self.loopback_listener = False
-        self._own_hosts: set[str] = set(_LOCAL_HOSTS)
-        if not self.unix:
-            host = listen.rpartition(":")[0].strip("[]")
-            self.loopback_listener = is_loopback(host)
-            self._own_hosts.add(host.lower())
-        self._on_refused = on_refused
-        self._streak = ErrorStreak(log, "refusing API requests", remind_every=300.0)
 
-    # -- the guard ----------------------------------------------------------------------------------
-
-    def __call__(self, request: Request) -> Response | None:
-        refusal = self._check(request)
-        if refusal is None:
-            return None
-        status, reason, message = refusal
-        if self._on_refused is not None:
-            self._on_refused(reason)
-        self._streak.failure(reason, message, client=request.client, path=request.path)
-        return json_response(status, {"error": message})
-
-    def _check(self, request: Request) -> tuple[int, str, str] | None:
-        headers = request.headers
-        if headers.get("Origin") is not None:
-            return 403, "origin", "cross-origin requests are refused"
-        if self.loopback_listener and not self._own_host(headers.get("Host")):
-            return 403, "host", "unexpected Host for a loopback listener (DNS rebinding?)"
-        if request.path in OPEN_PATHS:
-            return None
-        if request.method == "POST" and request.path == RELAY_PATH:
+    def check(self, request: Request) -> Refusal | None:
+        refusal = super().check(request)
+        if refusal is None and request.method == "POST" and request.path == RELAY_PATH:
             return self._check_relay(request)
-        if request.path in READ_PATHS and not request.local:
-            return self._check_reader(request)
-        return None
+        return refusal
 
-    def _check_relay(self, request: Request) -> tuple[int, str, str] | None:
+    def _check_relay(self, request: Request) -> Refusal | None:
         ctype = (request.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         if ctype != "application/json":
             return 415, "content_type", "Content-Type must be application/json"
@@ -106,17 +74,14 @@ class AccessPolicy:
             return None
         return 401, "auth", "unauthorized: signed requests only (configure relay keys)"
 
-    def _check_reader(self, request: Request) -> tuple[int, str, str] | None:
-        auth = request.headers.get("Authorization") or ""
-        if self.read_token is not None and auth.startswith("Bearer "):
-            token = auth[len("Bearer ") :].strip().encode("utf-8", "replace")
-            if hmac.compare_digest(token, self.read_token):
-                request.requester = f"reader@{request.client}"
-                return None
-            return 401, "auth", "unauthorized: bad read token"
-        if self.verifier.keys:
+    def check_reader(self, request: Request) -> Refusal | None:
+        """The read token, or (with relay keys) a signed request."""
+        refusal = super().check_reader(request)
+        if refusal is not None and self.verifier.keys and "Authorization" not in request.headers:
             return self._signed(request, request.client)
-        return 401, "auth", "unauthorized: remote reads need the read token or a signature"
+        if refusal is not None and not self.verifier.keys:
+            return 401, "auth", "unauthorized: remote reads need the read token or a signature"
+        return refusal
 
     def _signed(self, request: Request, peer: str) -> tuple[int, str, str] | None:
         try:
@@ -125,16 +90,6 @@ class AccessPolicy:
             return 401, "auth", f"unauthorized: {exc}"
         request.requester = f"key:{key_id}@{peer}"
         return None
-
-    def _own_host(self, host: str | None) -> bool:
-        if host is None:  # no browser omits Host, so a request without one is no rebinding attack
-            return True
-        name = host.strip().lower()
-        if name.startswith("["):
-            name = name[: name.find("]") + 1] if "]" in name else name
-        elif name.count(":") == 1:
-            name = name.rpartition(":")[0]
-        return name in self._own_hosts or name.strip("[]") in self._own_hosts
 
     # -- start-up ------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from bridge.imds.instance import VmIdentity, fallback_identity, identity_from_in
 from bridge.observability import ErrorStreak
 from bridge.retry import Backoff
 
-log = logging.getLogger("bridge.identity")
+log = logging.getLogger(__name__)
 
 
 class IdentityResolver:

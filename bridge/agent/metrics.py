@@ -4,61 +4,17 @@ Labels are bounded (see ``docs/operations.md``): error kinds and transition name
 event types and statuses are the documented IMDS values or ``other``; event ids, record ids and URLs
 never appear in a label.
 
-The agent's own series are declared as class attributes (:func:`counter`, :func:`gauge`,
-:func:`histogram`): one line of name, help and labels each, read like a table, and each is created on
-the instance's private registry by ``AgentMetrics()``. ``metrics.polls`` is then the live
+The agent's own series are declared as class attributes (:func:`~bridge.pipeline.metrics.counter`,
+``gauge``, ``histogram``): one line of name, help and labels each, read like a table, and each is
+created on the instance's private registry by ``AgentMetrics()``. ``metrics.polls`` is then the live
 :class:`~prometheus_client.Counter`, typed as such.
 """
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar, overload
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from bridge.pipeline.metrics import PipelineMetrics
+from bridge.pipeline.metrics import PipelineMetrics, counter, gauge, histogram
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-M = TypeVar("M", Counter, Gauge, Histogram)
-
-
-class Series(Generic[M]):
-    """One series, declared on a metrics class; :meth:`create` makes it on a registry.
-
-    A non-data descriptor: once ``AgentMetrics.__init__`` has set the created series on the instance,
-    the instance attribute is what ``metrics.<name>`` returns."""
-
-    def __init__(self, kind: type[M], name: str, help: str, labels: tuple[str, ...], **options: Any) -> None:
-        self.kind, self.name, self.help, self.labels, self.options = kind, name, help, labels, options
-        self.attr = ""
-
-    def __set_name__(self, owner: type, attr: str) -> None:
-        self.attr = attr
-
-    @overload
-    def __get__(self, instance: None, owner: type) -> Series[M]: ...
-    @overload
-    def __get__(self, instance: object, owner: type) -> M: ...
-    def __get__(self, instance: object | None, owner: type) -> Series[M] | M:
-        if instance is None:
-            return self
-        raise AttributeError(f"{owner.__name__}.{self.attr} is created by {owner.__name__}.__init__")
-
-    def create(self, registry: CollectorRegistry) -> M:
-        return self.kind(self.name, self.help, self.labels, registry=registry, **self.options)
-
-
-def counter(name: str, help: str, *labels: str) -> Series[Counter]:
-    return Series(Counter, name, help, labels)
-
-
-def gauge(name: str, help: str, *labels: str) -> Series[Gauge]:
-    return Series(Gauge, name, help, labels)
-
-
-def histogram(name: str, help: str, *labels: str, buckets: tuple[float, ...]) -> Series[Histogram]:
-    return Series(Histogram, name, help, labels, buckets=buckets)
 
 
 class AgentMetrics(PipelineMetrics):
@@ -118,21 +74,4 @@ class AgentMetrics(PipelineMetrics):
         "outcome",
         "reason",
     )
-    http_refused = counter(
-        "se_bridge_http_refused",
-        "API requests refused before their route, by reason (origin, host, content_type, auth, busy, "
-        "timeout, length, chunked).",
-        "reason",
-    )
     hook_runs = counter("se_bridge_hook_runs", "Local hook runs by hook and result.", "hook", "result")
-
-    def __init__(self) -> None:
-        super().__init__(CollectorRegistry(auto_describe=True))
-        self._create_declared_series()
-
-    def _create_declared_series(self) -> None:
-        """Create every :class:`Series` declared on this class (and its bases), in declaration order."""
-        for cls in reversed(type(self).__mro__):
-            for attr, declared in vars(cls).items():
-                if isinstance(declared, Series):
-                    setattr(self, attr, declared.create(self.registry))

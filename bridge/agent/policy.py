@@ -43,7 +43,7 @@ from bridge.imds.document import SCHEDULED, EventsDocument, ScheduledEvent
 from bridge.imds.instance import VmIdentity
 from bridge.rules import ApprovalRule
 
-log = logging.getLogger("bridge.policy")
+log = logging.getLogger(__name__)
 
 OUTPUT_LIMIT = 4096
 GONE = {"completed", "canceled", "removed"}

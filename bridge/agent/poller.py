@@ -41,7 +41,7 @@ from bridge.pipeline import Health, Outbox, OutboxFull, OutboxWriteError, Record
 from bridge.records import encode, scheduled_events_record
 from bridge.retry import Backoff
 
-log = logging.getLogger("bridge.poller")
+log = logging.getLogger(__name__)
 
 GONE_RETRY_WINDOW = 70.0  # seconds, from the IMDS documentation of 410
 COMPONENT = "poller"

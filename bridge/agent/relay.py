@@ -36,7 +36,7 @@ from bridge.imds.instance import VmIdentity
 from bridge.observability import ErrorStreak
 from bridge.pipeline import Outbox, OutboxFull, RecordMeta
 
-log = logging.getLogger("bridge.relay")
+log = logging.getLogger(__name__)
 
 MAX_EVENTS_PER_REQUEST = 20
 LEDGER_SIZE = 2000

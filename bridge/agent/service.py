@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bridge import __version__, records
 from bridge.agent.access import RELAY_PATH, AccessPolicy
@@ -39,12 +38,12 @@ from bridge.agent.state import BaselineStore, IdentityCache
 from bridge.config import AgentConfig, ConfigError
 from bridge.fsutil import ensure_private_dir
 from bridge.imds.client import ImdsClient
-from bridge.listener import Limits, Listener, Request, Response, Route, json_response
+from bridge.listener import Limits, Listener, Request, Response, Route, json_response, probe_routes
 from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked
 from bridge.signing import KeyRing, NonceStore, RequestVerifier
 from bridge.sinks import Sink, SinkError, create_sink
 
-log = logging.getLogger("bridge.agent")
+log = logging.getLogger(__name__)
 
 #: Exit code when a component failed for good (EX_SOFTWARE): the service manager restarts the agent.
 EXIT_COMPONENT_FAILED = 70
@@ -198,19 +197,12 @@ class Agent:
             return False, f"IMDS failing for {failing:.0f} s"
         return True, "ok"
 
+    def _ready_gauged(self) -> tuple[bool, str]:
+        ok, reason = self.ready()
+        self.metrics.ready.set(1 if ok else 0)
+        return ok, reason
+
     def _routes(self) -> dict[tuple[str, str], Route]:
-        def healthz(_: Request) -> Response:
-            alive, body = self.health.report()
-            return json_response(200 if alive else 503, body)
-
-        def readyz(_: Request) -> Response:
-            ok, reason = self.ready()
-            self.metrics.ready.set(1 if ok else 0)
-            return json_response(200 if ok else 503, {"ready": ok, "reason": reason})
-
-        def metrics(_: Request) -> Response:
-            return 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST
-
         def document(_: Request) -> Response:
             obs = self.poller.current
             if obs is None:
@@ -220,9 +212,7 @@ class Agent:
             )
 
         return {
-            ("GET", "/healthz"): healthz,
-            ("GET", "/readyz"): readyz,
-            ("GET", "/metrics"): metrics,
+            **probe_routes(self.health.report, self._ready_gauged, self.metrics.registry),
             ("GET", "/v1/document"): document,
             ("POST", RELAY_PATH): self._start_requests,
         }

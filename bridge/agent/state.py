@@ -23,7 +23,7 @@ from bridge.imds.document import DocumentError, EventsDocument, document_from_js
 from bridge.imds.instance import VmIdentity
 from bridge.pipeline import Outbox
 
-log = logging.getLogger("bridge.state")
+log = logging.getLogger(__name__)
 
 
 class BaselineStore:

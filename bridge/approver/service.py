@@ -21,19 +21,20 @@ import os
 import signal
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import orjson
-from prometheus_client import Counter
 
-from bridge import __version__
+from bridge import __version__, records
+from bridge.apiguard import ApiGuard
 from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
 from bridge.approver.sources import DecisionSource, Message, SourceError, create_source
 from bridge.approver.store import DecisionStore
+from bridge.errors import BridgeError
 from bridge.fsutil import DirectoryLocked, ensure_private_dir, lock_directory
+from bridge.listener import Listener, probe_routes
 from bridge.observability import ErrorStreak
 from bridge.pipeline import (
     DeliveryWorker,
@@ -42,12 +43,11 @@ from bridge.pipeline import (
     OutboxFull,
     OutboxLocked,
     OutboxWriteError,
-    PipelineMetrics,
     RecordMeta,
 )
+from bridge.pipeline.metrics import PipelineMetrics, counter, gauge
 from bridge.retry import Backoff
 from bridge.sinks import Sink
-from bridge.timeutil import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +59,32 @@ POISON_ATTEMPTS = 3
 AUDIT_FIELD_LIMITS = {"decisionId": 128, "eventId": 128, "target": 128, "issuedBy": 256}
 
 
+#: The approver is not ready once reading decisions has failed for this long (a broker blip is not).
+READY_MAX_FAILURE = 30.0
+#: The approver's own read path: ``/metrics`` names its sinks and sources, so remote scrapers need
+#: the read token (``/healthz`` and ``/readyz`` stay open for probes).
+READ_PATHS = frozenset({"/metrics"})
+
 #: Exit code when a component failed for good (EX_SOFTWARE): the service manager restarts the approver.
 EXIT_COMPONENT_FAILED = 70
 
 
 class ApproverMetrics(PipelineMetrics):
     """The pipeline's sink/outbox series (same names as the agent's, so dashboards work for both)
-    plus decisions."""
+    plus the approver's own, declared below. ``reason`` is a closed set (the decision schema's refusal
+    reasons and the relay's), ``kind`` an :class:`~bridge.errors.BridgeError` kind."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.decisions = Counter(
-            "se_bridge_approver_decisions",
-            "Decisions by outcome and reason.",
-            ["outcome", "reason"],
-            registry=self.registry,
-        )
+    decisions = counter(
+        "se_bridge_approver_decisions", "Decisions by outcome and reason.", "outcome", "reason"
+    )
+    source_errors = counter(
+        "se_bridge_approver_source_errors",
+        "Failed attempts to open or read the decisions source, by kind (retried with backoff).",
+        "kind",
+    )
+    source_ready = gauge(
+        "se_bridge_approver_source_ready", "1 while the decisions source is open and reads succeed."
+    )
 
 
 class Approver:
@@ -111,7 +121,10 @@ class Approver:
             for s in sinks
         ]
         self.relay_attempts = relay_attempts
+        self.api: Listener | None = None
+        self._source_open = False
         self._streak = ErrorStreak(log, f"reading decisions from {source.name}")
+        self._outbox_streak = ErrorStreak(log, "storing audit records")
 
     # -- one decision ---------------------------------------------------------------------------------
 
@@ -222,23 +235,17 @@ class Approver:
         event_id = text("eventId")
         if not results and event_id:
             results = [{"eventId": event_id, "result": "refused", "detail": reason}]
-        audit = {
-            "schemaVersion": 1,
-            "recordType": "approval",
-            "recordId": str(uuid.uuid4()),
-            "observedAt": rfc3339(time.time()),
-            "source": {"agentVersion": __version__},
-            "component": "approver",
-            "vm": None,
-            "decisionId": text("decisionId"),
-            "eventIds": [event_id] if event_id else [],
-            "target": text("target"),
-            "issuedBy": text("issuedBy"),
-            "requester": relay,
-            "outcome": outcome if outcome in ("approved", "refused", "failed", "partial") else "failed",
-            "reason": reason,
-            "detail": (detail or None) and str(detail)[:500],
-            "results": [
+        audit = records.approval_record(
+            "approver",
+            decision_id=text("decisionId"),
+            event_ids=[event_id] if event_id else [],
+            target=text("target"),
+            issued_by=text("issuedBy"),
+            requester=relay,
+            outcome=outcome if outcome in ("approved", "refused", "failed", "partial") else "failed",
+            reason=reason,
+            detail=(detail or None) and str(detail)[:500],
+            results=[
                 {
                     "eventId": r.get("eventId", ""),
                     "result": r.get("result", "refused"),
@@ -246,10 +253,10 @@ class Approver:
                 }
                 for r in results
             ],
-        }
+        )
         # Durable first, then the store, then (in the caller) the source commit: a crash anywhere
         # re-reads the message and ends with the same outcome.
-        self.outbox.append(RecordMeta.of(audit), orjson.dumps(audit))
+        self.outbox.append(RecordMeta.of(audit), records.encode(audit))
         if record_final and audit["decisionId"]:
             self.store.final(audit["decisionId"], message.position, audit["outcome"], reason)
         self.metrics.decisions.labels(audit["outcome"], reason or "ok").inc()
@@ -267,46 +274,98 @@ class Approver:
         )
         return audit
 
+    # -- the HTTP API: /healthz, /readyz, /metrics -----------------------------------------------------
+
+    def serve(self, listen: str, *, read_token_file: str | None = None) -> None:
+        """Bind ``listen`` now (a port in use is a start-up error); :meth:`run` starts serving.
+        The same guard as the agent's API: no browsers, remote scrapes need the read token."""
+        refused = self.metrics.http_refused
+        guard = ApiGuard(
+            listen,
+            READ_PATHS,
+            read_token_file=read_token_file,
+            on_refused=lambda reason: refused.labels(reason).inc(),
+        )
+        self.api = Listener(
+            listen,
+            probe_routes(self.health.report, self.ready, self.metrics.registry),
+            guard=guard,
+            on_refused=lambda reason: refused.labels(reason).inc(),
+        )
+
+    def listening_on(self) -> str | None:
+        """The bound address as ``host:port`` (the real port when ``--listen`` asked for port 0)."""
+        if self.api is None:
+            return None
+        address = self.api.address
+        if isinstance(address, str):
+            return f"unix:{address}"
+        host, port = address
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready while the decisions source is open and reading it has not failed for long."""
+        if self.health.fatal is not None:
+            return False, f"component failed: {self.health.fatal}"
+        if not self._source_open:
+            return False, "decisions source not open yet"
+        if self._streak.failures:
+            failing = time.monotonic() - self._streak.since
+            if failing > READY_MAX_FAILURE:
+                return False, f"reading decisions failing for {failing:.0f} s"
+        return True, "ok"
+
     # -- the loop ---------------------------------------------------------------------------------------
 
     def run(self, install_signals: bool = True) -> int:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop_event.set())
-        for worker in self.workers:
-            worker.open_at_start()
-            worker.start()
-        self.router.start(self.stop_event)
-        log.info(
-            "approver started",
-            extra={
-                "version": __version__,
-                "source": self.source.name,
-                "sinks": [w.sink.name for w in self.workers],
-            },
-        )
+        self._start_components()
         try:
             if not self._open_source():
                 return 2
-            while not self.stop_event.is_set():
-                try:
-                    messages = self.source.poll(0.5)
-                except Exception as exc:  # a broken source must not end the approver: back off
-                    self._streak.failure(type(exc).__name__, str(exc))
-                    self.stop_event.wait(2.0)
-                    continue
-                self._streak.success()
-                for message in messages:
-                    if not self._handle(message):
-                        break  # stopping while a message could not be finished: it is re-read later
-                if self.source.exhausted:
-                    break
+            self._consume()
         finally:
             self.shutdown()
         if self.health.fatal is not None:
             log.critical("approver stopped because a component failed", extra={"reason": self.health.fatal})
             return EXIT_COMPONENT_FAILED
         return 0
+
+    def _start_components(self) -> None:
+        for worker in self.workers:
+            worker.open_at_start()
+            worker.start()
+        self.router.start(self.stop_event)
+        if self.api is not None:
+            self.api.start()
+        log.info(
+            "approver started",
+            extra={
+                "version": __version__,
+                "source": self.source.name,
+                "sinks": [w.sink.name for w in self.workers],
+                "listen": self.listening_on(),
+            },
+        )
+
+    def _consume(self) -> None:
+        """Read, process and commit decisions in order until stopped or the source is exhausted."""
+        while not self.stop_event.is_set():
+            try:
+                messages = self.source.poll(0.5)
+            except Exception as exc:  # a broken source must not end the approver: back off
+                self._source_failed(exc)
+                self.stop_event.wait(2.0)
+                continue
+            self._streak.success()
+            self.metrics.source_ready.set(1)
+            for message in messages:
+                if not self._handle(message):
+                    return  # stopping while a message could not be finished: it is re-read later
+            if self.source.exhausted:
+                return
 
     def _open_source(self) -> bool:
         """Open the decisions source: a configuration that can never work ends the approver (exit 2,
@@ -315,16 +374,26 @@ class Approver:
         while not self.stop_event.is_set():
             try:
                 self.source.open()
+                self._source_open = True
+                self.metrics.source_ready.set(1)
                 return True
             except SourceError as exc:
                 if not exc.retryable:
+                    self.metrics.source_errors.labels(exc.kind).inc()
                     log.error(
                         "decisions source refused", extra={"source": self.source.name, "error": str(exc)}
                     )
                     return False
-                self._streak.failure("unreachable", str(exc))
+                self._source_failed(exc)
                 self.stop_event.wait(backoff.next_delay())
         return True
+
+    def _source_failed(self, exc: Exception) -> None:
+        """Count and log (once per streak) a failed open or read of the decisions source."""
+        kind = exc.kind if isinstance(exc, BridgeError) else "other"
+        self.metrics.source_errors.labels(kind).inc()
+        self.metrics.source_ready.set(0)
+        self._streak.failure(kind, str(exc))
 
     def _handle(self, message: Message) -> bool:
         """Process and commit one message (order is kept: the next message waits). A failure to store
@@ -339,9 +408,12 @@ class Approver:
                     self.process(message)
                 else:
                     self._give_up(message)
+                self._outbox_streak.success()
                 break
             except (OutboxFull, OutboxWriteError) as exc:  # not the message's fault: wait for room
-                self._streak.failure("outbox", f"audit record not admitted: {exc}", position=message.position)
+                self._outbox_streak.failure(
+                    "outbox", f"audit record not admitted: {exc}", position=message.position
+                )
             except Exception:
                 errors += 1
                 log.exception(
@@ -375,6 +447,8 @@ class Approver:
 
     def shutdown(self) -> None:
         self.stop_event.set()
+        if self.api is not None:
+            self.api.stop()
         for worker in self.workers:
             worker.stop(10.0)
         for worker in self.workers:
@@ -385,7 +459,7 @@ class Approver:
 
 
 def build_approver(config: Any) -> Approver:
-    """From an :class:`bridge.approver.config.ApproverConfig` (CLI, TOML, environment)."""
+    """From an :class:`bridge.config.ApproverConfig` (flags, TOML, environment)."""
     from bridge.config import ConfigError
     from bridge.signing import KeyRing
     from bridge.sinks import SinkError, create_sink
@@ -419,7 +493,7 @@ def build_approver(config: Any) -> Approver:
             router = LocalRouter(config.relay)
     except (SinkError, SourceError, ValueError, OSError) as exc:
         raise ConfigError(str(exc)) from None
-    return Approver(
+    approver = Approver(
         source,
         router,
         RelayClient(relay_keys, config.relay_timeout, config.relay_ca_file),
@@ -428,6 +502,13 @@ def build_approver(config: Any) -> Approver:
         state_dir,
         lock=lock,
     )
+    if config.listen:
+        try:
+            approver.serve(config.listen, read_token_file=config.read_token_file)
+        except (OSError, ValueError) as exc:
+            approver.close()
+            raise ConfigError(f"listen: cannot serve on {config.listen}: {exc}") from None
+    return approver
 
 
 def lock_state_dir(state_dir: Path) -> int | None:

@@ -9,10 +9,50 @@ one of a service's fixed components (``poller``, ``delivery/<sink id>``, ...).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
+
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Series(Generic[M]):
+    """One series, declared on a metrics class; :meth:`create` makes it on a registry.
+
+    A non-data descriptor: once ``AgentMetrics.__init__`` has set the created series on the instance,
+    the instance attribute is what ``metrics.<name>`` returns."""
+
+    def __init__(self, kind: type[M], name: str, help: str, labels: tuple[str, ...], **options: Any) -> None:
+        self.kind, self.name, self.help, self.labels, self.options = kind, name, help, labels, options
+        self.attr = ""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> Series[M]: ...
+    @overload
+    def __get__(self, instance: object, owner: type) -> M: ...
+    def __get__(self, instance: object | None, owner: type) -> Series[M] | M:
+        if instance is None:
+            return self
+        raise AttributeError(f"{owner.__name__}.{self.attr} is created by {owner.__name__}.__init__")
+
+    def create(self, registry: CollectorRegistry) -> M:
+        return self.kind(self.name, self.help, self.labels, registry=registry, **self.options)
+
+
+def counter(name: str, help: str, *labels: str) -> Series[Counter]:
+    return Series(Counter, name, help, labels)
+
+
+def gauge(name: str, help: str, *labels: str) -> Series[Gauge]:
+    return Series(Gauge, name, help, labels)
+
+
+def histogram(name: str, help: str, *labels: str, buckets: tuple[float, ...]) -> Series[Histogram]:
+    return Series(Histogram, name, help, labels, buckets=buckets)
 
 
 class SinkLagCollector:
@@ -47,7 +87,15 @@ class SinkLagCollector:
 
 
 class PipelineMetrics:
-    """Outbox, delivery and liveness series, registered on ``self.registry``."""
+    """Outbox, delivery, liveness and API-refusal series, registered on ``self.registry``; a service's
+    subclass declares its own with :func:`counter`, :func:`gauge` and :func:`histogram`."""
+
+    http_refused = counter(
+        "se_bridge_http_refused",
+        "API requests refused before their route, by reason (origin, host, content_type, auth, busy, "
+        "timeout, length, chunked).",
+        "reason",
+    )
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry(auto_describe=True)
@@ -105,3 +153,12 @@ class PipelineMetrics:
             ["component", "kind"],
             registry=r,
         )
+        self._create_declared_series()
+
+    def _create_declared_series(self) -> None:
+        """Create every :class:`Series` declared on this class and its subclasses, in declaration
+        order (a service declares its own series as class attributes)."""
+        for cls in reversed(type(self).__mro__):
+            for attr, declared in vars(cls).items():
+                if isinstance(declared, Series):
+                    setattr(self, attr, declared.create(self.registry))

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
-from procs import Emulator, approver_command, start_approver, wait_until
+from procs import Emulator, approver_api, approver_command, start_approver, wait_until
 
 from bridge.approver.decision import new_decision, sign
 from bridge.schemas import validate_document
@@ -226,3 +226,39 @@ def _outbox_audits(outbox: Path) -> list[dict[str, Any]]:
         spans, _ = frames.scan(buf)
         out += [orjson.loads(frames.decode(buf, s).payload) for s in spans]
     return out
+
+
+def test_the_approver_api_is_guarded_like_the_agents(setup: Setup, public_address: str) -> None:
+    """Issue 10: the approver serves /healthz, /readyz and /metrics; a remote scraper needs the read
+    token, a browser is refused, a DNS-rebinding Host on a loopback listener is refused."""
+    import http.client
+
+    token = setup.workdir / "read.token"
+    token.write_bytes(b"approver-read-token-" + b"r" * 32)
+    setup.proc = start_approver(
+        setup.workdir,
+        f"file://{setup.decisions}",
+        f"file://{setup.audit}",
+        setup.agent.api,
+        KEY,
+        "--listen",
+        f"{public_address}:0",
+        "--read-token-file",
+        str(token),
+    )
+    port = int(approver_api(setup.workdir).rsplit(":", 1)[1])
+
+    def status(path: str, **headers: str) -> int:
+        conn = http.client.HTTPConnection(public_address, port, timeout=10)
+        try:
+            conn.request("GET", path, headers={"Host": f"{public_address}:{port}", **headers})
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    wait_until(lambda: status("/readyz") == 200, 30, what="the approver ready")
+    assert status("/healthz") == 200
+    assert status("/metrics") == 401
+    assert status("/metrics", Authorization="Bearer wrong") == 401
+    assert status("/metrics", Authorization="Bearer " + token.read_text()) == 200
+    assert status("/metrics", Origin="https://evil.example") == 403

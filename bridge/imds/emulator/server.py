@@ -344,32 +344,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, body, JSON_CONTENT_TYPE, extra)
 
     def _imds(self, path: str, query: str, body: bytes) -> None:
+        route = self._checked_route(path)
+        if route is None:
+            return
         state = self.server.state
-        if not state.admit():
-            self._send(429, BODY_TOO_MANY)
-            return
-        headers = self.headers
-        if "X-Forwarded-For" in headers:
-            self._reject(400, BODY_FORWARDED)
-            return
-        route = path.lower()
-        if len(route) > 1 and route.endswith("/"):
-            route = route[:-1]
-        if route == _SCHEDULED_PATH:
-            allowed = ("GET", "POST")
-        elif route in (_INSTANCE_PATH, _VERSIONS_PATH) or route.startswith(_INSTANCE_PATH + "/"):
-            allowed = ("GET",)
-        else:
-            self._reject(404, BODY_NOT_FOUND)
-            return
-        method = self.command
-        if method not in allowed:
-            self._reject(405, BODY_METHOD_NOT_ALLOWED, b"Allow: " + ", ".join(allowed).encode() + b"\r\n")
-            return
-        metadata = headers.get("Metadata")
-        if metadata is None or metadata.strip().lower() != "true":
-            self._reject(400, BODY_MISSING_METADATA)
-            return
         if route == _VERSIONS_PATH:  # the only IMDS path that needs no api-version
             state.count_other()
             self._send(200, _VERSIONS_BODY)
@@ -380,7 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
         if route == _SCHEDULED_PATH:
             if version not in SCHEDULED_EVENTS_SHAPES:
                 self._reject(400, BODY_BAD_API_VERSION)
-            elif method == "GET":
+            elif self.command == "GET":
                 self._scheduled_get(version)
             else:
                 self._approve(body)
@@ -395,6 +373,34 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             state.count_rejected(status)
         self._send(status, answer, content_type)
+
+    def _checked_route(self, path: str) -> str | None:
+        """The normalised route once the request passed IMDS's checks in IMDS's order (rate limit,
+        proxy header, path, method, ``Metadata: true``); None once a refusal was sent."""
+        if not self.server.state.admit():
+            self._send(429, BODY_TOO_MANY)
+            return None
+        if "X-Forwarded-For" in self.headers:
+            self._reject(400, BODY_FORWARDED)
+            return None
+        route = path.lower()
+        if len(route) > 1 and route.endswith("/"):
+            route = route[:-1]
+        if route == _SCHEDULED_PATH:
+            allowed: tuple[str, ...] = ("GET", "POST")
+        elif route in (_INSTANCE_PATH, _VERSIONS_PATH) or route.startswith(_INSTANCE_PATH + "/"):
+            allowed = ("GET",)
+        else:
+            self._reject(404, BODY_NOT_FOUND)
+            return None
+        if self.command not in allowed:
+            self._reject(405, BODY_METHOD_NOT_ALLOWED, b"Allow: " + ", ".join(allowed).encode() + b"\r\n")
+            return None
+        metadata = self.headers.get("Metadata")
+        if metadata is None or metadata.strip().lower() != "true":
+            self._reject(400, BODY_MISSING_METADATA)
+            return None
+        return route
 
     @staticmethod
     def _query(query: str) -> dict[str, tuple[str, ...]]:
