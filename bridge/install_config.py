@@ -213,7 +213,9 @@ def apply_approver_inputs(approver: dict[str, Any], env: Mapping[str, str], appr
         approver["sink"] = approver.pop("sinks")
     if lines(env, "SEB_APPROVER_SINKS"):
         approver["sink"] = lines(env, "SEB_APPROVER_SINKS")
-    if approver_keys:
+    # Keys from the secrets configure an approver the settings enable; without one (a scale set whose
+    # approvals go through a fleet approver) they are only written, not an approver setting.
+    if approver_keys and approver:
         approver["key"] = sorted(set(approver.get("key", [])) | set(approver_keys))
 
 

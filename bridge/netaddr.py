@@ -1,9 +1,11 @@
-"""Listen addresses and loopback checks: a leaf module, so sinks and services can ask without
-importing the configuration (which knows about every layer)."""
+"""Listen addresses, loopback checks and HTTP over a Unix socket: a leaf module, so sinks and
+services can ask without importing the configuration (which knows about every layer)."""
 
 from __future__ import annotations
 
+import http.client
 import ipaddress
+import socket
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -28,3 +30,21 @@ def is_loopback(host: str) -> bool:
         return False
     mapped = getattr(address, "ipv4_mapped", None)
     return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket (``unix:/path`` listeners; ``requests`` speaks TCP only)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock

@@ -52,8 +52,8 @@ param pollInterval string = '1.0'
 @description('More [agent] settings (TOML keys = the agent flags with \'_\'), e.g. local approval policies: passed through as they are and validated by the installer.')
 param agentSettings object = {}
 
-@description('Install and start the local approver (decisions hub -> StartRequests through this VM\'s agent). With an Event Hubs source, approvers sharing a consumer group split its partitions (and a group admits 5 readers per partition): beyond a handful of VMs set this to false and run one fleet approver (docs/deploy.md).')
-param enableApprover bool = true
+@description('Install and start the local approver (decisions hub -> StartRequests through this VM\'s agent; it acts only on decisions whose target is this VM). Every local approver reads every partition of the decisions hub in one consumer group, and Event Hubs admits 5 readers per partition and consumer group: local approvers on Event Hubs are for at most 5 VMs. Default: on for a single VM, off for a scale set, whose approvals go through a fleet approver (docs/deploy.md, docs/approvals.md).')
+param enableApprover bool = empty(vmssName)
 
 @description('Approver mode: local (relay to this VM\'s agent) or fleet.')
 @allowed([

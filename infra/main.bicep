@@ -131,10 +131,13 @@ var suffix = uniqueString(resourceGroup().id, namePrefix)
 var compactPrefix = toLower(replace(namePrefix, '-', ''))
 var namespaceName = '${namePrefix}-ehns-${suffix}'
 var storageAccountName = take('${compactPrefix}st${suffix}', 24)
-// se-bridge-approver is the approver's default consumer group (se-bridge approver --group).
+// The records hub: se-bridge-approver-fleet is where every fleet approver instance reads every
+// partition (its events reader, --events-source: <group>-fleet, bridge/approver/topology.py). On the
+// decisions hub, se-bridge-approver is the approver's default consumer group (--group), shared by the
+// fleet instances through the checkpoint store.
 var eventsConsumerGroups = concat([
   'dashboard'
-  'se-bridge-approver'
+  'se-bridge-approver-fleet'
 ], deployDataExplorer ? [
   'adx'
 ] : [], (deployLogicApp && logicAppTrigger == 'eventhub') ? [
@@ -280,8 +283,11 @@ output checkpointsContainerUrl string = '${storage.outputs.blobEndpoint}${storag
 @description('Agent sink spec for the records hub (managed identity, no secret).')
 output agentSinkSpec string = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.agent.clientId}'
 
-@description('Approver source spec for the decisions hub (managed identity, no secret).')
-output approverSourceSpec string = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${decisionsHubName}?credential=managed&client_id=${identities.outputs.agent.clientId}'
+@description('Fleet approver --source: the decisions hub with the approver\'s identity, consumer group se-bridge-approver and the checkpoint store (partition ownership shared by the instances).')
+output fleetApproverDecisionsSpec string = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${decisionsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-approver&checkpoint_url=${storage.outputs.blobEndpoint}${storage.outputs.containers.checkpoints}'
+
+@description('Fleet approver --events-source: the records hub with the approver\'s identity, consumer group se-bridge-approver-fleet, no checkpoint store (every instance reads every partition).')
+output fleetApproverEventsSpec string = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-approver-fleet'
 
 @description('Data Explorer query URI (empty when not deployed).')
 output dataExplorerUri string = deployDataExplorer ? dataExplorer.outputs.clusterUri : ''

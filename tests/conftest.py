@@ -57,6 +57,7 @@ FAST_MODULES = frozenset(
         "test_outbox_model",
         "test_redaction",
         "test_retry",
+        "test_topology",
         "test_state",
         "test_transports",
     }

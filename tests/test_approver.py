@@ -184,6 +184,26 @@ def test_refusals_are_audited_and_post_nothing(setup) -> None:
     assert emulator.state()["startRequests"] == {}  # nothing was posted for any of them
 
 
+def test_a_local_approver_skips_decisions_for_other_vms_silently(setup) -> None:
+    """Issue 11: every VM's local approver reads every decision; one for another VM is neither relayed
+    (the agent would audit a refusal) nor audited here: only counted, and committed."""
+    emulator, agent, approver = setup
+    approver.start()
+    eid = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(eid, "scheduled")
+    elsewhere = signed(eid, target="vm-bridge-7")
+    mine = signed(eid)
+    approver.publish(elsewhere)
+    approver.publish(mine)
+    assert audit_for(approver, mine["decisionId"])["outcome"] == "approved"
+    api = approver_api(approver.workdir)
+    assert scrape(api, "se_bridge_approver_decisions_skipped_total", reason="otherVm") == 1
+    assert [a["decisionId"] for a in approver.audits()] == [mine["decisionId"]]
+    assert agent.metric("se_bridge_relay_requests_total") == 1  # the skipped one never reached it
+    assert emulator.state()["startRequests"] == {eid: 1}
+    assert approver.logged("local approver acts for this VM")
+
+
 def test_replayed_decision_is_refused(setup) -> None:
     emulator, agent, approver = setup
     approver.start()

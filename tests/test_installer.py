@@ -323,6 +323,50 @@ def test_installed_agent_forwards_a_scenario_to_the_file_sink(installed: Install
         emulator.stop()
 
 
+def test_the_installer_waits_for_every_enabled_service(installed: Install, tmp_path: Path) -> None:
+    """Issue 11: only the agent's /healthz was awaited, so an approver exiting at start was restarted
+    every 5 s behind a successful extension. Both services start from the installed config.toml (with
+    only their ports, IMDS and the relay moved for the test) and ``bridge.install_health``, what both
+    installers run, waits for both; with the approver down it fails and names it."""
+    from brokers import free_port
+
+    emulator = Emulator("--rate-limit", "0")
+    agent_port, approver_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "SE_BRIDGE_IMDS_URL": emulator.url,
+        "SE_BRIDGE_LISTEN": f"127.0.0.1:{agent_port}",
+        "SE_BRIDGE_APPROVER_LISTEN": f"127.0.0.1:{approver_port}",
+        "SE_BRIDGE_APPROVER_RELAY": f"http://127.0.0.1:{agent_port}",
+    }
+    config = str(installed.etc / "config.toml")
+    se_bridge = str(installed.venv / "bin" / "se-bridge")
+    python = str(installed.venv / "bin" / "python")
+
+    def health(timeout: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [python, "-m", "bridge.install_health", config, "--timeout", timeout],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with open(tmp_path / "services.log", "wb") as log:
+            procs.append(subprocess.Popen([se_bridge, "agent", "--config", config], env=env, stderr=log))
+            down = health("3")
+            assert down.returncode == 1 and "the approver did not become healthy" in down.stderr, down
+            procs.append(subprocess.Popen([se_bridge, "approver", "--config", config], env=env, stderr=log))
+            up = health("60")
+        assert up.returncode == 0, up.stdout + up.stderr + (tmp_path / "services.log").read_text()[-3000:]
+        assert f"agent healthy on 127.0.0.1:{agent_port}" in up.stdout
+        assert f"approver healthy on 127.0.0.1:{approver_port}" in up.stdout
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+        emulator.stop()
+
+
 # -- second run --------------------------------------------------------------------------------------
 
 

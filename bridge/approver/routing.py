@@ -1,6 +1,12 @@
 """Routing a decision to an agent's relay API, and the HTTP client that calls it.
 
-* **local** mode (what the VM extension installs): the agent on the same VM, at a loopback URL.
+* **local** mode (what the VM extension installs): the agent on the same VM, at a loopback URL or
+  its Unix socket. Every VM's approver reads every decision, so it acts only on the decisions whose
+  ``target`` is this VM (its name, vmId or host name, learned once from the agent's
+  ``/v1/document``) and skips the others silently: relaying them would make every other VM's agent
+  write a refusal audit record for each decision. It does not act for another VM of the same event
+  either: that VM's own approver does, and two approvers acting for one event would post two
+  StartRequests (failover between the VMs of an event is the fleet approver's job).
 * **fleet** mode (one horizontally scaled approver for many VMs): the approver reads the events
   stream too and learns, from each record's ``vm`` block, where every agent listens
   (``--relay-url-template``, default ``http://{privateIp}:8710``) and, from its ``events``, which VMs
@@ -13,7 +19,6 @@ from __future__ import annotations
 
 import http.client
 import logging
-import socket
 import threading
 import time
 from typing import Any
@@ -21,11 +26,13 @@ from typing import Any
 import orjson
 
 from bridge.approver.sources import DecisionSource
+from bridge.netaddr import UnixHTTPConnection
 from bridge.signing import KeyRing, sign_request
 
 log = logging.getLogger(__name__)
 
 RELAY_PATH = "/v1/start-requests"
+DOCUMENT_PATH = "/v1/document"
 MAX_ANSWER = 1024 * 1024
 
 
@@ -75,6 +82,35 @@ class RelayClient:
             }
         return answer
 
+    def document(self, relay_url: str) -> dict[str, Any]:
+        """The agent's ``GET /v1/document`` (its VM identity and current events); local callers need
+        no token. :class:`RelayUnavailable` when the agent does not answer it."""
+        if relay_url.startswith("unix:"):
+            conn = UnixHTTPConnection(relay_url[len("unix:") :], self._timeout)
+            try:
+                conn.request("GET", DOCUMENT_PATH, headers={"Host": "localhost"})
+                resp = conn.getresponse()
+                status, body = resp.status, resp.read(MAX_ANSWER)
+            except (OSError, http.client.HTTPException) as exc:
+                raise RelayUnavailable(f"{relay_url}: {type(exc).__name__}") from None
+            finally:
+                conn.close()
+        else:
+            try:
+                resp = self._session.get(
+                    relay_url.rstrip("/") + DOCUMENT_PATH, timeout=self._timeout, verify=self._verify
+                )
+            except self._requests.RequestException as exc:
+                raise RelayUnavailable(f"{relay_url}: {type(exc).__name__}") from None
+            status, body = resp.status_code, resp.content
+        try:
+            answer = orjson.loads(body) if status == 200 else None
+        except orjson.JSONDecodeError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise RelayUnavailable(f"{relay_url}: /v1/document answered HTTP {status}")
+        return answer
+
     def _post_http(self, relay_url: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         url = relay_url.rstrip("/") + RELAY_PATH
         try:
@@ -86,7 +122,7 @@ class RelayClient:
         return resp.status_code, resp.content
 
     def _post_unix(self, path: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        conn = _UnixConnection(path, self._timeout)
+        conn = UnixHTTPConnection(path, self._timeout)
         try:
             conn.request("POST", RELAY_PATH, body=data, headers={**headers, "Host": "localhost"})
             resp = conn.getresponse()
@@ -97,30 +133,39 @@ class RelayClient:
             conn.close()
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP over the agent's Unix socket (``requests`` speaks TCP only)."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 class LocalRouter:
-    def __init__(self, relay_url: str) -> None:
+    """The agent on this VM; decisions for other VMs are not this approver's (module docstring)."""
+
+    def __init__(self, relay_url: str, client: RelayClient | None = None) -> None:
         self.relay_url = relay_url
+        self._client = client
+        self._names: frozenset[str] | None = None  # this VM's names, once the agent told them
 
     def candidates(self, decision: dict[str, Any]) -> list[str]:
         return [self.relay_url]
+
+    def owns(self, decision: dict[str, Any]) -> bool:
+        """Whether this VM's approver acts on ``decision``. While the agent cannot tell who this VM
+        is (it is starting, or down), every decision is acted on: the agent's relay checks the
+        target itself, and a decision must never be skipped on a guess."""
+        names = self.this_vm()
+        if names is None:
+            return True
+        return str(decision.get("target", "")).lower() in names
+
+    def this_vm(self) -> frozenset[str] | None:
+        if self._names is None and self._client is not None:
+            try:
+                vm = self._client.document(self.relay_url).get("vm") or {}
+            except RelayUnavailable as exc:
+                log.debug("this VM's identity is not known yet", extra={"error": str(exc)})
+                return None
+            names = {vm.get(k) for k in ("name", "vmId", "hostname")}
+            names = {str(n).lower() for n in names if isinstance(n, str) and n}
+            if names:
+                self._names = frozenset(names)
+                log.info("local approver acts for this VM", extra={"vmNames": sorted(self._names)})
+        return self._names
 
     def start(self, stop: threading.Event) -> None:
         pass
@@ -154,6 +199,10 @@ class FleetRouter:
             for event in record.get("events") or []:
                 if isinstance(event, dict) and event.get("eventId"):
                     self._events[event["eventId"]] = list(event.get("resources") or [])
+
+    def owns(self, decision: dict[str, Any]) -> bool:
+        """The fleet approver serves every VM it can reach."""
+        return True
 
     def candidates(self, decision: dict[str, Any]) -> list[str]:
         with self._lock:

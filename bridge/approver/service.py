@@ -28,6 +28,7 @@ import orjson
 
 from bridge import __version__, records
 from bridge.apiguard import ApiGuard
+from bridge.approver import topology
 from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
 from bridge.approver.sources import DecisionSource, Message, SourceError, create_source
@@ -81,6 +82,11 @@ class ApproverMetrics(PipelineMetrics):
         "se_bridge_approver_source_errors",
         "Failed attempts to open or read the decisions source, by kind (retried with backoff).",
         "kind",
+    )
+    skipped = counter(
+        "se_bridge_approver_decisions_skipped",
+        "Valid decisions a local approver left to another VM's approver (no relay, no audit record).",
+        "reason",
     )
     source_ready = gauge(
         "se_bridge_approver_source_ready", "1 while the decisions source is open and reads succeed."
@@ -142,6 +148,10 @@ class Approver:
             return self._finish(
                 raw, message, "refused", refusal.reason, refusal.detail, [], record_final=False
             )
+        if not self.router.owns(decision):
+            self.metrics.skipped.labels("otherVm").inc()
+            log.debug("decision for another VM skipped", extra={"decisionId": decision["decisionId"]})
+            return {"outcome": "skipped", "reason": "otherVm"}
         decision_id: str = decision["decisionId"]
         earlier = self.store.get(decision_id)
         if earlier is not None and earlier["state"] == "final":
@@ -478,25 +488,30 @@ def build_approver(config: Any) -> Approver:
     )
     state_dir = Path(config.state_dir)
     lock = lock_state_dir(state_dir)  # before any file in it is read, compacted or replaced
+    relay = RelayClient(relay_keys, config.relay_timeout, config.relay_ca_file)
     try:
-        source = create_source(config.source, state_dir, group=config.group)
+        topology.check(config.mode, config.source)
+        for spec in config.events_source:
+            topology.check_events_reader(spec)
+        group = topology.source_group(config.mode, config.source, config.group, state_dir)
+        source = create_source(config.source, state_dir, group=group)
         sinks = [create_sink(spec) for spec in config.sink]
         if config.mode == "fleet":
             if not config.events_source:
                 raise ConfigError("events_source: fleet mode needs --events-source (the events stream)")
             learn = [
-                create_source(s, state_dir / "fleet", group=f"{config.group}-fleet")
+                create_source(s, state_dir / "fleet", group=topology.events_group(s, config.group, state_dir))
                 for s in config.events_source
             ]
             router: LocalRouter | FleetRouter = FleetRouter(learn, config.relay_url_template)
         else:
-            router = LocalRouter(config.relay)
+            router = LocalRouter(config.relay, relay)
     except (SinkError, SourceError, ValueError, OSError) as exc:
         raise ConfigError(str(exc)) from None
     approver = Approver(
         source,
         router,
-        RelayClient(relay_keys, config.relay_timeout, config.relay_ca_file),
+        relay,
         policy,
         sinks,
         state_dir,

@@ -14,7 +14,7 @@
 #      --force-config was not given (a hand-edited config is never clobbered by accident), after
 #      validating it with the installed package's own configuration table;
 #   6. installs hardened systemd units for the agent and the approver, enables and (re)starts them,
-#      and waits until the agent answers /healthz.
+#      and waits until every enabled service answers /healthz (python -m bridge.install_health).
 # The state directories (/var/lib/se-bridge, /var/lib/se-bridge-approver) are created when missing
 # and never removed: the outbox and the baseline document survive upgrades.
 #
@@ -381,30 +381,14 @@ if [ "$APPROVER_ON" = 1 ]; then
 else
     systemctl disable --quiet --now se-bridge-approver.service 2>/dev/null || true
 fi
-# The agent's listener (127.0.0.1:8710 unless the config says otherwise) answers /healthz once its
-# delivery workers run; a failing start is reported here, so the VM extension shows it as failed.
-LISTEN=$("$VENV/bin/python" -c 'import sys, tomllib; c = tomllib.load(open(sys.argv[1], "rb")); print(c.get("agent", {}).get("listen", c.get("listen", "127.0.0.1:8710")))' "$ETC/config.toml")
-if [ -n "$LISTEN" ] && [ "$LISTEN" != off ] && [ "$LISTEN" != none ]; then
-    if "$VENV/bin/python" - "$LISTEN" <<'PYEOF'; then
-import sys, time, urllib.request
-host, _, port = sys.argv[1].rpartition(":")
-host = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
-deadline = time.monotonic() + 60
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-while time.monotonic() < deadline:
-    try:
-        with opener.open(f"http://{host}:{port}/healthz", timeout=3) as r:
-            if r.status == 200:
-                sys.exit(0)
-    except OSError:
-        pass
-    time.sleep(1)
-sys.exit(1)
-PYEOF
-        log "agent healthy on $LISTEN"
-    else
-        journalctl -u se-bridge-agent.service -n 40 --no-pager >&2 || true
-        die "the agent did not become healthy within 60 s (journal above)"
+# Every enabled service (the agent, and the approver when configured) must answer /healthz on the
+# listener its config names; a failing start is reported here, so the VM extension shows it as failed
+# instead of a service restarted every 5 s behind a successful deployment.
+if ! "$VENV/bin/python" -m bridge.install_health "$ETC/config.toml" --timeout 60; then
+    journalctl -u se-bridge-agent.service -n 40 --no-pager >&2 || true
+    if [ "$APPROVER_ON" = 1 ]; then
+        journalctl -u se-bridge-approver.service -n 40 --no-pager >&2 || true
     fi
+    die "a service did not become healthy within 60 s (journal above)"
 fi
 log "done: $VERSION"

@@ -359,18 +359,14 @@ try {
     } else {
         Set-Service -Name 'se-bridge-approver' -StartupType Disabled
     }
-    $listen = & $venvPython -c 'import sys, tomllib; c = tomllib.load(open(sys.argv[1], "rb")); print(c.get("agent", {}).get("listen", "127.0.0.1:8710"))' (Join-Path $DataRoot 'config.toml')
-    if ($listen -and $listen -ne 'off' -and $listen -ne 'none') {
-        $deadline = (Get-Date).AddSeconds(60)
-        $healthy = $false
-        while ((Get-Date) -lt $deadline -and -not $healthy) {
-            try { $healthy = (Invoke-WebRequest -UseBasicParsing -Uri "http://$listen/healthz" -TimeoutSec 3).StatusCode -eq 200 } catch { Start-Sleep -Seconds 1 }
+    # Every enabled service must answer /healthz (a wildcard listener is probed on loopback: Windows
+    # cannot connect to 0.0.0.0); otherwise the extension fails instead of reporting success.
+    & $venvPython -m bridge.install_health (Join-Path $DataRoot 'config.toml') --timeout 60
+    if ($LASTEXITCODE -ne 0) {
+        foreach ($name in $services) {
+            Get-Content (Join-Path $logs "$name.log") -Tail 40 -ErrorAction SilentlyContinue | Write-Host
         }
-        if (-not $healthy) {
-            Get-Content (Join-Path $logs 'se-bridge-agent.log') -Tail 40 -ErrorAction SilentlyContinue | Write-Host
-            throw "se-bridge-install: the agent did not become healthy within 60 s (log above)"
-        }
-        Write-Step "agent healthy on $listen"
+        throw "se-bridge-install: a service did not become healthy within 60 s (logs above)"
     }
     Write-Step "done: $version"
 } finally {

@@ -604,7 +604,7 @@ class EventHubsSource(DecisionSource):
                     return []
                 error = self._take_error_locked()
                 if error is not None:
-                    raise SourceError(f"eventhubs source {self.name}: {error}", retryable=True)
+                    raise _receive_error(self.name, error)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
@@ -686,3 +686,18 @@ class EventHubsSource(DecisionSource):
             if store is not None:
                 with contextlib.suppress(Exception):
                     store.close()
+
+
+def _receive_error(name: str, error: str) -> SourceError:
+    """A receive error for :meth:`EventHubsSource.poll`. Event Hubs admits 5 readers per partition and
+    consumer group: the 6th local approver of a scale set is refused with ``QuotaExceeded``, which is
+    reported with what to do about it (bridge.approver.topology)."""
+    if "quotaexceeded" in error.lower() or "maximum number of allowed receivers" in error.lower():
+        return SourceError(
+            f"eventhubs source {name}: {error}: more than 5 readers of this consumer group; local mode "
+            'on Event Hubs is for at most 5 VMs, use a fleet approver (mode = "fleet", with a '
+            "checkpoint store) or a Kafka decisions topic",
+            retryable=True,
+            kind="quota",
+        )
+    return SourceError(f"eventhubs source {name}: {error}", retryable=True)

@@ -1,0 +1,132 @@
+"""Every deployment path's configuration, rendered as it is deployed, passes the loaders the services
+start with (issue 11: the VM extension's approver crash-looped on a config only the agent's loader had
+checked).
+
+Paths: ``deploy/vm-extension.bicep`` (a VM, a scale set, the fleet agents of docs/deploy.md; the
+Windows installer receives the same settings), ``deploy/linux/cloud-init.yaml``. Each one's settings
+are taken from the artifact itself (the Bicep output evaluated by ``tests/tools/bicep_output.py``, the
+cloud-init file's ``settings.json``), rendered by ``python -m bridge.install_config`` (what both
+installers run) and loaded by ``load_agent_config`` and ``load_approver_config`` plus the topology
+checks the approver makes before contacting anything. The services are started from a rendered config
+in tests/test_installer.py (file sinks: the Event Hubs ones here need Entra ID tokens, which only a VM
+in Azure gets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_infra import tools_python
+
+from bridge.approver import topology
+from bridge.config import load_agent_config, load_approver_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIENT_ID = "00000000-0000-0000-0000-0000000000a1"
+EXTENSION_PARAMS = {
+    "eventHubsNamespaceFqdn": "contoso.servicebus.windows.net",
+    "agentIdentityClientId": CLIENT_ID,
+}
+SECRETS = {"approverKeys": {"ops-2026": "o" * 40}, "files": {"relay-fleet.key": "f" * 40}}
+
+
+def extension_settings(**params: Any) -> dict[str, Any]:
+    proc = subprocess.run(
+        [str(tools_python()), str(ROOT / "tests" / "tools" / "bicep_output.py"),
+         str(ROOT / "deploy" / "vm-extension.bicep"), "settings", json.dumps({**EXTENSION_PARAMS, **params})],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def cloud_init_settings() -> dict[str, Any]:
+    """The ``settings.json`` cloud-init writes (YAML read by the infrastructure venv's PyYAML)."""
+    read = (
+        "import sys, yaml; doc = yaml.safe_load(open(sys.argv[1]));"
+        "print(next(f['content'] for f in doc['write_files'] if f['path'].endswith('/settings.json')))"
+    )
+    proc = subprocess.run(
+        [str(tools_python()), "-c", read, str(ROOT / "deploy" / "linux" / "cloud-init.yaml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout.replace("<namespace>", "contoso").replace("<agentIdentityClientId>", CLIENT_ID)
+    assert "<" not in text, "a placeholder the test does not know"
+    return json.loads(text)
+
+
+def docs_fleet_agent_settings() -> dict[str, Any]:
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    block = re.search(r"fleet agents' `agentSettings`.*?```json\n(.*?)```", text, re.S)
+    assert block, "docs/deploy.md lost the fleet agents' agentSettings example"
+    return extension_settings(vmssName="ss1", enableApprover=False, agentSettings=json.loads(block.group(1)))
+
+
+def render(settings: dict[str, Any], tmp_path: Path) -> Path:
+    """``python -m bridge.install_config`` as the installers run it; the file system under tmp_path."""
+    etc = tmp_path / "etc"
+    text = json.dumps(settings).replace("/etc/se-bridge/", f"{etc}/")
+    secrets = tmp_path / "secrets.json"
+    secrets.write_text(json.dumps(SECRETS))
+    env = {
+        **os.environ,
+        "SEB_ETC": str(etc),
+        "SEB_STATE": str(tmp_path / "state"),
+        "SEB_APPROVER_STATE": str(tmp_path / "approver-state"),
+        "SEB_LOGS": str(tmp_path / "logs"),
+        "SEB_SETTINGS_B64": base64.b64encode(text.encode()).decode(),
+        "SEB_SECRETS": str(secrets),
+        "SEB_FORCE": "1",
+        "SEB_OWNER": "",
+        "SEB_RESULT": str(tmp_path / "result"),
+    }
+    etc.mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridge.install_config"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return etc / "config.toml"
+
+
+PATHS = {
+    "vm-extension, one VM": lambda: extension_settings(vmName="vm1"),
+    "vm-extension, Windows VM": lambda: extension_settings(vmName="vm1", osType="Windows"),
+    "vm-extension, scale set": lambda: extension_settings(vmssName="ss1"),
+    "vm-extension, fleet agents (docs/deploy.md)": docs_fleet_agent_settings,
+    "cloud-init": cloud_init_settings,
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_each_deployment_path_renders_a_config_every_service_starts_with(path: str, tmp_path: Path) -> None:
+    config = render(PATHS[path](), tmp_path)
+    args = argparse.Namespace(config=str(config))
+    agent = load_agent_config(args, environ={})
+    assert agent.sink, path
+    rendered = tomllib.loads(config.read_text())
+    if "approver" not in rendered:
+        assert path.startswith("vm-extension, scale set") or "fleet" in path, "where did the approver go?"
+        return
+    approver = load_approver_config(args, environ={})
+    assert approver.sink == agent.sink  # audit records go to the agent's sinks (no crash loop)
+    topology.check(approver.mode, approver.source)
+    if approver.mode == "local":
+        assert approver.relay_key, "the local approver signs its relay requests"
+        assert {k.split("=")[0] for k in agent.relay_key} >= {"local"}
+
+
+def test_the_scale_set_default_installs_no_local_approver_on_event_hubs() -> None:
+    """Local approvers on Event Hubs are for at most 5 VMs (readers per partition and consumer group)."""
+    assert "approver" not in extension_settings(vmssName="ss1")
+    assert "approver" in extension_settings(vmName="vm1")
