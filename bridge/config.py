@@ -347,9 +347,10 @@ class AgentConfig(ConfigBase):
         metavar="SECONDS",
     )
     imds_max_rps: float = setting(
-        5.0,
+        4.0,
         number(0.1, 5),
-        "Most IMDS requests per second this agent sends (IMDS allows about 5 for the whole VM).",
+        "Most IMDS requests per second this agent sends, StartRequests first (IMDS allows about 5 for "
+        "the whole VM; the default keeps a margin for jitter and other IMDS users).",
         metavar="N",
     )
     ready_max_failure: float = setting(

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -124,6 +125,38 @@ def test_the_emulator_429s_a_client_without_a_budget_but_not_ours() -> None:
         polite = ImdsClient(emu.url, max_rps=4.0)
         for _ in range(8):
             polite.get_scheduled_events()  # never 429
+
+
+def test_start_requests_take_the_next_slot_before_waiting_polls() -> None:
+    """Issue 11: StartRequests shared the poll's budget first come, first served. With polls queued
+    on the limiter, a StartRequest still gets the very next slot; under a burst of both at the
+    default rate the emulator's 5/s limit never answers 429."""
+    with EmulatorServer(port=0, rate_limit=5.0) as emu:
+        event_id = emu.state.add_event(event_type="Freeze")
+        client = ImdsClient(emu.url)  # the default budget: 4/s
+        order: list[str] = []
+        errors: list[Exception] = []
+
+        def run(name: str, call: Any) -> None:
+            try:
+                call()
+                order.append(name)
+            except Exception as exc:
+                errors.append(exc)
+
+        client.get_scheduled_events()  # takes the first slot: everything below waits
+        polls = [
+            threading.Thread(target=run, args=(f"poll{i}", client.get_scheduled_events)) for i in range(4)
+        ]
+        for t in polls:
+            t.start()
+        time.sleep(0.05)  # the polls are waiting on the limiter
+        post = threading.Thread(target=run, args=("post", lambda: client.post_start_requests([event_id])))
+        post.start()
+        for t in [*polls, post]:
+            t.join(10)
+        assert errors == [] and order[0] == "post", order
+        assert emu.state.snapshot()["requests"]["rejected"].get("429", 0) == 0
 
 
 # ---------------------------------------------------------------------- whole-answer deadline, size cap

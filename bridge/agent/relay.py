@@ -8,7 +8,10 @@ policies and hooks. For every request the relay:
    ``Scheduled`` (a ``Started`` one is answered ``alreadyStarted``, not an error; any other status
    ``notScheduled``), and name this VM in ``Resources`` unless configured otherwise (``notThisVm``);
 2. posts one ``StartRequests`` for the events that passed, through the agent's IMDS client (so it
-   shares the one connection and the request budget with the poller), retrying transient answers;
+   shares the one connection and the request budget with the poller, StartRequests first), retrying
+   transient answers. Requests arriving while a POST is under way are handled together next, their
+   events in one POST (the API takes a list): a burst of approvals costs a few IMDS requests, not
+   one each, and stays inside IMDS's budget;
 3. answers per event (``approved``, ``alreadyStarted``, ``notFound``, ``notScheduled``,
    ``notThisVm``, ``imdsError``) and publishes the attempt as an audit record
    (``recordType: approval``) through the normal outbox and sinks.
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +73,32 @@ class DecisionLedger:
         return self._entries.get(decision_id)
 
     def put(self, decision_id: str, answer: dict[str, Any]) -> None:
-        self._entries[decision_id] = {"decisionId": decision_id, **answer}
+        self.put_many({decision_id: answer})
+
+    def put_many(self, answers: dict[str, dict[str, Any]]) -> None:
+        """Record the answers of one batch with one durable write."""
+        for decision_id, answer in answers.items():
+            self._entries[decision_id] = {"decisionId": decision_id, **answer}
         while len(self._entries) > LEDGER_SIZE:
             self._entries.popitem(last=False)
         write_atomic(self.path, orjson.dumps(list(self._entries.values())))
+
+
+@dataclass
+class _Pending:
+    """One relay request waiting for (or answered by) a batch."""
+
+    decision_id: str
+    event_ids: list[str]
+    meta: dict[str, Any]
+    done: bool = False
+    repeat: bool = False
+    status: int = 0
+    answer: dict[str, Any] = field(default_factory=dict)
+    posted: int = 0
+
+    def finish(self, status: int, answer: dict[str, Any]) -> None:
+        self.status, self.answer, self.done = status, answer, True
 
 
 class Relay:
@@ -93,7 +120,12 @@ class Relay:
         self._outbox = outbox
         self._metrics = metrics
         self._ledger = DecisionLedger(state_dir)
-        self._lock = threading.Lock()  # one approval at a time: the ledger check and the POST go together
+        self._lock = threading.Lock()  # one batch at a time: the ledger checks and the POST go together
+        self._queue_lock = threading.Lock()
+        self._queue: list[_Pending] = []  # requests waiting for the next batch
+        # Events a POST already approved while the document still shows them Scheduled (IMDS takes a
+        # moment to start them): a later decision for one is answered without a second StartRequest.
+        self._requested: dict[str, str] = {}  # event id -> post id
         self._malformed = ErrorStreak(log, "refusing malformed relay requests")
         self.require_this_vm = require_this_vm
         self.api_version = api_version
@@ -104,7 +136,12 @@ class Relay:
         requester: str,
         component: str = "agent",
     ) -> tuple[int, dict[str, Any]]:
-        """Process one request body (already JSON-decoded). Returns (HTTP status, answer)."""
+        """Process one request body (already JSON-decoded). Returns (HTTP status, answer).
+
+        Requests that arrive while a StartRequests POST is under way wait for it and are then handled
+        together by one of them (the others only wait): their events go to IMDS in one POST (the API
+        takes a list), each decision still gets its own checks, answer, ledger entry and audit record.
+        """
         try:
             decision_id, event_ids, meta = _parse_request(body)
         except RelayRequestError as err:
@@ -114,34 +151,76 @@ class Relay:
             self._malformed.failure("malformed", str(err), requester=requester)
             return 400, {"error": str(err)}
         self._malformed.success()
+        pending = _Pending(decision_id, event_ids, meta)
+        with self._queue_lock:
+            self._queue.append(pending)
+        with self._lock:  # one batch at a time: the ledger checks and the POST go together
+            if not pending.done:
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._process(batch)
         request = {**meta, "eventIds": event_ids}
-        with self._lock:
-            earlier = self._ledger.get(decision_id)
-            if earlier is not None:
-                # Same decision again (an approver retried after a crash): same answer, no second POST.
-                detail = "repeat of an earlier request: answered from the ledger, nothing posted"
-                self._audit(component, requester, earlier, request, detail=detail, start_requests_posted=0)
-                return 200, {**earlier, "repeat": True}
-            doc = self._current()
-            if doc is None:
-                return 503, {"error": "no Scheduled Events document observed yet; try again"}
-            results, posted = self._approve(doc, event_ids, meta.get("target"))
-            outcome, reason = _outcome(results)
-            answer = {
-                "decisionId": decision_id,
-                "outcome": outcome,
-                "reason": reason,
-                "results": results,
-                "documentIncarnation": doc.incarnation,
-            }
-            self._ledger.put(decision_id, answer)
-        self._count(outcome, reason or "ok")
-        self._audit(component, requester, answer, request, start_requests_posted=posted)
+        if pending.repeat:
+            # Same decision again (an approver retried after a crash): same answer, no second POST.
+            detail = "repeat of an earlier request: answered from the ledger, nothing posted"
+            self._audit(component, requester, pending.answer, request, detail=detail, start_requests_posted=0)
+            return 200, {**pending.answer, "repeat": True}
+        if pending.status != 200:
+            return pending.status, pending.answer
+        answer = pending.answer
+        self._count(answer["outcome"], answer["reason"] or "ok")
+        self._audit(component, requester, answer, request, start_requests_posted=pending.posted)
         return 200, answer
 
-    def _approve(
+    def _process(self, batch: list[_Pending]) -> None:
+        """Answer every request of ``batch``: repeats from the ledger, the others checked against the
+        current document and their approvable events posted together."""
+        doc = self._current()
+        fresh: dict[str, _Pending] = {}
+        for p in batch:
+            earlier = self._ledger.get(p.decision_id)
+            if earlier is not None or p.decision_id in fresh:
+                p.repeat = True  # answered below, once the first of its id has its answer
+            elif doc is None:
+                p.finish(503, {"error": "no Scheduled Events document observed yet; try again"})
+            else:
+                fresh[p.decision_id] = p
+        if fresh:
+            assert doc is not None
+            self._requested = {e: p for e, p in self._requested.items() if e in doc.by_id()}
+            self._approve_together(doc, list(fresh.values()))
+            self._ledger.put_many({p.decision_id: p.answer for p in fresh.values()})
+        for p in batch:
+            if p.repeat:
+                p.finish(200, self._ledger.get(p.decision_id) or {})
+
+    def _approve_together(self, doc: Any, requests: list[_Pending]) -> None:
+        checked = [self._check(doc, p.event_ids, p.meta.get("target")) for p in requests]
+        candidates = list(dict.fromkeys(e for _, approvable in checked for e in approvable))
+        posted, post_id = self._post(candidates, len(requests))
+        for p, (results, approvable) in zip(requests, checked, strict=True):
+            for event_id in approvable:
+                results[event_id] = posted[event_id]
+            ordered = [results[e] for e in p.event_ids]
+            outcome, reason = _outcome(ordered)
+            p.posted = 1 if approvable else 0
+            p.finish(
+                200,
+                {
+                    "decisionId": p.decision_id,
+                    "outcome": outcome,
+                    "reason": reason,
+                    "results": ordered,
+                    "documentIncarnation": doc.incarnation,
+                    # Which POST carried this decision (the ledger keeps it): one id for a batch.
+                    **({"startRequests": post_id} if approvable else {}),
+                },
+            )
+
+    def _check(
         self, doc: Any, event_ids: list[str], target: str | None
-    ) -> tuple[list[dict[str, Any]], int]:
+    ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """The results of the events that cannot be approved, and the ids of those that can."""
         vm: VmIdentity = self._identity()
         names = vm.names()
         events = doc.by_id()
@@ -155,6 +234,9 @@ class Relay:
                 results[event_id] = _result(event_id, "alreadyStarted", "the event has already started")
             elif event.event_status != SCHEDULED:
                 results[event_id] = _result(event_id, "notScheduled", f"status is {event.event_status}")
+            elif event_id in self._requested:
+                detail = f"StartRequest already posted (post {self._requested[event_id]}); not posted again"
+                results[event_id] = _result(event_id, "approved", detail)
             elif self.require_this_vm and not vm.affects(event.resources, names):
                 results[event_id] = _result(event_id, "notThisVm", "Resources does not name this VM")
             elif target and not _names_target(target, {*names, (vm.vm_id or "").lower()}, event.resources):
@@ -164,20 +246,25 @@ class Relay:
                 results[event_id] = _result(event_id, "targetMismatch", detail)
             else:
                 candidates.append(event_id)
-        posted = 0
-        if candidates:
+        return results, candidates
+
+    def _post(self, event_ids: list[str], decisions: int) -> tuple[dict[str, dict[str, Any]], str]:
+        """One StartRequests POST per ``MAX_EVENTS_PER_REQUEST`` events: the result of each event, and
+        the id naming this batch's POSTs in the ledger and the log."""
+        out: dict[str, dict[str, Any]] = {}
+        post_id = str(uuid.uuid4())
+        for start in range(0, len(event_ids), MAX_EVENTS_PER_REQUEST):
+            chunk = event_ids[start : start + MAX_EVENTS_PER_REQUEST]
+            extra = {"eventIds": chunk, "decisions": decisions, "post": post_id}
             try:
-                self._client.post_start_requests(candidates)
-                posted = 1
-                for event_id in candidates:
-                    results[event_id] = _result(event_id, "approved", None)
-                log.info("StartRequests posted", extra={"eventIds": candidates})
+                self._client.post_start_requests(chunk)
+                out.update({e: _result(e, "approved", None) for e in chunk})
+                self._requested.update(dict.fromkeys(chunk, post_id))
+                log.info("StartRequests posted", extra=extra)
             except ImdsError as err:
-                posted = 1
-                for event_id in candidates:
-                    results[event_id] = _result(event_id, "imdsError", str(err))
-                log.error("StartRequests failed", extra={"eventIds": candidates, "error": str(err)})
-        return [results[e] for e in event_ids], posted
+                out.update({e: _result(e, "imdsError", str(err)) for e in chunk})
+                log.error("StartRequests failed", extra={**extra, "error": str(err)})
+        return out, post_id
 
     def _count(self, outcome: str, reason: str) -> None:
         if self._metrics is not None:

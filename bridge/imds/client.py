@@ -85,27 +85,44 @@ class ImdsResponse:
 
 
 class RateLimiter:
-    """Spaces requests at least ``1/rate`` seconds apart (IMDS allows ~5 requests/s per VM in all).
+    """Spaces requests at least ``1/rate`` seconds apart; StartRequests go before waiting polls.
 
-    A strict spacing rather than a bursty token bucket: IMDS counts requests in any one-second window,
-    and the agent shares that budget with every other IMDS user on the VM.
+    A strict spacing rather than a bursty token bucket: IMDS counts requests in any one-second window
+    (about 5 per VM for all of IMDS), and the agent shares that budget with every other IMDS user on
+    the VM. The agent's default rate (``imds_max_rps``, 4) keeps a margin below the limit: requests
+    spaced exactly 1/5 s apart arrive with jitter, and a sixth can land inside IMDS's window.
+
+    ``priority`` requests (StartRequests: an approval waits on them, a poll only repeats what the
+    next poll sees anyway) take the next free slot before any waiting ordinary request.
     """
 
     def __init__(self, rate: float) -> None:
         self._interval = 1.0 / rate if rate > 0 else 0.0
         self._next = 0.0
-        self._lock = threading.Lock()
+        self._urgent = 0  # priority requests waiting for a slot
+        self._cond = threading.Condition()
 
-    def acquire(self) -> None:
+    def acquire(self, priority: bool = False) -> None:
         if not self._interval:
             return
-        with self._lock:
-            now = time.monotonic()
-            wait = self._next - now
-            if wait > 0:
-                time.sleep(wait)
-                now += wait
-            self._next = now + self._interval
+        with self._cond:
+            if priority:
+                self._urgent += 1
+            try:
+                while True:
+                    if not priority and self._urgent:
+                        self._cond.wait()
+                        continue
+                    now = time.monotonic()
+                    wait = self._next - now
+                    if wait <= 0:
+                        self._next = now + self._interval
+                        return
+                    self._cond.wait(wait)
+            finally:
+                if priority:
+                    self._urgent -= 1
+                    self._cond.notify_all()
 
 
 class ImdsClient:
@@ -118,7 +135,7 @@ class ImdsClient:
         *,
         timeout: float = 5.0,
         first_timeout: float = 120.0,
-        max_rps: float = 5.0,
+        max_rps: float = 4.0,
         metrics: Any = None,
     ) -> None:
         parts = urlsplit(base_url)
@@ -194,7 +211,7 @@ class ImdsClient:
     # -- transport ------------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, body: bytes | None, op: str) -> ImdsResponse:
-        self._limiter.acquire()
+        self._limiter.acquire(priority=method == "POST")
         with self._lock:
             started = time.monotonic()
             try:

@@ -1,0 +1,75 @@
+"""The relay under a burst of approvals (issue 11): the real agent, the emulator with IMDS's 5/s
+limit, decisions arriving concurrently over HTTP. Every decision is answered and audited on its own,
+with exactly one StartRequest per event at IMDS, in a few coalesced POSTs and without a single 429."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+from procs import RELAY_KEY, Emulator, wait_until
+
+from bridge.signing import sign_request
+
+RELAY_PATH = "/v1/start-requests"
+
+
+def post(address: tuple[str, int], body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    data = orjson.dumps(body)
+    headers = {"Host": f"{address[0]}:{address[1]}", "Content-Type": "application/json"}
+    headers.update(sign_request("relay", RELAY_KEY, "POST", RELAY_PATH, data))
+    conn = http.client.HTTPConnection(*address, timeout=60)
+    try:
+        conn.request("POST", RELAY_PATH, body=data, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, orjson.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_a_burst_of_decisions_is_coalesced_into_few_start_requests(make_agent, tmp_path: Path) -> None:
+    emulator = Emulator()  # IMDS's limit: 5 requests per second
+    try:
+        agent = make_agent(emulator.url).start()
+        events = [emulator.add_event(eventType="Freeze") for _ in range(40)]
+        agent.wait_for_change(events[-1], "scheduled")
+        host, _, port = (agent.api or "").removeprefix("http://").rpartition(":")
+        address = (host, int(port))
+        # Two decisions for the first event: both approved, still one StartRequest for it.
+        bodies = [{"decisionId": f"d-{uuid.uuid4()}", "eventIds": [e]} for e in [*events, events[0]]]
+        answers: list[tuple[int, dict[str, Any]]] = []
+        lock = threading.Lock()
+
+        def send(body: dict[str, Any]) -> None:
+            answer = post(address, body)
+            with lock:
+                answers.append(answer)
+
+        threads = [threading.Thread(target=send, args=(b,)) for b in bodies]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(answers) == len(bodies)
+        assert all(status == 200 and a["outcome"] == "approved" for status, a in answers), answers
+        state = emulator.state()
+        assert state["startRequests"] == dict.fromkeys(events, 1)
+        posts = state["requests"]["post"]
+        assert posts <= 10, f"{posts} POSTs for {len(bodies)} decisions: not coalesced"
+        assert state["requests"]["rejected"].get("429", 0) == 0
+        # Every decision has its own ledger entry naming the POST that carried it, and its own audit.
+        ledger = orjson.loads((agent.state_dir / "relayed.json").read_bytes())
+        assert {e["decisionId"] for e in ledger} == {b["decisionId"] for b in bodies}
+        assert sum(1 for e in ledger if e.get("startRequests")) >= len(events)
+        assert len({e["startRequests"] for e in ledger if e.get("startRequests")}) < len(events)
+        audits = wait_until(
+            lambda: a if len(a := agent.records("approval")) >= len(bodies) else None, 30, what="audits"
+        )
+        assert sorted(a["decisionId"] for a in audits) == sorted(b["decisionId"] for b in bodies)
+        assert agent.metric("se_bridge_relay_requests_total", outcome="approved") == len(bodies)
+    finally:
+        emulator.stop()
