@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,14 @@ def test_demo_runs_end_to_end_and_leaves_valid_records(tmp_path: Path) -> None:
     assert "0 schema violations" in proc.stdout
     assert "scheduled" in proc.stdout and "completed" in proc.stdout and "canceled" in proc.stdout
     assert (out / "records.jsonl").stat().st_size > 0 and (out / "agent.log").stat().st_size > 0
+    # Act 2 (issue 11): the approval loop, every step seen, in this order.
+    act = proc.stdout.split("-- act 2", 1)[1]
+    steps = ["scheduled", "se-bridge decide", "approver  approved", "StartRequest received", "completed"]
+    positions = [act.find(step) for step in steps]
+    assert -1 not in positions and positions == sorted(positions), act
+    assert "NOT SEEN" not in act and "approval audit records: approved 1" in proc.stdout
+    audits = [json.loads(line) for line in (out / "audit.jsonl").read_text().splitlines()]
+    assert [(a["component"], a["outcome"]) for a in audits] == [("approver", "approved")]
     check = subprocess.run(
         [sys.executable, "-m", "bridge", "validate", str(out / "records.jsonl")],
         capture_output=True,
