@@ -129,8 +129,8 @@ def test_the_emulator_429s_a_client_without_a_budget_but_not_ours() -> None:
 
 def test_start_requests_take_the_next_slot_before_waiting_polls() -> None:
     """Issue 11: StartRequests shared the poll's budget first come, first served. With polls queued
-    on the limiter, a StartRequest still gets the very next slot; under a burst of both at the
-    default rate the emulator's 5/s limit never answers 429."""
+    on the limiter (its window full), a StartRequest still gets the very next slot; under a burst of
+    both at the default rate the emulator's 5/s limit never answers 429."""
     with EmulatorServer(port=0, rate_limit=5.0) as emu:
         event_id = emu.state.add_event(event_type="Freeze")
         client = ImdsClient(emu.url)  # the default budget: 4/s
@@ -144,7 +144,8 @@ def test_start_requests_take_the_next_slot_before_waiting_polls() -> None:
             except Exception as exc:
                 errors.append(exc)
 
-        client.get_scheduled_events()  # takes the first slot: everything below waits
+        for _ in range(4):
+            client.get_scheduled_events()  # the window is full: everything below waits
         polls = [
             threading.Thread(target=run, args=(f"poll{i}", client.get_scheduled_events)) for i in range(4)
         ]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from procs import RELAY_KEY, Emulator, wait_until
+from procs import RELAY_KEY, Emulator, start_approver, wait_until
 
 from bridge.signing import sign_request
 
@@ -72,4 +72,51 @@ def test_a_burst_of_decisions_is_coalesced_into_few_start_requests(make_agent, t
         assert sorted(a["decisionId"] for a in audits) == sorted(b["decisionId"] for b in bodies)
         assert agent.metric("se_bridge_relay_requests_total", outcome="approved") == len(bodies)
     finally:
+        emulator.stop()
+
+
+def test_the_approver_sends_a_burst_for_one_vm_in_few_requests(make_agent, tmp_path: Path) -> None:
+    """200 signed decisions for one VM published at once, through the real approver (file source):
+    each ends approved with one StartRequest for its event, in a handful of relay requests and IMDS
+    POSTs, no 429 from IMDS; the source is committed past every one of them."""
+    from bridge.approver.decision import new_decision, sign
+
+    key = b"burst-signing-key-" + b"k" * 32
+    emulator = Emulator()
+    approver = None
+    try:
+        agent = make_agent(emulator.url).start()
+        events = [emulator.add_event(eventType="Freeze") for _ in range(200)]
+        agent.wait_for_change(events[-1], "scheduled")
+        decisions = tmp_path / "decisions.jsonl"
+        lines = [orjson.dumps(sign(new_decision(e, "vm-bridge-0", "tests", 600), "ops", key)) for e in events]
+        decisions.write_bytes(b"\n".join(lines) + b"\n")
+        audit = tmp_path / "audit.jsonl"
+        approver = start_approver(tmp_path, f"file://{decisions}", f"file://{audit}", agent.api or "", key)
+
+        def approved() -> int:
+            text = audit.read_bytes() if audit.exists() else b""
+            return sum(1 for line in text.splitlines() if orjson.loads(line)["outcome"] == "approved")
+
+        wait_until(lambda: approved() == len(events), 60, what="200 approvals")
+        state = emulator.state()
+        assert state["startRequests"] == dict.fromkeys(events, 1)
+        assert state["requests"]["rejected"].get("429", 0) == 0
+        assert state["requests"]["post"] <= 20, state["requests"]
+        relay_requests = [e for e in agent.logs() if e.get("msg") == "StartRequests posted"]
+        assert sum(e["decisions"] for e in relay_requests) >= len(events) - 1
+        state_dir = tmp_path / "approver-state"
+
+        def committed() -> list[str]:
+            return [c.read_text().strip() for c in state_dir.glob("source-file-*.cursor")]
+
+        wait_until(
+            lambda: committed() == [str(len(events))],
+            10,
+            what="the source committed past the last decision",
+        )
+    finally:
+        if approver is not None:
+            approver.terminate()
+            approver.wait(20)
         emulator.stop()

@@ -44,6 +44,11 @@ from bridge.pipeline import Outbox, OutboxFull, RecordMeta
 log = logging.getLogger(__name__)
 
 MAX_EVENTS_PER_REQUEST = 20
+#: Decisions in one ``{"decisions": [...]}`` request (an approver's backlog for one VM).
+MAX_DECISIONS_PER_REQUEST = 50
+#: Events in one StartRequests POST. IMDS documents no limit on the list; 100 keeps the body near
+#: 5 KB, and a burst of a few hundred approvals within a few IMDS requests.
+MAX_EVENTS_PER_POST = 100
 LEDGER_SIZE = 2000
 
 
@@ -138,12 +143,17 @@ class Relay:
     ) -> tuple[int, dict[str, Any]]:
         """Process one request body (already JSON-decoded). Returns (HTTP status, answer).
 
+        A body is one decision (``decisionId``, ``eventIds``, ...) or, from an approver with several
+        decisions for this VM in hand, ``{"decisions": [...]}`` in their order (answered with
+        ``{"answers": [...]}``, one per decision, each as for a single one).
+
         Requests that arrive while a StartRequests POST is under way wait for it and are then handled
         together by one of them (the others only wait): their events go to IMDS in one POST (the API
         takes a list), each decision still gets its own checks, answer, ledger entry and audit record.
         """
         try:
-            decision_id, event_ids, meta = _parse_request(body)
+            many = isinstance(body, dict) and "decisions" in body
+            parsed = _parse_many(body) if many else [_parse_request(body)]
         except RelayRequestError as err:
             # Counted and logged once per streak, never audited: an audit record is for a decision,
             # and a flood of malformed requests must not flood the records stream.
@@ -151,15 +161,23 @@ class Relay:
             self._malformed.failure("malformed", str(err), requester=requester)
             return 400, {"error": str(err)}
         self._malformed.success()
-        pending = _Pending(decision_id, event_ids, meta)
+        pendings = [_Pending(decision_id, event_ids, meta) for decision_id, event_ids, meta in parsed]
         with self._queue_lock:
-            self._queue.append(pending)
+            self._queue.extend(pendings)
         with self._lock:  # one batch at a time: the ledger checks and the POST go together
-            if not pending.done:
+            if not all(p.done for p in pendings):
                 with self._queue_lock:
                     batch, self._queue = self._queue, []
                 self._process(batch)
-        request = {**meta, "eventIds": event_ids}
+        answers = [self._respond(p, requester, component) for p in pendings]
+        if not many:
+            return answers[0]
+        status = 503 if any(code == 503 for code, _ in answers) else 200
+        return status, {"answers": [answer for _, answer in answers]}
+
+    def _respond(self, pending: _Pending, requester: str, component: str) -> tuple[int, dict[str, Any]]:
+        """Count and audit one answered decision; its (status, answer)."""
+        request = {**pending.meta, "eventIds": pending.event_ids}
         if pending.repeat:
             # Same decision again (an approver retried after a crash): same answer, no second POST.
             detail = "repeat of an earlier request: answered from the ledger, nothing posted"
@@ -249,12 +267,12 @@ class Relay:
         return results, candidates
 
     def _post(self, event_ids: list[str], decisions: int) -> tuple[dict[str, dict[str, Any]], str]:
-        """One StartRequests POST per ``MAX_EVENTS_PER_REQUEST`` events: the result of each event, and
+        """One StartRequests POST per ``MAX_EVENTS_PER_POST`` events: the result of each event, and
         the id naming this batch's POSTs in the ledger and the log."""
         out: dict[str, dict[str, Any]] = {}
         post_id = str(uuid.uuid4())
-        for start in range(0, len(event_ids), MAX_EVENTS_PER_REQUEST):
-            chunk = event_ids[start : start + MAX_EVENTS_PER_REQUEST]
+        for start in range(0, len(event_ids), MAX_EVENTS_PER_POST):
+            chunk = event_ids[start : start + MAX_EVENTS_PER_POST]
             extra = {"eventIds": chunk, "decisions": decisions, "post": post_id}
             try:
                 self._client.post_start_requests(chunk)
@@ -294,6 +312,16 @@ class Relay:
             # The approval itself already happened (or was refused); the audit is best effort here
             # and the log line is its trace.
             log.error("audit record not admitted to the outbox", extra={"error": str(exc), "audit": record})
+
+
+def _parse_many(body: dict[str, Any]) -> list[tuple[str, list[str], dict[str, Any]]]:
+    decisions = body.get("decisions")
+    if not isinstance(decisions, list) or not 1 <= len(decisions) <= MAX_DECISIONS_PER_REQUEST:
+        raise RelayRequestError(f"decisions must be a list of 1 to {MAX_DECISIONS_PER_REQUEST} decisions")
+    parsed = [_parse_request(d) for d in decisions]
+    if len({decision_id for decision_id, _, _ in parsed}) != len(parsed):
+        raise RelayRequestError("a decisionId appears twice in one request")
+    return parsed
 
 
 def _parse_request(body: Any) -> tuple[str, list[str], dict[str, Any]]:

@@ -56,6 +56,30 @@ class RelayClient:
         self._verify: str | bool = ca_file or True  # TLS verification is never off
 
     def start_requests(self, relay_url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Relay one decision; its answer (``outcome``, ``results``, ...)."""
+        status, answer = self._post(relay_url, body)
+        if status != 200 or not isinstance(answer, dict):
+            return _refused_by_agent(status, answer)
+        return answer
+
+    def start_requests_many(self, relay_url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Relay several decisions for one VM in one request (``{"decisions": [...]}``, their order
+        kept): the agent checks each and posts their events in one StartRequests. An agent older than
+        that answers 400 to the list; each decision is then relayed on its own."""
+        if len(bodies) == 1:
+            return [self.start_requests(relay_url, bodies[0])]
+        status, answer = self._post(relay_url, {"decisions": bodies})
+        if status == 400:
+            return [self.start_requests(relay_url, body) for body in bodies]
+        if status != 200 or not isinstance(answer, dict):
+            return [_refused_by_agent(status, answer)] * len(bodies)
+        answers = answer.get("answers")
+        if not isinstance(answers, list) or len(answers) != len(bodies):
+            raise RelayUnavailable(f"{relay_url}: answer does not hold one answer per decision")
+        return [a if isinstance(a, dict) else _refused_by_agent(status, a) for a in answers]
+
+    def _post(self, relay_url: str, body: dict[str, Any]) -> tuple[int, Any]:
+        """POST a relay request; (status, decoded answer). An outage is :class:`RelayUnavailable`."""
         data = orjson.dumps(body)
         headers = {"Content-Type": "application/json"}
         signer = self._keys.first()
@@ -68,19 +92,9 @@ class RelayClient:
         if status >= 500 or status == 429:
             raise RelayUnavailable(f"{relay_url}: HTTP {status}")
         try:
-            answer = orjson.loads(answer_bytes)
+            return status, orjson.loads(answer_bytes)
         except orjson.JSONDecodeError:
             raise RelayUnavailable(f"{relay_url}: answer is not JSON") from None
-        if status != 200 or not isinstance(answer, dict):
-            # 400/401/403/415: the agent refused the request itself; that is an outcome, not an outage.
-            error = answer.get("error") if isinstance(answer, dict) else answer
-            return {
-                "outcome": "refused",
-                "reason": f"relayHttp{status}",
-                "detail": str(error)[:200],
-                "results": [],
-            }
-        return answer
 
     def document(self, relay_url: str) -> dict[str, Any]:
         """The agent's ``GET /v1/document`` (its VM identity and current events); local callers need
@@ -168,7 +182,8 @@ class LocalRouter:
         return self._names
 
     def start(self, stop: threading.Event) -> None:
-        pass
+        # Ask the agent who this VM is now, not on the first decision (best effort: owns() asks again).
+        threading.Thread(target=self.this_vm, name="this-vm", daemon=True).start()
 
 
 class FleetRouter:
@@ -245,3 +260,9 @@ class FleetRouter:
                 log.error("events stream failed; retrying", extra={"source": source.name, "error": str(exc)})
                 stop.wait(2.0)
         source.close()
+
+
+def _refused_by_agent(status: int, answer: Any) -> dict[str, Any]:
+    """400/401/403/415: the agent refused the request itself; that is an outcome, not an outage."""
+    error = answer.get("error") if isinstance(answer, dict) else answer
+    return {"outcome": "refused", "reason": f"relayHttp{status}", "detail": str(error)[:200], "results": []}

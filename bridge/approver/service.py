@@ -28,8 +28,10 @@ import orjson
 
 from bridge import __version__, records
 from bridge.apiguard import ApiGuard
+from bridge.approver import decision as decision_module
 from bridge.approver import topology
 from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
+from bridge.approver.dispatch import Lanes, OrderedCommits, Slot
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
 from bridge.approver.sources import DecisionSource, Message, SourceError, create_source
 from bridge.approver.store import DecisionStore
@@ -59,6 +61,13 @@ POISON_ATTEMPTS = 3
 #: The decision schema's length bounds of the fields an audit record repeats.
 AUDIT_FIELD_LIMITS = {"decisionId": 128, "eventId": 128, "target": 128, "issuedBy": 256}
 
+
+#: Lanes (VMs) processed at once, messages read and not finished, decisions per relay request
+#: (bridge.approver.dispatch); a relay request also stays below the agent's 64 KiB body limit.
+LANE_WORKERS = 8
+MAX_IN_FLIGHT = 256
+LANE_BATCH = 50
+MAX_RELAY_BYTES = 32 * 1024
 
 #: The approver is not ready once reading decisions has failed for this long (a broker blip is not).
 READY_MAX_FAILURE = 30.0
@@ -127,6 +136,10 @@ class Approver:
             for s in sinks
         ]
         self.relay_attempts = relay_attempts
+        self.commits = OrderedCommits(self._commit)
+        self.lanes = Lanes(
+            self._drain_lane, workers=LANE_WORKERS, max_in_flight=MAX_IN_FLIGHT, batch=LANE_BATCH
+        )
         self.api: Listener | None = None
         self._source_open = False
         self._streak = ErrorStreak(log, f"reading decisions from {source.name}")
@@ -135,7 +148,19 @@ class Approver:
     # -- one decision ---------------------------------------------------------------------------------
 
     def process(self, message: Message, now: float | None = None) -> dict[str, Any]:
-        """Take one message to a final outcome and publish its audit record. Returns the audit.
+        """Take one message to a final outcome and publish its audit record. Returns the audit."""
+        prepared = self._prepare(message, now)
+        if not isinstance(prepared, tuple):
+            return prepared
+        decision, body = prepared
+        answer, detail = self._relay(decision, body)
+        return self._finish_relayed(decision, message, answer, detail)
+
+    def _prepare(
+        self, message: Message, now: float | None = None
+    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, Any]]:
+        """Everything before the relay: the final result (a refusal, a skip, a re-read) or the
+        validated decision, recorded as started, and its relay body.
 
         Everything about the message is proven before anything is stored: only a decision that
         passed every check claims its ``decisionId`` (an unsigned or malformed message cannot burn
@@ -169,7 +194,11 @@ class Approver:
             "target": decision["target"],
             "issuedBy": decision["issuedBy"],
         }
-        answer, detail = self._relay(decision, body)
+        return decision, body
+
+    def _finish_relayed(
+        self, decision: dict[str, Any], message: Message, answer: dict[str, Any] | None, detail: str
+    ) -> dict[str, Any]:
         if answer is None:
             return self._finish(decision, message, "failed", "relayUnavailable", detail, [])
         return self._finish(
@@ -201,26 +230,87 @@ class Approver:
             raise DecisionRefused("schema", f"cannot be validated: {type(exc).__name__}: {exc}") from None
 
     def _relay(self, decision: dict[str, Any], body: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-        """Try each candidate agent (fleet failover), each a few times; None when none answered."""
+        return self._relay_many([decision], [body])[0]
+
+    def _relay_many(
+        self, decisions: list[dict[str, Any]], bodies: list[dict[str, Any]]
+    ) -> list[tuple[dict[str, Any] | None, str]]:
+        """Relay decisions for one VM in one request (their order kept), trying each candidate agent
+        (fleet failover) a few times; ``(None, why)`` for each when none answered."""
         errors: list[str] = []
         backoff = Backoff(base=0.5, cap=5.0)
         for attempt in range(self.relay_attempts):
-            candidates = self.router.candidates(decision)
+            candidates = list(dict.fromkeys(u for d in decisions for u in self.router.candidates(d)))
             if not candidates:
                 errors.append("no agent known for the event's VMs")
             for url in candidates:
                 try:
-                    answer = self.relay.start_requests(url, body)
+                    answers = self.relay.start_requests_many(url, bodies)
                 except RelayUnavailable as exc:
                     errors.append(str(exc))
                     log.warning(
                         "agent did not answer, trying the next", extra={"relay": url, "error": str(exc)}
                     )
                     continue
-                return {**answer, "relay": url}, ""
+                return [({**answer, "relay": url}, "") for answer in answers]
             if attempt + 1 < self.relay_attempts and not self.stop_event.is_set():
                 self.stop_event.wait(backoff.next_delay())
-        return None, "; ".join(errors[-3:])
+        return [(None, "; ".join(errors[-3:]))] * len(bodies)
+
+    # -- many decisions at once: lanes (bridge.approver.dispatch) ---------------------------------------
+
+    def _drain_lane(self, lane: str, slots: list[Slot]) -> None:
+        """Process one lane's batch: prepare each, relay the decisions to relay in one request, finish
+        each. Anything unexpected for a message falls back to :meth:`_handle` (retries, poison
+        handling, waiting for outbox room) for that message alone."""
+        if self.stop_event.is_set():
+            return  # not finished: not committed, read again after the restart
+        prepared: list[tuple[Slot, dict[str, Any], dict[str, Any]]] = []
+        later: list[Slot] = []
+        for slot in slots:
+            if any(_decision_id(slot) == _decision_id(p[0]) for p in prepared):
+                later.append(slot)  # the same decision twice in a batch: after the first is final
+                continue
+            try:
+                result = self._prepare(slot.message)
+            except Exception:
+                self._settle(slot)
+                continue
+            if isinstance(result, tuple):
+                prepared.append((slot, *result))
+            else:
+                self.commits.finished(slot)
+        if prepared:
+            self._relay_and_finish(prepared)
+        for slot in later:
+            self._settle(slot)
+
+    def _relay_and_finish(self, prepared: list[tuple[Slot, dict[str, Any], dict[str, Any]]]) -> None:
+        results: list[tuple[dict[str, Any] | None, str]] = []
+        for chunk in _chunks(prepared):
+            try:
+                results += self._relay_many([d for _, d, _ in chunk], [b for _, _, b in chunk])
+            except Exception:
+                log.exception("relaying a batch failed; each decision is retried on its own")
+                results += [(None, "")] * len(chunk)
+        for (slot, decision, _), (answer, detail) in zip(prepared, results, strict=True):
+            try:
+                if answer is None and not detail:
+                    raise RuntimeError("relay failed unexpectedly")
+                self._finish_relayed(decision, slot.message, answer, detail)
+                self.commits.finished(slot)
+            except Exception:
+                self._settle(slot)
+
+    def _settle(self, slot: Slot) -> None:
+        if self._handle(slot.message):
+            self.commits.finished(slot)
+
+    def _commit(self, message: Message) -> None:
+        try:
+            self.source.commit(message)
+        except SourceError as exc:  # a lost commit means a re-read, which the store recognises
+            log.warning("commit failed; the decision may be read again", extra={"error": str(exc)})
 
     def _finish(
         self,
@@ -344,6 +434,7 @@ class Approver:
         return 0
 
     def _start_components(self) -> None:
+        decision_module.warm_up()
         for worker in self.workers:
             worker.open_at_start()
             worker.start()
@@ -361,7 +452,8 @@ class Approver:
         )
 
     def _consume(self) -> None:
-        """Read, process and commit decisions in order until stopped or the source is exhausted."""
+        """Read decisions and hand each to its VM's lane until stopped or the source is exhausted;
+        commits follow in read order as decisions finish (bridge.approver.dispatch)."""
         while not self.stop_event.is_set():
             try:
                 messages = self.source.poll(0.5)
@@ -372,9 +464,11 @@ class Approver:
             self._streak.success()
             self.metrics.source_ready.set(1)
             for message in messages:
-                if not self._handle(message):
-                    return  # stopping while a message could not be finished: it is re-read later
+                slot = self.commits.track(message)
+                if not self.lanes.add(_lane_of(message), slot, self.stop_event):
+                    return  # stopping: what was not finished is read again after the restart
             if self.source.exhausted:
+                self.commits.wait_drained(self.stop_event)
                 return
 
     def _open_source(self) -> bool:
@@ -409,7 +503,8 @@ class Approver:
         """Process and commit one message (order is kept: the next message waits). A failure to store
         the outcome (disk full) is retried until it works; any other error is retried a few times and
         then ends the message as ``unprocessable``, audited and committed: a poison message must not
-        hold every later decision back. Returns False when stopping before it was finished."""
+        hold every later decision back. Returns False when stopping before it was finished. The
+        caller commits (in read order: :class:`~bridge.approver.dispatch.OrderedCommits`)."""
         backoff = Backoff(base=1.0, cap=30.0)
         errors = 0
         while True:
@@ -431,10 +526,6 @@ class Approver:
                 )
             if self.stop_event.wait(backoff.next_delay()):
                 return False
-        try:
-            self.source.commit(message)
-        except SourceError as exc:  # a lost commit means a re-read, which the store recognises
-            log.warning("commit failed; the decision may be read again", extra={"error": str(exc)})
         return True
 
     def _give_up(self, message: Message) -> None:
@@ -459,6 +550,7 @@ class Approver:
         self.stop_event.set()
         if self.api is not None:
             self.api.stop()
+        self.lanes.close()  # lanes see the stop and leave unfinished decisions uncommitted
         for worker in self.workers:
             worker.stop(10.0)
         for worker in self.workers:
@@ -538,6 +630,32 @@ def lock_state_dir(state_dir: Path) -> int | None:
         raise ConfigError(f"state_dir: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None
+
+
+def _lane_of(message: Message) -> str:
+    """The lane of a message: its target VM (case-insensitive); unreadable messages share one lane."""
+    decision = _loads_object(message.payload) if len(message.payload) <= MAX_MESSAGE_BYTES else None
+    target = decision.get("target") if decision else None
+    return target.lower() if isinstance(target, str) else ""
+
+
+def _decision_id(slot: Slot) -> Any:
+    decision = _loads_object(slot.message.payload)
+    return decision.get("decisionId") if decision else None
+
+
+def _chunks(prepared: list[Any]) -> list[list[Any]]:
+    """Relay requests of at most ``LANE_BATCH`` decisions and ``MAX_RELAY_BYTES``."""
+    out: list[list[Any]] = [[]]
+    size = 0
+    for item in prepared:
+        item_size = len(orjson.dumps(item[2]))
+        if out[-1] and (len(out[-1]) >= LANE_BATCH or size + item_size > MAX_RELAY_BYTES):
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += item_size
+    return out
 
 
 def _loads_object(payload: bytes) -> dict[str, Any] | None:

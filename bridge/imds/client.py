@@ -28,6 +28,7 @@ import http.client
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -85,25 +86,30 @@ class ImdsResponse:
 
 
 class RateLimiter:
-    """Spaces requests at least ``1/rate`` seconds apart; StartRequests go before waiting polls.
+    """At most ``rate`` requests in any window of ``WINDOW`` seconds; StartRequests before polls.
 
-    A strict spacing rather than a bursty token bucket: IMDS counts requests in any one-second window
-    (about 5 per VM for all of IMDS), and the agent shares that budget with every other IMDS user on
-    the VM. The agent's default rate (``imds_max_rps``, 4) keeps a margin below the limit: requests
-    spaced exactly 1/5 s apart arrive with jitter, and a sixth can land inside IMDS's window.
+    IMDS counts requests in any one-second window (about 5 per VM for all of IMDS) and the agent shares
+    that budget with every other IMDS user on the VM. The agent's default rate (``imds_max_rps``, 4)
+    keeps a margin below the limit, and the window is a little longer than IMDS's (``WINDOW``) for the
+    jitter between our clock and IMDS's. Within that, requests are not spaced: an approval posted
+    right after a poll goes at once instead of waiting a fixed 1/rate. Below 1 per second the
+    requests are spaced ``1/rate`` apart.
 
     ``priority`` requests (StartRequests: an approval waits on them, a poll only repeats what the
     next poll sees anyway) take the next free slot before any waiting ordinary request.
     """
 
+    WINDOW = 1.05
+
     def __init__(self, rate: float) -> None:
-        self._interval = 1.0 / rate if rate > 0 else 0.0
-        self._next = 0.0
+        self._cap = int(rate) if rate >= 1 else 1
+        self._window = self.WINDOW if rate >= 1 else (1.0 / rate if rate > 0 else 0.0)
+        self._sent: deque[float] = deque()
         self._urgent = 0  # priority requests waiting for a slot
         self._cond = threading.Condition()
 
     def acquire(self, priority: bool = False) -> None:
-        if not self._interval:
+        if not self._window:
             return
         with self._cond:
             if priority:
@@ -113,16 +119,23 @@ class RateLimiter:
                     if not priority and self._urgent:
                         self._cond.wait()
                         continue
-                    now = time.monotonic()
-                    wait = self._next - now
+                    wait = self._wait(time.monotonic())
                     if wait <= 0:
-                        self._next = now + self._interval
+                        self._sent.append(time.monotonic())
                         return
                     self._cond.wait(wait)
             finally:
                 if priority:
                     self._urgent -= 1
                     self._cond.notify_all()
+
+    def _wait(self, now: float) -> float:
+        """Seconds until a request may go (0: now)."""
+        while self._sent and now - self._sent[0] >= self._window:
+            self._sent.popleft()
+        if len(self._sent) < self._cap:
+            return 0.0
+        return self._sent[0] + self._window - now
 
 
 class ImdsClient:

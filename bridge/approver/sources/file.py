@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from bridge.approver.sources.base import DecisionSource, Message
 from bridge.fsutil import ensure_private_dir, write_atomic
+
+#: How often a waiting poll checks whether the file grew (a ``stat``: 20 a second cost microseconds).
+CHECK_EVERY = 0.05
 
 
 class FileSource(DecisionSource):
@@ -33,23 +37,41 @@ class FileSource(DecisionSource):
             self._committed = 0
         self._handed = self._committed
         self._wake = threading.Event()
+        self._size = -1  # of the file when last read
 
     @classmethod
     def create(cls, spec: str, state_dir: Path, group: str) -> FileSource:
         return cls(spec, state_dir)
 
     def poll(self, timeout: float) -> list[Message]:
+        """What was appended since the last call; the file is checked every ``CHECK_EVERY`` seconds
+        within ``timeout`` (a ``stat``, so a decision is picked up within about 50 ms)."""
+        deadline = time.monotonic() + timeout
         out = self._read()
-        if not out:
-            self._wake.wait(timeout)
-            out = self._read()
+        while not out and not self._wake.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._wake.wait(min(CHECK_EVERY, remaining))
+            out = self._read_if_grown()
         return out
+
+    def _read_if_grown(self) -> list[Message]:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if size == self._size:
+            return []
+        self._size = size
+        return self._read()
 
     def _read(self) -> list[Message]:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
             return []
+        self._size = len(data)
         lines = data.split(b"\n")
         complete = lines[:-1]  # the last piece has no newline yet: a writer is mid-line
         out = []

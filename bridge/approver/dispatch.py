@@ -1,0 +1,127 @@
+"""Decisions in flight: per-VM lanes, bounded concurrency, commits in the order messages were read.
+
+The approver used to take one decision at a time: one relay round trip and one StartRequests POST
+each, so a burst of 200 decisions took minutes and every VM waited behind every other. Now:
+
+* each message goes to the **lane** of its target VM. Lanes run concurrently (at most ``workers`` at
+  once); one lane is one VM and is processed in order: a lane worker takes what has queued in it (up
+  to a batch) and relays those decisions to the VM's agent in one request, in their order, which the
+  agent posts to IMDS as one StartRequests;
+* at most ``max_in_flight`` messages are read and not yet finished: reading stops while the bound is
+  reached (a slow agent cannot make the approver hold an unbounded backlog in memory);
+* **commits** happen in the order the messages were read, each once it and every message before it
+  are finished: a source position (a Kafka offset, an Event Hubs checkpoint, a file line) never moves
+  past a decision that is still in flight, so a crash re-reads exactly what was not finished, and the
+  decision store and the agent's ledger keep that re-read harmless (exactly once per decision).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from bridge.approver.sources import Message
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Slot:
+    """One message read and not yet committed."""
+
+    message: Message
+    done: bool = False
+
+
+class OrderedCommits:
+    """Commits finished messages in read order (see the module docstring)."""
+
+    def __init__(self, commit: Callable[[Message], None]) -> None:
+        self._commit = commit
+        self._cond = threading.Condition()
+        self._order: deque[Slot] = deque()
+
+    def track(self, message: Message) -> Slot:
+        slot = Slot(message)
+        with self._cond:
+            self._order.append(slot)
+        return slot
+
+    def finished(self, slot: Slot) -> None:
+        """Mark ``slot`` finished and commit every finished message at the head of the order. Commits
+        are made under the lock, so two threads never commit out of order."""
+        with self._cond:
+            slot.done = True
+            while self._order and self._order[0].done:
+                self._commit(self._order.popleft().message)
+            self._cond.notify_all()
+
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._order)
+
+    def wait_drained(self, stop: threading.Event) -> None:
+        """Until every tracked message was committed, or ``stop`` is set."""
+        with self._cond:
+            while self._order and not stop.is_set():
+                self._cond.wait(0.2)
+
+
+class Lanes:
+    """Per-key FIFO lanes drained by a bounded pool; ``drain(key, items)`` processes a batch of one
+    lane and must finish every item it is given (or leave it to a re-read when stopping)."""
+
+    def __init__(
+        self,
+        drain: Callable[[str, list[Slot]], None],
+        *,
+        workers: int,
+        max_in_flight: int,
+        batch: int,
+    ) -> None:
+        self._drain = drain
+        self._batch = batch
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lane")
+        self._room = threading.BoundedSemaphore(max_in_flight)
+        self._lock = threading.Lock()
+        self._queues: dict[str, deque[Slot]] = {}
+        self._active: set[str] = set()
+
+    def add(self, key: str, slot: Slot, stop: threading.Event) -> bool:
+        """Queue ``slot`` on lane ``key``; waits while ``max_in_flight`` are in flight. False when
+        stopping before there was room."""
+        while not self._room.acquire(timeout=0.2):
+            if stop.is_set():
+                return False
+        with self._lock:
+            self._queues.setdefault(key, deque()).append(slot)
+            if key in self._active:
+                return True
+            self._active.add(key)
+        self._pool.submit(self._run, key)
+        return True
+
+    def _run(self, key: str) -> None:
+        while True:
+            with self._lock:
+                queue = self._queues.get(key)
+                if not queue:
+                    self._queues.pop(key, None)
+                    self._active.discard(key)
+                    return
+                batch = [queue.popleft() for _ in range(min(self._batch, len(queue)))]
+            try:
+                self._drain(key, batch)
+            except Exception:  # the drain finishes its items itself; this only keeps the lane alive
+                log.exception("lane failed", extra={"lane": key})
+            finally:
+                for _ in batch:
+                    self._room.release()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=False)
