@@ -152,11 +152,14 @@ def test_uncommitted_decision_is_processed_after_restart_with_one_post(
         # Decisions for one VM share a partition and are processed in order: once a later one is
         # final, a wrong second attempt at the first would have happened already.
         marker = decide_on_kafka(tmp_path, broker, "00000000-0000-0000-0000-000000000000")
-        wait_until(lambda: marker.encode() in store.read_bytes(), 60, what="the later decision processed")
+
+        def outcomes() -> dict[str, str]:
+            finals = [orjson.loads(line) for line in store.read_bytes().splitlines()]
+            return {f["decisionId"]: f["outcome"] for f in finals if f["state"] == "final"}
+
+        wait_until(lambda: marker in outcomes(), 60, what="the later decision final")
         assert emulator.state()["startRequests"] == {eid: 1}
-        finals = [orjson.loads(line) for line in store.read_bytes().splitlines()]
-        outcomes = {f["decisionId"]: f["outcome"] for f in finals if f["state"] == "final"}
-        assert outcomes == {decision_id: "approved", marker: "refused"}
+        assert outcomes() == {decision_id: "approved", marker: "refused"}
     finally:
         stop(second)
 
@@ -209,3 +212,90 @@ def test_local_approvers_of_two_vms_each_get_their_own_decisions(broker: TansuBr
         for emulator, agent, _ in vms:
             agent.stop()
             emulator.stop()
+
+
+def test_fleet_approvers_share_partitions_and_survive_a_kill(
+    emulator: Emulator, make_agent, broker: TansuBroker, tmp_path: Path
+) -> None:
+    """Issue 11: two fleet approvers in one consumer group split a 4-partition decisions topic and
+    report their share in /metrics; one is killed (SIGKILL) mid-stream; the survivor takes its
+    partitions over. Every decision ends approved, every event got exactly one StartRequest, and a
+    decision is audited twice at most if it was in flight on the killed instance."""
+    import signal
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from bridge.approver.decision import new_decision, sign
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic("fleet-decisions", 4)]).values():
+        future.result(30)
+    agent = make_agent(emulator.url).start()
+    events = [emulator.add_event(eventType="Freeze") for _ in range(60)]
+    agent.wait_for_change(events[-1], "scheduled")
+    source = f"kafka://{broker.bootstrap}/fleet-decisions"
+    fleet = ("--mode", "fleet", "--events-source", f"file://{agent.sink_path}", "--relay-url-template",
+             agent.api or "", "--group", "fleet-approvers")  # fmt: skip
+    workdirs = [tmp_path / "a", tmp_path / "b"]
+    procs = []
+    for workdir in workdirs:
+        workdir.mkdir()
+        audit = f"file://{workdir}/audit.jsonl"
+        procs.append(start_approver(workdir, source, audit, agent.api or "", KEY, *fleet))
+    apis = [approver_api(w) for w in workdirs]
+
+    def owned() -> list[float]:
+        return [scrape(a, "se_bridge_approver_partitions_owned") for a in apis]
+
+    try:
+        wait_until(
+            lambda: (
+                [scrape(a, "se_bridge_approver_partitions_owned") for a in apis]
+                in ([2.0, 2.0], [1.0, 3.0], [3.0, 1.0])
+            ),
+            60,
+            what="both instances reading a share of the 4 partitions",
+        )
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+
+        def publish(event_ids: list[str]) -> list[str]:
+            ids = []
+            for event_id in event_ids:
+                decision = sign(new_decision(event_id, "vm-bridge-0", "tests", 600), "ops", KEY)
+                producer.produce("fleet-decisions", orjson.dumps(decision), key=event_id.encode())
+                ids.append(decision["decisionId"])
+            assert producer.flush(30) == 0
+            return ids
+
+        decided = publish(events[:30])
+        wait_until(lambda: len(emulator.state()["startRequests"]) >= 10, 60, what="the first StartRequests")
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(10)
+        decided += publish(events[30:])
+        wait_until(
+            lambda: scrape(apis[1], "se_bridge_approver_partitions_owned") == 4, 90, what="the takeover"
+        )
+        everything = dict.fromkeys(events, 1)
+        wait_until(lambda: emulator.state()["startRequests"] == everything, 90, what="every StartRequest")
+        # The killed instance's audit records of what it finished are in its outbox (durable before
+        # the commit): its restart on the same state directory delivers them.
+        procs[0] = start_approver(
+            workdirs[0], source, f"file://{workdirs[0]}/audit.jsonl", agent.api or "", KEY, *fleet
+        )
+
+        def audits() -> dict[str, set[str]]:
+            out: dict[str, set[str]] = {}
+            for workdir in workdirs:
+                path = workdir / "audit.jsonl"
+                for line in path.read_bytes().splitlines() if path.exists() else []:
+                    record = orjson.loads(line)
+                    out.setdefault(record["decisionId"], set()).add(record["outcome"])
+            return out
+
+        wait_until(lambda: set(audits()) == set(decided), 60, what="an audit record of every decision")
+        assert all(outcomes == {"approved"} for outcomes in audits().values()), audits()
+        assert emulator.state()["startRequests"] == everything  # still one each
+    finally:
+        for proc in procs:
+            stop(proc)

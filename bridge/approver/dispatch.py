@@ -38,7 +38,11 @@ class Slot:
 
 
 class OrderedCommits:
-    """Commits finished messages in read order (see the module docstring)."""
+    """Commits finished messages in read order (see the module docstring).
+
+    Lane threads only mark messages finished; the commits themselves are made by the thread that
+    polls the source (:meth:`commit_ready`), because a consumer is driven by one thread: a Kafka
+    consumer's synchronous commit from another thread can wait for the very poll it blocks."""
 
     def __init__(self, commit: Callable[[Message], None]) -> None:
         self._commit = commit
@@ -52,13 +56,19 @@ class OrderedCommits:
         return slot
 
     def finished(self, slot: Slot) -> None:
-        """Mark ``slot`` finished and commit every finished message at the head of the order. Commits
-        are made under the lock, so two threads never commit out of order."""
         with self._cond:
             slot.done = True
-            while self._order and self._order[0].done:
-                self._commit(self._order.popleft().message)
             self._cond.notify_all()
+
+    def commit_ready(self) -> int:
+        """Commit every finished message at the head of the order (on the polling thread)."""
+        with self._cond:
+            ready = []
+            while self._order and self._order[0].done:
+                ready.append(self._order.popleft().message)
+        for message in ready:
+            self._commit(message)
+        return len(ready)
 
     @property
     def pending(self) -> int:
@@ -66,9 +76,12 @@ class OrderedCommits:
             return len(self._order)
 
     def wait_drained(self, stop: threading.Event) -> None:
-        """Until every tracked message was committed, or ``stop`` is set."""
-        with self._cond:
-            while self._order and not stop.is_set():
+        """Commit as messages finish until every tracked one was committed, or ``stop`` is set."""
+        while not stop.is_set():
+            self.commit_ready()
+            with self._cond:
+                if not self._order:
+                    return
                 self._cond.wait(0.2)
 
 

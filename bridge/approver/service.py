@@ -79,6 +79,37 @@ READ_PATHS = frozenset({"/metrics"})
 EXIT_COMPONENT_FAILED = 70
 
 
+class OwnershipCollector:
+    """``se_bridge_approver_partitions_owned`` and ``se_bridge_approver_partition_lag{partition}``,
+    read from the decisions source when scraped (labels: partition ids, bounded by the topic's or
+    hub's partition count)."""
+
+    def __init__(self) -> None:
+        self.source: DecisionSource | None = None
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        owned = self.source.ownership() if self.source is not None else {}
+        count = GaugeMetricFamily(
+            "se_bridge_approver_partitions_owned", "Partitions of the decisions source this instance reads."
+        )
+        count.add_metric([], len(owned))
+        lag = GaugeMetricFamily(
+            "se_bridge_approver_partition_lag",
+            "Messages of an owned partition not read yet (Kafka; absent when unknown).",
+            labels=["partition"],
+        )
+        for partition, behind in sorted(owned.items()):
+            if behind is not None:
+                lag.add_metric([partition], behind)
+        yield count
+        yield lag
+
+
 class ApproverMetrics(PipelineMetrics):
     """The pipeline's sink/outbox series (same names as the agent's, so dashboards work for both)
     plus the approver's own, declared below. ``reason`` is a closed set (the decision schema's refusal
@@ -101,6 +132,11 @@ class ApproverMetrics(PipelineMetrics):
         "se_bridge_approver_source_ready", "1 while the decisions source is open and reads succeed."
     )
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.ownership = OwnershipCollector()
+        self.registry.register(self.ownership)
+
 
 class Approver:
     def __init__(
@@ -121,6 +157,7 @@ class Approver:
         self.relay = relay
         self.policy = policy
         self.metrics = metrics or ApproverMetrics()
+        self.metrics.ownership.source = source
         self.stop_event = threading.Event()
         self.health = Health(self.metrics, on_fatal=lambda _why: self.stop_event.set())
         self._lock_fd = lock if lock is not None else lock_state_dir(state_dir)
@@ -267,8 +304,9 @@ class Approver:
             return  # not finished: not committed, read again after the restart
         prepared: list[tuple[Slot, dict[str, Any], dict[str, Any]]] = []
         later: list[Slot] = []
+        ids: set[str] = set()
         for slot in slots:
-            if any(_decision_id(slot) == _decision_id(p[0]) for p in prepared):
+            if _decision_id(slot) in ids:
                 later.append(slot)  # the same decision twice in a batch: after the first is final
                 continue
             try:
@@ -278,6 +316,7 @@ class Approver:
                 continue
             if isinstance(result, tuple):
                 prepared.append((slot, *result))
+                ids.add(result[0]["decisionId"])
             else:
                 self.commits.finished(slot)
         if prepared:
@@ -467,6 +506,8 @@ class Approver:
                 slot = self.commits.track(message)
                 if not self.lanes.add(_lane_of(message), slot, self.stop_event):
                     return  # stopping: what was not finished is read again after the restart
+                self.commits.commit_ready()
+            self.commits.commit_ready()
             if self.source.exhausted:
                 self.commits.wait_drained(self.stop_event)
                 return
@@ -551,6 +592,7 @@ class Approver:
         if self.api is not None:
             self.api.stop()
         self.lanes.close()  # lanes see the stop and leave unfinished decisions uncommitted
+        self.commits.commit_ready()  # what did finish is committed (a re-read would be harmless)
         for worker in self.workers:
             worker.stop(10.0)
         for worker in self.workers:

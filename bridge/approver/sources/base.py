@@ -69,5 +69,11 @@ class DecisionSource(ABC):
         approver then stops. A stream (a file followed as it grows, a topic, a hub) never is."""
         return False
 
+    def ownership(self) -> dict[str, int | None]:
+        """The partitions this instance reads now, each with its lag (messages not yet read, None when
+        unknown): what ``/metrics`` shows of a fleet approver's share. Sources without partitions
+        report ``{}``. Read from the HTTP thread: implementations return a snapshot."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass

@@ -311,6 +311,7 @@ class EventHubsSource(DecisionSource):
         self._committed: dict[str, int] = {}  # partition -> sequence number of the last checkpoint
         self._contexts: dict[str, tuple[str, str, str]] = {}  # partition -> namespace, hub, group (SDK's)
         self._errors: deque[str] = deque(maxlen=20)  # one-shot receive errors, reported by poll
+        self._owned: set[str] = set()  # partitions claimed (ownership, /metrics)
         self._health = _StoreHealth()
         self._closing = False
         self._client: Any = None
@@ -555,7 +556,12 @@ class EventHubsSource(DecisionSource):
             self._errors.append(detail)
             self._cond.notify_all()
 
+    def ownership(self) -> dict[str, int | None]:
+        """The partitions this instance reads (lag is not tracked on Event Hubs: None)."""
+        return dict.fromkeys(sorted(self._owned))
+
     def _on_partition_initialize(self, context: Any) -> None:
+        self._owned.add(str(context.partition_id))
         log.info(
             "partition claimed",
             extra={
@@ -567,6 +573,7 @@ class EventHubsSource(DecisionSource):
 
     def _on_partition_close(self, context: Any, reason: Any) -> None:
         partition = str(context.partition_id)
+        self._owned.discard(partition)
         with self._cond:
             # What was queued and not handed out is left to whoever reads the partition next (from
             # the checkpoint); what was handed out is still finished and committed here.

@@ -15,6 +15,7 @@ quickly).
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ _rdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
 
 #: Who speaks in this source's refusals ("kafka source: ...").
 OWNER = owner("kafka source")
+#: Seconds between two lag snapshots (``/metrics``).
+LAG_EVERY = 5.0
 
 
 class KafkaSource(DecisionSource):
@@ -39,6 +42,8 @@ class KafkaSource(DecisionSource):
         self.topic = self.options.topic
         self.group = group
         self._consumer: Any = None
+        self._owned: dict[str, int | None] = {}  # "topic/partition" -> lag (a snapshot, see ownership)
+        self._lag_checked = 0.0
 
     @classmethod
     def create(cls, spec: str, state_dir: Path, group: str) -> KafkaSource:
@@ -66,7 +71,37 @@ class KafkaSource(DecisionSource):
             raise SourceError(f"kafka source {self.name}: {exc}", retryable=True, kind="token") from None
         except (KafkaException, TypeError, ValueError) as exc:
             raise OWNER.refuse(f"invalid consumer configuration: {exc}") from None
-        self._consumer.subscribe([self.topic])
+        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self._owned = {**self._owned, **{f"{p.topic}/{p.partition}": None for p in partitions}}
+        log.info("partitions assigned", extra={"source": self.name, "partitions": sorted(self._owned)})
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        gone = {f"{p.topic}/{p.partition}" for p in partitions}
+        self._owned = {k: v for k, v in self._owned.items() if k not in gone}
+        log.info("partitions revoked", extra={"source": self.name, "partitions": sorted(gone)})
+
+    def ownership(self) -> dict[str, int | None]:
+        return dict(self._owned)
+
+    def _refresh_lag(self) -> None:
+        """Lag of each owned partition (high watermark - position), from librdkafka's cached
+        watermarks: no broker round trip, at most every 5 s, on the polling thread."""
+        now = time.monotonic()
+        if now - self._lag_checked < LAG_EVERY or not self._owned:
+            return
+        self._lag_checked = now
+        owned = [TopicPartition(k.rpartition("/")[0], int(k.rpartition("/")[2])) for k in self._owned]
+        lags: dict[str, int | None] = {}
+        try:
+            for tp in self._consumer.position(owned):
+                _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                key = f"{tp.topic}/{tp.partition}"
+                lags[key] = max(0, high - tp.offset) if high >= 0 and tp.offset >= 0 else None
+        except KafkaException:
+            return
+        self._owned = {k: lags.get(k) for k in self._owned}
 
     def _on_error(self, err: KafkaError) -> None:
         """Client-level errors (a broker away, a refused login) are retried by librdkafka; they reach
@@ -79,6 +114,7 @@ class KafkaSource(DecisionSource):
         if self._consumer is None:
             self.open()
         msg = self._consumer.poll(timeout)
+        self._refresh_lag()
         if msg is None:
             return []
         err = msg.error()
