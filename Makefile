@@ -64,8 +64,10 @@ strace:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null 2>&1 || \
 	  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null; }; }
 
-# Parallel test workers (pytest-xdist): one per core by default; TEST_WORKERS=0 runs in one process.
-TEST_WORKERS ?= auto
+# Parallel test workers (pytest-xdist): one more than the cores by default, because the suite mostly
+# waits (on its services, brokers and sockets): two workers on two cores kept about one core busy.
+# TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 # SE_BRIDGE_INFRA_VENV and SE_BRIDGE_AZURITE tell the tests where the tools are, and with
 # SE_BRIDGE_FAULT_TESTS=required the storage-fault tests fail (not skip) when tmpfs cannot be mounted.

@@ -491,3 +491,56 @@ def test_without_a_checkpoint_store_positions_stay_in_the_state_directory(
     assert [a["outcome"] for a in audits(tmp_path, first_id)] == ["approved"]
     text = (tmp_path / "approver.log").read_text()
     assert EH_KEY not in text
+
+
+def test_two_fleet_approvers_share_the_hub_and_one_takes_over_after_a_kill(
+    emulator: Emulator, make_agent, peer: EventHubsPeer, store: Azurite, tmp_path: Path
+) -> None:
+    """Issue 11: fleet approvers on Event Hubs share the decisions' partitions through the checkpoint
+    store's ownership (one each here, reported in /metrics); one is killed (SIGKILL, so it releases
+    nothing); once its ownership expires the other claims its partition and every decision published
+    after the kill ends approved with one StartRequest each."""
+    import signal
+
+    env = env_for(peer, store)
+    agent = make_agent(emulator.url).start()
+    events = [emulator.add_event(eventType="Freeze") for _ in range(4)]
+    agent.wait_for_change(events[-1], "scheduled")
+    spec = source_spec(peer, load_balancing_interval="1", ownership_expiration="4")
+    fleet = ("--mode", "fleet", "--events-source", f"file://{agent.sink_path}",
+             "--relay-url-template", agent.api or "", "--group", "$Default")  # fmt: skip
+    workdirs = [tmp_path / "a", tmp_path / "b"]
+    procs = []
+    for workdir in workdirs:
+        workdir.mkdir()
+        audit = f"file://{workdir}/audit.jsonl"
+        procs.append(start_approver(workdir, spec, audit, agent.api or "", KEY, *fleet, env=env))
+    apis = [approver_api(w) for w in workdirs]
+    try:
+        wait_until(
+            lambda: [scrape(a, "se_bridge_approver_partitions_owned") for a in apis] == [1.0, 1.0],
+            60,
+            what="one partition each",
+        )
+        assert len(set(owners(store, peer, "decisions").values())) == 2
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(10)
+        decided = [decide_on_event_hubs(tmp_path, peer, env, e, "decisions") for e in events]
+        wait_until(
+            lambda: scrape(apis[1], "se_bridge_approver_partitions_owned") == 2.0, 60, what="the takeover"
+        )
+        survivor = next((workdirs[1] / "approver-state").glob("source-eventhubs-*.owner")).read_text().strip()
+        assert set(owners(store, peer, "decisions").values()) == {survivor}
+        everything = dict.fromkeys(events, 1)
+        wait_until(lambda: emulator.state()["startRequests"] == everything, 60, what="every StartRequest")
+
+        def outcomes() -> dict[str, str]:
+            path = workdirs[1] / "audit.jsonl"
+            lines = path.read_bytes().splitlines() if path.exists() else []
+            return {r["decisionId"]: r["outcome"] for r in map(orjson.loads, lines)}
+
+        wait_until(lambda: set(outcomes()) >= set(decided), 30, what="the survivor's audit records")
+        assert {outcomes()[d] for d in decided} == {"approved"}
+    finally:
+        for proc in procs:
+            stop(proc)

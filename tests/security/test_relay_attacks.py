@@ -173,9 +173,10 @@ def test_slow_and_flooding_clients_cannot_starve_the_listener(emulator: Emulator
         s = socket.create_connection(address, timeout=5)
         s.sendall(b"POST /v1/start-requests HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         slow.append(s)
-    fds_during = len(os.listdir(f"/proc/{agent.proc.pid}/fd"))
-    # served (8) + waiting in triage (64, the default) + its queue (16) + a few closing: bounded, not 300
-    assert fds_during <= fds_before + 8 + 64 + 16 + 8, (fds_before, fds_during)
+    # served (8) + waiting in triage (64, the default) + its queue (16) + a few closing: bounded, not
+    # 300, once the listener has triaged what it accepted (on a loaded machine that takes a moment).
+    bound = fds_before + 8 + 64 + 16 + 8
+    wait_until(lambda: len(os.listdir(f"/proc/{agent.proc.pid}/fd")) <= bound, 10, what=f"<= {bound} fds")
     assert raw_request(address, "GET", "/healthz", {"Host": "127.0.0.1"})[0] == 200  # probes still answered
     open_ = set(slow)
     give_up = time.monotonic() + 15
