@@ -205,15 +205,21 @@ class Relay:
                 fresh[p.decision_id] = p
         if fresh:
             assert doc is not None
-            self._requested = {e: p for e, p in self._requested.items() if e in doc.by_id()}
-            self._approve_together(doc, list(fresh.values()))
+            events = doc.by_id()
+            self._requested = {e: post for e, post in self._requested.items() if e in events}
+            self._approve_together(doc, events, list(fresh.values()))
             self._ledger.put_many({p.decision_id: p.answer for p in fresh.values()})
         for p in batch:
             if p.repeat:
-                p.finish(200, self._ledger.get(p.decision_id) or {})
+                earlier = self._ledger.get(p.decision_id)
+                if earlier is None:  # its first copy got no answer (no document yet): neither does it
+                    p.repeat = False
+                    p.finish(503, {"error": "no Scheduled Events document observed yet; try again"})
+                else:
+                    p.finish(200, earlier)
 
-    def _approve_together(self, doc: Any, requests: list[_Pending]) -> None:
-        checked = [self._check(doc, p.event_ids, p.meta.get("target")) for p in requests]
+    def _approve_together(self, doc: Any, events: dict[str, Any], requests: list[_Pending]) -> None:
+        checked = [self._check(events, p.event_ids, p.meta.get("target")) for p in requests]
         candidates = list(dict.fromkeys(e for _, approvable in checked for e in approvable))
         posted, post_id = self._post(candidates, len(requests))
         for p, (results, approvable) in zip(requests, checked, strict=True):
@@ -236,12 +242,12 @@ class Relay:
             )
 
     def _check(
-        self, doc: Any, event_ids: list[str], target: str | None
+        self, events: dict[str, Any], event_ids: list[str], target: str | None
     ) -> tuple[dict[str, dict[str, Any]], list[str]]:
-        """The results of the events that cannot be approved, and the ids of those that can."""
+        """The results of the events that cannot be approved, and the ids of those that can
+        (``events``: the current document's, by id)."""
         vm: VmIdentity = self._identity()
         names = vm.names()
-        events = doc.by_id()
         results: dict[str, dict[str, Any]] = {}
         candidates: list[str] = []
         for event_id in event_ids:

@@ -252,6 +252,13 @@ class Agent:
                 "pendingRecords": self.outbox.pending[0],
             },
         )
+        if self.config.poll_interval * self.config.imds_max_rps < 1.0:
+            # The IMDS budget spaces requests, polls included: polling faster than it allows only
+            # makes polls wait (and StartRequests always go first).
+            log.warning(
+                "poll_interval is shorter than the IMDS budget allows: polls are spaced by imds_max_rps",
+                extra={"pollInterval": self.config.poll_interval, "imdsMaxRps": self.config.imds_max_rps},
+            )
         if self.api is not None:
             how = self.access.describe()
             level = logging.WARNING if self.access.allow_unsigned_loopback else logging.INFO

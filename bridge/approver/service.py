@@ -306,7 +306,7 @@ class Approver:
         later: list[Slot] = []
         ids: set[str] = set()
         for slot in slots:
-            if _decision_id(slot) in ids:
+            if _peek(slot.message, "decisionId") in ids:
                 later.append(slot)  # the same decision twice in a batch: after the first is final
                 continue
             try:
@@ -325,21 +325,21 @@ class Approver:
             self._settle(slot)
 
     def _relay_and_finish(self, prepared: list[tuple[Slot, dict[str, Any], dict[str, Any]]]) -> None:
-        results: list[tuple[dict[str, Any] | None, str]] = []
         for chunk in _chunks(prepared):
             try:
-                results += self._relay_many([d for _, d, _ in chunk], [b for _, _, b in chunk])
+                results = self._relay_many([d for _, d, _ in chunk], [b for _, _, b in chunk])
             except Exception:
                 log.exception("relaying a batch failed; each decision is retried on its own")
-                results += [(None, "")] * len(chunk)
-        for (slot, decision, _), (answer, detail) in zip(prepared, results, strict=True):
-            try:
-                if answer is None and not detail:
-                    raise RuntimeError("relay failed unexpectedly")
-                self._finish_relayed(decision, slot.message, answer, detail)
-                self.commits.finished(slot)
-            except Exception:
-                self._settle(slot)
+                for slot, _, _ in chunk:
+                    self._settle(slot)
+                continue
+            for (slot, decision, _), (answer, detail) in zip(chunk, results, strict=True):
+                try:
+                    self._finish_relayed(decision, slot.message, answer, detail)
+                except Exception:
+                    self._settle(slot)  # waits for outbox room, or ends a poison message
+                else:
+                    self.commits.finished(slot)
 
     def _settle(self, slot: Slot) -> None:
         if self._handle(slot.message):
@@ -674,16 +674,17 @@ def lock_state_dir(state_dir: Path) -> int | None:
         raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None
 
 
+def _peek(message: Message, field: str) -> str | None:
+    """A field of a message not validated yet (for routing only); a message too large to be a
+    decision is not parsed here either."""
+    decision = _loads_object(message.payload) if len(message.payload) <= MAX_MESSAGE_BYTES else None
+    value = decision.get(field) if decision else None
+    return value if isinstance(value, str) else None
+
+
 def _lane_of(message: Message) -> str:
     """The lane of a message: its target VM (case-insensitive); unreadable messages share one lane."""
-    decision = _loads_object(message.payload) if len(message.payload) <= MAX_MESSAGE_BYTES else None
-    target = decision.get("target") if decision else None
-    return target.lower() if isinstance(target, str) else ""
-
-
-def _decision_id(slot: Slot) -> Any:
-    decision = _loads_object(slot.message.payload)
-    return decision.get("decisionId") if decision else None
+    return (_peek(message, "target") or "").lower()
 
 
 def _chunks(prepared: list[Any]) -> list[list[Any]]:

@@ -20,8 +20,8 @@ M = TypeVar("M", Counter, Gauge, Histogram)
 class Series(Generic[M]):
     """One series, declared on a metrics class; :meth:`create` makes it on a registry.
 
-    A non-data descriptor: once ``AgentMetrics.__init__`` has set the created series on the instance,
-    the instance attribute is what ``metrics.<name>`` returns."""
+    A non-data descriptor: once ``PipelineMetrics.__init__`` has set the created series on the
+    instance, the instance attribute is what ``metrics.<name>`` returns."""
 
     def __init__(self, kind: type[M], name: str, help: str, labels: tuple[str, ...], **options: Any) -> None:
         self.kind, self.name, self.help, self.labels, self.options = kind, name, help, labels, options

@@ -8,6 +8,7 @@ it still go through), and what IMDS saw: exactly one StartRequest per legitimate
 from __future__ import annotations
 
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -205,18 +206,31 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
         state_dir=tmp_path / "state",
         relay_attempts=1,
     )
+    # The service's own loop (lanes, commits in read order), as in production.
+    runner = threading.Thread(target=service.run, kwargs={"install_signals": False})
+    runner.start()
+    audit_file = tmp_path / "audit.jsonl"
+
+    def audits() -> list[dict[str, Any]]:
+        lines = audit_file.read_bytes().splitlines() if audit_file.exists() else []
+        return [orjson.loads(line) for line in lines]
+
     try:
-        service.source.open()
-        for message in service.source.poll(1.0):
-            assert service._handle(message)
+        wait_until(lambda: len(audits()) == 2, 30, what="both decisions ended")
+        cursors = tmp_path / "src"
+        wait_until(
+            lambda: [c.read_text().strip() for c in cursors.glob("*.cursor")] == ["2"], 10, what="committed"
+        )
     finally:
-        service.close()
-    audits = _outbox_audits(tmp_path / "state" / "outbox")  # the sink worker never ran
-    assert [(a["eventIds"], a["outcome"], a["reason"]) for a in audits] == [
+        service.stop_event.set()
+        runner.join(30)
+    assert [(a["eventIds"], a["outcome"], a["reason"]) for a in audits()] == [
         (["BOOM"], "failed", "unprocessable"),
         (["NEXT"], "failed", "relayUnavailable"),
     ]
-    assert BrokenRouter.calls == service_module.POISON_ATTEMPTS + 1
+    # Both went to one lane and were relayed as one batch; the poison broke the batch, so each was
+    # retried on its own: BOOM until it was given up, NEXT once.
+    assert BrokenRouter.calls == 1 + service_module.POISON_ATTEMPTS + 1
 
 
 def _outbox_audits(outbox: Path) -> list[dict[str, Any]]:

@@ -311,7 +311,9 @@ class EventHubsSource(DecisionSource):
         self._committed: dict[str, int] = {}  # partition -> sequence number of the last checkpoint
         self._contexts: dict[str, tuple[str, str, str]] = {}  # partition -> namespace, hub, group (SDK's)
         self._errors: deque[str] = deque(maxlen=20)  # one-shot receive errors, reported by poll
-        self._owned: set[str] = set()  # partitions claimed (ownership, /metrics)
+        # Partitions claimed (ownership, /metrics): replaced under the lock, never mutated, so the HTTP
+        # thread reads a consistent set without taking the lock.
+        self._owned: frozenset[str] = frozenset()
         self._health = _StoreHealth()
         self._closing = False
         self._client: Any = None
@@ -561,7 +563,8 @@ class EventHubsSource(DecisionSource):
         return dict.fromkeys(sorted(self._owned))
 
     def _on_partition_initialize(self, context: Any) -> None:
-        self._owned.add(str(context.partition_id))
+        with self._cond:
+            self._owned = self._owned | {str(context.partition_id)}
         log.info(
             "partition claimed",
             extra={
@@ -573,8 +576,8 @@ class EventHubsSource(DecisionSource):
 
     def _on_partition_close(self, context: Any, reason: Any) -> None:
         partition = str(context.partition_id)
-        self._owned.discard(partition)
         with self._cond:
+            self._owned = self._owned - {partition}
             # What was queued and not handed out is left to whoever reads the partition next (from
             # the checkpoint); what was handed out is still finished and committed here.
             self._queue = deque(item for item in self._queue if item[0] != partition)
