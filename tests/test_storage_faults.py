@@ -69,6 +69,11 @@ def test_a_full_disk_holds_the_change_back_and_records_it_when_space_returns(
         agent.stop()
 
 
+def committed_cursors(directory: Path) -> list[int]:
+    """The cursor values the outbox has committed (written by rename; temporaries are skipped)."""
+    return [int(p.read_text()) for p in directory.iterdir() if p.suffix != ".tmp"]
+
+
 def test_cursors_that_cannot_be_written_do_not_stop_delivery(
     emulator: Emulator, make_agent, tmp_path: Path
 ) -> None:
@@ -94,7 +99,8 @@ def test_cursors_that_cannot_be_written_do_not_stop_delivery(
         agent.wait_for_change(ids[-1], "scheduled")
         cursors = state / "outbox" / "cursors"
         # Written again once there was room (the cursor follows the sink's confirmation: wait for it).
-        wait_until(lambda: [int(p.read_text()) for p in cursors.iterdir()] == [3], what="the cursor at 3")
+        # Only committed cursors: a ``.tmp`` listed here may be renamed before it is read.
+        wait_until(lambda: committed_cursors(cursors) == [3], what="the cursor at 3")
         agent.kill()
         agent.start(first_record=False)
         ids.append(emulator.add_event(eventType="Redeploy"))
@@ -128,8 +134,8 @@ def test_fd_exhaustion_does_not_kill_delivery(emulator: Emulator, make_agent) ->
         assert scrape.get(f"{agent.api}/healthz", timeout=5).status_code == 200
     second = emulator.add_event(eventType="Reboot")
     agent.wait_for_change(second, "scheduled")  # the worker is alive
-    cursor = next((agent.state_dir / "outbox" / "cursors").iterdir())
-    wait_until(lambda: cursor.read_text() == "3\n", what="cursor written once fds were free")
+    cursors = agent.state_dir / "outbox" / "cursors"
+    wait_until(lambda: committed_cursors(cursors) == [3], what="cursor written once fds were free")
     assert_consistent(assert_every_line_is_a_valid_record(agent))
 
 
