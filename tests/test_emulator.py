@@ -634,6 +634,88 @@ def test_terminate_scenario_uses_scale_set_profile() -> None:
         assert srv.vm.compute_name == "webvmss_3"
 
 
+# ---------------------------------------------------------------------- fleets (availability sets)
+
+
+def test_fleet_event_is_on_every_named_vm_and_one_approval_releases_it_for_all() -> None:
+    """Issue 11's fleet harness: one event for an availability set appears on the document of every
+    VM it names (same EventId), each VM keeps its own incarnation and request budget, and a
+    StartRequest through any one of them starts it everywhere, counted once, on that VM."""
+    from bridge.imds.emulator.fleet import fleet_profiles
+
+    with EmulatorServer(fleet=fleet_profiles(3), rate_limit=5, approval_delay=0.0) as srv:
+        vms = [Client(srv) for _ in range(3)]
+        try:
+            status, added = vms[0].control("POST", "fleet/events", {
+                "eventType": "Reboot", "resources": ["fleet-vm-000", "fleet-vm-001", "vm-without-agent"],
+            })  # fmt: skip
+            assert status == 201, added
+            docs = [c.imds(f"/vm/fleet-vm-00{i}{SE}").json() for i, c in enumerate(vms)]
+            assert [d["DocumentIncarnation"] for d in docs] == [2, 2, 1]
+            assert [[e["EventId"] for e in d["Events"]] for d in docs] == [[added["eventId"]]] * 2 + [[]]
+            assert docs[0]["Events"][0]["Resources"] == ["fleet-vm-000", "fleet-vm-001", "vm-without-agent"]
+            # Each VM has its own budget: five requests on VM 0 leave VM 1 at full allowance.
+            assert [vms[0].imds(f"/vm/fleet-vm-000{SE}").status for _ in range(5)][-1] == 429
+            assert vms[1].imds(f"/vm/fleet-vm-001{SE}").status == 200
+
+            body = json.dumps({"StartRequests": [{"EventId": added["eventId"]}]})
+            assert vms[1].imds(f"/vm/fleet-vm-001{SE}", method="POST", body=body).status == 200
+
+            def started(vm: str, client: Client) -> bool:
+                resp = client.imds(f"/vm/{vm}{SE}")
+                return resp.status == 200 and resp.json()["Events"][0]["EventStatus"] == "Started"
+
+            wait_until(lambda: started("fleet-vm-000", vms[0]) and started("fleet-vm-001", vms[1]), 10,
+                       what="the event started on both VMs after one approval")  # fmt: skip
+            fleet = vms[2].control("GET", "fleet")[1]
+            (event,) = fleet["events"]
+            assert event["startRequests"] == 1 and event["firstStartRequestVia"] == "fleet-vm-001"
+            assert event["firstStartRequestAt"] >= event["addedAt"] == added["addedAt"]
+            per_vm = {vm["name"]: vm["requests"]["post"] for vm in fleet["vms"]}
+            assert per_vm == {"fleet-vm-000": 0, "fleet-vm-001": 1, "fleet-vm-002": 0}
+            assert fleet["requests"]["rejected"]["429"] >= 1
+            # Each VM's own control API answers for that VM alone.
+            assert vms[0].control("GET", "../vm/fleet-vm-000/_emulator/state")[0] == 404  # no path tricks
+            assert vms[0].request("GET", "/vm/fleet-vm-001/_emulator/state").json()["startRequests"] == {
+                added["eventId"]: 1
+            }
+            assert vms[0].request("GET", "/vm/fleet-vm-000/_emulator/state").json()["startRequests"] == {}
+            # Unknown VMs and unprefixed paths are not part of the fleet.
+            assert vms[0].imds(f"/vm/fleet-vm-999{SE}").status == 404
+            assert vms[0].imds(SE).status == 404
+            status, error = vms[0].control(
+                "POST", "fleet/events", {"eventType": "Freeze", "resources": ["x"]}
+            )
+            assert status == 400 and "at least one VM" in error["error"]
+        finally:
+            for client in vms:
+                client.close()
+
+
+def test_fleet_command_line_lists_every_vm() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bridge.imds.emulator", "--port", "0", "--fleet", "4", "--fleet-first-ip",
+         "127.0.9.250"],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = json.loads(proc.stdout.readline())
+        assert [vm["privateIp"] for vm in line["fleet"]] == [
+            "127.0.9.250",
+            "127.0.9.251",
+            "127.0.9.252",
+            "127.0.9.253",
+        ]
+        assert line["fleet"][3]["url"] == line["url"] + "/vm/fleet-vm-003"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 # ---------------------------------------------------------------------- command line
 
 

@@ -120,3 +120,46 @@ def test_the_approver_sends_a_burst_for_one_vm_in_few_requests(make_agent, tmp_p
             approver.terminate()
             approver.wait(20)
         emulator.stop()
+
+
+def test_a_decision_for_an_event_not_polled_yet_refreshes_the_document(make_agent) -> None:
+    """Issue 11's fleet harness found it: the agents of an availability set poll at different
+    moments, and a fleet approver acts on the first VM's record, so a decision can reach an agent
+    before its own poll has shown the event. The relay polls once more instead of answering
+    ``notFound``; the change is recorded before the approval. Polls 60 s apart make it certain that
+    only the refresh can have shown the event; the agent still stops at once on SIGTERM."""
+    import signal
+    import time
+
+    emulator = Emulator()
+    try:
+        agent = make_agent(emulator.url, "--poll-interval", "60").start()
+        event = emulator.add_event(eventType="Freeze")
+        host, _, port = (agent.api or "").removeprefix("http://").rpartition(":")
+        status, answer = post((host, int(port)), {"decisionId": f"d-{uuid.uuid4()}", "eventIds": [event]})
+        assert status == 200 and answer["outcome"] == "approved", answer
+        assert emulator.state()["startRequests"] == {event: 1}
+        kinds = wait_until(
+            lambda: k if len(k := [r["recordType"] for r in agent.records(None)]) >= 3 else None,
+            15,
+            what="records",
+        )
+        assert kinds == [
+            "scheduledEvents",
+            "scheduledEvents",
+            "approval",
+        ]  # first view, the event, then the approval
+        assert agent.records("scheduledEvents")[-1]["changes"][0]["eventId"] == event
+        # Still unknown after the refresh: notFound, without waiting for a poll that never comes.
+        status, answer = post((host, int(port)), {"decisionId": f"d-{uuid.uuid4()}", "eventIds": [GUID]})
+        assert status == 200 and answer["results"][0]["result"] == "notFound", answer
+        assert agent.proc is not None
+        stopping = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        agent.proc.wait(20)
+        assert time.monotonic() - stopping < 10  # not the 60 s poll interval
+    finally:
+        emulator.stop()
+
+
+GUID = "5DD55B64-45AD-49D3-BBC9-F57D4EA97BD7"

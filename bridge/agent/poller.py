@@ -97,12 +97,38 @@ class Poller:
         self._backoff = Backoff(base=interval, cap=cap, floor=interval, max_retry_after=cap)
         if self.baseline is not None:
             self.metrics.document_incarnation.set(self.baseline.incarnation)
+        # A refresh (the relay) or a stop cuts the wait between polls short; the counters let a
+        # refresh wait for a poll that *started* after it asked.
+        self._wake = threading.Event()
+        self._cycle = threading.Condition()
+        self._polls_started = 0
+        self._polls_done = 0
 
     # -- state for readiness ------------------------------------------------------------------------
 
     def failing_for(self) -> float:
         """Seconds IMDS has been failing without a break (0 when the last poll succeeded)."""
         return self._imds_streak.duration()
+
+    def wake(self) -> None:
+        """End the current wait between polls (the loop checks its stop event, then polls)."""
+        self._wake.set()
+
+    def refresh(self, timeout: float) -> bool:
+        """Poll now, on the poller's thread, and wait until that poll is processed.
+
+        Why: IMDS serves each VM its own document, and the agents of one availability set poll at
+        different moments. A fleet approver acts on the first VM's record of an event; the target
+        VM's agent may not have polled since the event appeared. Its relay asks for a fresh
+        document instead of answering ``notFound`` for an event IMDS already shows. The poll goes
+        through the normal path (change record first, then the relay acts on it) and the same
+        IMDS budget. True when the poll finished within ``timeout`` seconds.
+        """
+        with self._cycle:
+            wanted = self._polls_started + 1
+        self._wake.set()
+        with self._cycle:
+            return self._cycle.wait_for(lambda: self._polls_done >= wanted, timeout)
 
     # -- one poll -----------------------------------------------------------------------------------
 
@@ -210,8 +236,10 @@ class Poller:
         gone_since: float | None = None
         next_due = time.monotonic()
         while not stop.is_set():
+            with self._cycle:
+                self._polls_started += 1
             try:
-                outcome = self.poll_once()
+                outcome = self._poll_counted()
                 self.health.ok(COMPONENT)
             except Exception as exc:  # a bug must not end the agent: keep the state, count, go on
                 log.exception("internal error while polling; state kept, polling goes on")
@@ -237,7 +265,18 @@ class Poller:
                 gone_since = None
                 self._backoff.reset()
                 next_due = max(now, next_due + self.interval)
-            stop.wait(max(0.0, next_due - time.monotonic()))
+            if self._wake.wait(max(0.0, next_due - time.monotonic())):
+                self._wake.clear()  # a refresh (or a stop): poll now, and the schedule restarts here
+                next_due = time.monotonic()
+
+    def _poll_counted(self) -> str:
+        """:meth:`poll_once`, then wake the refreshes that waited for it (whatever it returned)."""
+        try:
+            return self.poll_once()
+        finally:
+            with self._cycle:
+                self._polls_done += 1
+                self._cycle.notify_all()
 
 
 def _bounded_type(value: str) -> str:

@@ -4,7 +4,9 @@ The agent is the only process that talks to IMDS, so approvals come to it: from 
 approver, from a fleet approver over the network (authenticated), or from the agent's own local
 policies and hooks. For every request the relay:
 
-1. checks each event against the agent's *current* document: it must exist (``notFound``), be
+1. checks each event against the agent's *current* document (polled afresh once when a request
+   names an event it does not show: the agents of one availability set poll at different moments,
+   and a decision may come from another VM's record): it must exist (``notFound``), be
    ``Scheduled`` (a ``Started`` one is answered ``alreadyStarted``, not an error; any other status
    ``notScheduled``), and name this VM in ``Resources`` unless configured otherwise (``notThisVm``);
 2. posts one ``StartRequests`` for the events that passed, through the agent's IMDS client (so it
@@ -25,8 +27,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,9 @@ MAX_DECISIONS_PER_REQUEST = 50
 #: 5 KB, and a burst of a few hundred approvals within a few IMDS requests.
 MAX_EVENTS_PER_POST = 100
 LEDGER_SIZE = 2000
+#: Longest wait for a fresh document when a decision names an event the agent has not seen yet:
+#: one IMDS poll normally takes milliseconds; an approver's relay timeout is seconds.
+REFRESH_TIMEOUT = 2.0
 
 
 class RelayRequestError(ValueError):
@@ -118,9 +125,11 @@ class Relay:
         *,
         require_this_vm: bool = True,
         api_version: str,
+        refresh: Callable[[float], bool] | None = None,
     ) -> None:
         self._client = client
         self._current = current_document  # callable -> EventsDocument | None
+        self._refresh = refresh  # poll IMDS now and wait (seconds) -> whether it finished
         self._identity = identity  # callable -> VmIdentity
         self._outbox = outbox
         self._metrics = metrics
@@ -205,6 +214,7 @@ class Relay:
                 fresh[p.decision_id] = p
         if fresh:
             assert doc is not None
+            doc = self._refreshed(doc, fresh.values())
             events = doc.by_id()
             self._requested = {e: post for e, post in self._requested.items() if e in events}
             self._approve_together(doc, events, list(fresh.values()))
@@ -217,6 +227,23 @@ class Relay:
                     p.finish(503, {"error": "no Scheduled Events document observed yet; try again"})
                 else:
                     p.finish(200, earlier)
+
+    def _refreshed(self, doc: Any, requests: Any) -> Any:
+        """The document to check ``requests`` against: a fresh one when one names an event the
+        current document does not show (this VM's agent may not have polled since it appeared;
+        see :meth:`bridge.agent.poller.Poller.refresh`). One refresh per batch, at most."""
+        known = doc.by_id()
+        unknown = [e for p in requests for e in p.event_ids if e not in known]
+        if not unknown or self._refresh is None:
+            return doc
+        started = time.monotonic()
+        refreshed = self._refresh(REFRESH_TIMEOUT)
+        log.info(
+            "relay refreshed the document for events it did not show",
+            extra={"eventIds": unknown[:10], "refreshed": refreshed,
+                   "ms": round((time.monotonic() - started) * 1000, 1)},
+        )  # fmt: skip
+        return self._current() or doc
 
     def _approve_together(self, doc: Any, events: dict[str, Any], requests: list[_Pending]) -> None:
         checked = [self._check(events, p.event_ids, p.meta.get("target")) for p in requests]

@@ -54,7 +54,7 @@ class Agent:
         self.config = config
         self.metrics = metrics or AgentMetrics()
         self.stop_event = threading.Event()
-        self.health = Health(self.metrics, on_fatal=lambda _why: self.stop_event.set())
+        self.health = Health(self.metrics, on_fatal=lambda _why: self.request_stop())
         self.sinks = self._build_sinks(config.sink)
         state_dir = Path(config.state_dir)
         self.outbox = self._open_outbox(state_dir)
@@ -110,6 +110,7 @@ class Agent:
             state_dir,
             require_this_vm=self.config.relay_require_this_vm,
             api_version=self.config.api_version,
+            refresh=self.poller.refresh,
         )
         try:
             # Nonces are kept in the state directory: a captured request cannot be replayed after a restart.
@@ -281,8 +282,15 @@ class Agent:
             return EXIT_COMPONENT_FAILED
         return 0
 
-    def shutdown(self) -> None:
+    def request_stop(self) -> None:
+        """Stop the agent: the poll loop ends now, not at its next poll (it may be backing off)."""
         self.stop_event.set()
+        poller = getattr(self, "poller", None)  # a component may fail while the agent is being built
+        if poller is not None:
+            poller.wake()
+
+    def shutdown(self) -> None:
+        self.request_stop()
         started = time.monotonic()
         for worker in self.workers:
             worker.stop(self.config.shutdown_timeout)
@@ -302,7 +310,7 @@ class Agent:
     def _install_signal_handlers(self) -> None:
         def on_signal(signum: int, _frame: Any) -> None:
             log.info("stopping", extra={"signal": signal.Signals(signum).name})
-            self.stop_event.set()
+            self.request_stop()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)

@@ -44,8 +44,8 @@ class OrderedCommits:
     polls the source (:meth:`commit_ready`), because a consumer is driven by one thread: a Kafka
     consumer's synchronous commit from another thread can wait for the very poll it blocks."""
 
-    def __init__(self, commit: Callable[[Message], None]) -> None:
-        self._commit = commit
+    def __init__(self, commit: Callable[[list[Message]], None]) -> None:
+        self._commit = commit  # the finished messages at the head of the order, oldest first
         self._cond = threading.Condition()
         self._order: deque[Slot] = deque()
 
@@ -66,8 +66,8 @@ class OrderedCommits:
             ready = []
             while self._order and self._order[0].done:
                 ready.append(self._order.popleft().message)
-        for message in ready:
-            self._commit(message)
+        if ready:
+            self._commit(ready)
         return len(ready)
 
     @property

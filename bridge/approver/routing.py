@@ -51,6 +51,12 @@ class RelayClient:
         self._requests = requests
         self._session = requests.Session()
         self._session.trust_env = False  # agents are on loopback or the VNet: never through a proxy
+        # A fleet approver talks to every VM's agent: requests keeps the connections of 10 hosts by
+        # default, so with more agents than that every relay request opened a new TCP (and TLS)
+        # connection. Keep those of up to 1024 agents, one connection each (lanes serialise per VM).
+        adapter = requests.adapters.HTTPAdapter(pool_connections=1024, pool_maxsize=2)
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
         self._keys = keys
         self._timeout = timeout
         self._verify: str | bool = ca_file or True  # TLS verification is never off

@@ -194,7 +194,7 @@ class Approver:
         return self._finish_relayed(decision, message, answer, detail)
 
     def _prepare(
-        self, message: Message, now: float | None = None
+        self, message: Message, now: float | None = None, *, sync: bool = True
     ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, Any]]:
         """Everything before the relay: the final result (a refusal, a skip, a re-read) or the
         validated decision, recorded as started, and its relay body.
@@ -224,7 +224,7 @@ class Approver:
                 return {"outcome": earlier["outcome"], "reason": earlier.get("reason"), "reread": True}
             detail = f"decision id already used ({earlier['outcome']})"
             return self._finish(decision, message, "refused", "replayed", detail, [], record_final=False)
-        self.store.started(decision_id, message.position)
+        self.store.started(decision_id, message.position, sync=sync)
         body = {
             "decisionId": decision_id,
             "eventIds": [decision["eventId"]],
@@ -234,10 +234,16 @@ class Approver:
         return decision, body
 
     def _finish_relayed(
-        self, decision: dict[str, Any], message: Message, answer: dict[str, Any] | None, detail: str
+        self,
+        decision: dict[str, Any],
+        message: Message,
+        answer: dict[str, Any] | None,
+        detail: str,
+        *,
+        sync: bool = True,
     ) -> dict[str, Any]:
         if answer is None:
-            return self._finish(decision, message, "failed", "relayUnavailable", detail, [])
+            return self._finish(decision, message, "failed", "relayUnavailable", detail, [], sync=sync)
         return self._finish(
             decision,
             message,
@@ -246,6 +252,7 @@ class Approver:
             answer.get("detail"),
             answer.get("results") or [],
             relay=answer.get("relay"),
+            sync=sync,
         )
 
     def _validated(self, message: Message, now: float) -> dict[str, Any]:
@@ -310,7 +317,7 @@ class Approver:
                 later.append(slot)  # the same decision twice in a batch: after the first is final
                 continue
             try:
-                result = self._prepare(slot.message)
+                result = self._prepare(slot.message, sync=False)  # the batch is synced below, once
             except Exception:
                 self._settle(slot)
                 continue
@@ -320,6 +327,7 @@ class Approver:
             else:
                 self.commits.finished(slot)
         if prepared:
+            self.store.sync()  # every "started" durable before anything is relayed
             self._relay_and_finish(prepared)
         for slot in later:
             self._settle(slot)
@@ -333,21 +341,25 @@ class Approver:
                 for slot, _, _ in chunk:
                     self._settle(slot)
                 continue
+            done = []
             for (slot, decision, _), (answer, detail) in zip(chunk, results, strict=True):
                 try:
-                    self._finish_relayed(decision, slot.message, answer, detail)
+                    self._finish_relayed(decision, slot.message, answer, detail, sync=False)
                 except Exception:
                     self._settle(slot)  # waits for outbox room, or ends a poison message
                 else:
-                    self.commits.finished(slot)
+                    done.append(slot)
+            self.store.sync()  # the chunk's outcomes durable (one sync) before any is committed
+            for slot in done:
+                self.commits.finished(slot)
 
     def _settle(self, slot: Slot) -> None:
         if self._handle(slot.message):
             self.commits.finished(slot)
 
-    def _commit(self, message: Message) -> None:
+    def _commit(self, messages: list[Message]) -> None:
         try:
-            self.source.commit(message)
+            self.source.commit_many(messages)
         except SourceError as exc:  # a lost commit means a re-read, which the store recognises
             log.warning("commit failed; the decision may be read again", extra={"error": str(exc)})
 
@@ -362,6 +374,7 @@ class Approver:
         *,
         relay: str | None = None,
         record_final: bool = True,
+        sync: bool = True,
     ) -> dict[str, Any]:
         d = decision if isinstance(decision, dict) else {}
 
@@ -397,7 +410,7 @@ class Approver:
         # re-reads the message and ends with the same outcome.
         self.outbox.append(RecordMeta.of(audit), records.encode(audit))
         if record_final and audit["decisionId"]:
-            self.store.final(audit["decisionId"], message.position, audit["outcome"], reason)
+            self.store.final(audit["decisionId"], message.position, audit["outcome"], reason, sync=sync)
         self.metrics.decisions.labels(audit["outcome"], reason or "ok").inc()
         level = logging.INFO if audit["outcome"] == "approved" else logging.WARNING
         log.log(
@@ -506,7 +519,6 @@ class Approver:
                 slot = self.commits.track(message)
                 if not self.lanes.add(_lane_of(message), slot, self.stop_event):
                     return  # stopping: what was not finished is read again after the restart
-                self.commits.commit_ready()
             self.commits.commit_ready()
             if self.source.exhausted:
                 self.commits.wait_drained(self.stop_event)

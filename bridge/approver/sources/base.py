@@ -63,6 +63,12 @@ class DecisionSource(ABC):
     def commit(self, message: Message) -> None:
         """The message's outcome is final: never hand it out again, even after a restart."""
 
+    def commit_many(self, messages: list[Message]) -> None:
+        """Commit finished messages, in read order. Sources whose positions are cumulative (a Kafka
+        offset per partition) commit each partition's last one in a single request."""
+        for message in messages:
+            self.commit(message)
+
     @property
     def exhausted(self) -> bool:
         """True once the source can never hand out another message (standard input at its end): the

@@ -25,6 +25,9 @@ from bridge.approver.sources.base import DecisionSource, Message, SourceError, o
 from bridge.transports import kafka
 from bridge.transports.kafka import KafkaConnection, TokenUnavailable
 
+#: Messages one poll hands out at most (what the consumer already fetched; the lanes bound the rest).
+MAX_BATCH = 100
+
 log = logging.getLogger(__name__)
 _rdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
 
@@ -59,6 +62,11 @@ class KafkaSource(DecisionSource):
             "partition.assignment.strategy": "roundrobin",
             "session.timeout.ms": 10_000,
             "heartbeat.interval.ms": 2_000,
+            # A decision is an approval someone waits for. Some Kafka-protocol brokers (Tansu, the
+            # tests' broker) hold a fetch for the whole wait even when data arrives, which made
+            # librdkafka's 500 ms default the approver's typical latency (p50 ~200 ms, measured with
+            # bench/fleet_bench.py); 100 ms bounds it at <= 10 idle fetches/s per broker connection.
+            "fetch.wait.max.ms": 100,
             # Notice a topic created after the approver started within 30 s, not librdkafka's 5 min.
             "topic.metadata.refresh.interval.ms": 30_000,
         }
@@ -117,20 +125,40 @@ class KafkaSource(DecisionSource):
         self._refresh_lag()
         if msg is None:
             return []
-        err = msg.error()
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                return []
-            raise kafka.classify(err, SourceError, context=f"kafka source {self.name}")
-        return [Message(msg.value() or b"", f"{msg.topic()}/{msg.partition()}@{msg.offset()}")]
+        # Then what the consumer already fetched, without waiting: a burst reaches the lanes together,
+        # so a VM's queued decisions go to its agent in one relay request.
+        batch = [msg, *self._consumer.consume(num_messages=MAX_BATCH - 1, timeout=0)]
+        out = []
+        for msg in batch:
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if out:  # hand out what came before it; the error comes back with the next poll
+                    break
+                raise kafka.classify(err, SourceError, context=f"kafka source {self.name}")
+            out.append(Message(msg.value() or b"", f"{msg.topic()}/{msg.partition()}@{msg.offset()}"))
+        return out
 
     def commit(self, message: Message) -> None:
-        topic_partition, _, offset = message.position.rpartition("@")
-        topic, _, partition = topic_partition.rpartition("/")
+        self.commit_many([message])
+
+    def commit_many(self, messages: list[Message]) -> None:
+        # Offsets are cumulative: one synchronous request with each partition's last message, not
+        # one broker round trip per decision (a burst of 200 spent most of its time committing).
+        last: dict[tuple[str, int], int] = {}
+        for message in messages:
+            topic_partition, _, offset = message.position.rpartition("@")
+            topic, _, partition = topic_partition.rpartition("/")
+            key = (topic, int(partition))
+            last[key] = max(int(offset), last.get(key, -1))
+        if not last:
+            return
+        offsets = [
+            TopicPartition(topic, partition, offset + 1) for (topic, partition), offset in last.items()
+        ]
         try:
-            self._consumer.commit(
-                offsets=[TopicPartition(topic, int(partition), int(offset) + 1)], asynchronous=False
-            )
+            self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
             # A lost commit (rebalance, broker away) means a re-read later, which the store absorbs.
             raise SourceError(f"kafka source {self.name}: commit failed: {exc}", retryable=True) from None

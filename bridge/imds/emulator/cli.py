@@ -14,6 +14,7 @@ from types import FrameType
 
 import orjson
 
+from .fleet import fleet_profiles
 from .profile import DEFAULT_VMSS_INSTANCE, DEFAULT_VMSS_NAME, VmProfile
 from .scenarios import SCENARIOS
 from .server import EmulatorServer
@@ -83,6 +84,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the VM's private IP in /metadata/instance (default 10.0.0.4; fleet tests use loopback ones)",
     )
+    parser.add_argument(
+        "--fleet",
+        type=int,
+        default=0,
+        metavar="N",
+        help="serve N VMs under /vm/<name>/ with availability-set semantics (docs/emulator.md, 'Fleets')",
+    )
+    parser.add_argument(
+        "--fleet-prefix", default="fleet-vm-", help="name prefix of the fleet's VMs (default fleet-vm-)"
+    )
+    parser.add_argument(
+        "--fleet-first-ip",
+        default="127.0.1.1",
+        help="private IP of the first fleet VM, the others follow (default 127.0.1.1: loopback, so one "
+        "machine can host every VM's agent)",
+    )
     parser.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
     parser.add_argument(
         "--log-requests",
@@ -122,15 +139,17 @@ def run(args: argparse.Namespace) -> int:
         emulator_logger.addHandler(handler)
         emulator_logger.setLevel(logging.DEBUG)
     try:
+        fleet = fleet_profiles(args.fleet, args.fleet_prefix, args.fleet_first_ip) if args.fleet else None
         server = EmulatorServer(
             host=args.host,
             port=args.port,
             scenario=args.scenario,
             speed=args.speed,
             rate_limit=args.rate_limit,
-            vm=_profile(args),
+            vm=None if fleet else _profile(args),
             approval_delay=args.approval_delay,
             initial_incarnation=args.initial_incarnation,
+            fleet=fleet,
         ).start()
     except (ValueError, OSError) as exc:
         print(orjson.dumps({"msg": "emulator failed to start", "error": str(exc)}).decode(), file=sys.stderr)
@@ -145,13 +164,18 @@ def run(args: argparse.Namespace) -> int:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, _on_signal)
-    line = {
+    line: dict[str, object] = {
         "msg": "emulator listening",
         "url": server.url,
         "scenario": args.scenario,
         "speed": args.speed,
         "vm": server.vm.compute_name,
     }
+    if server.fleet is not None:
+        line["fleet"] = [
+            {"name": name, "url": server.vm_url(name), "privateIp": state.vm.private_ip}
+            for name, state in server.fleet.states.items()
+        ]
     sys.stdout.write(orjson.dumps(line).decode() + "\n")
     sys.stdout.flush()
     try:

@@ -13,6 +13,7 @@ Why it is built this way:
 
 import contextlib
 import email.utils
+import functools
 import logging
 import socket
 import socketserver
@@ -25,6 +26,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from .fleet import Fleet
 from .profile import VmProfile
 from .protocol import (
     BODY_BAD_API_VERSION,
@@ -107,48 +109,14 @@ def _string(data: dict[str, Any], key: str, default: str | None = None) -> str |
     return value
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    """Threading server that tracks open connections so ``stop()`` can close idle keep-alive sockets."""
+class _VmHost:
+    """What the server needs to answer one VM: its state, its instance document, its approvals."""
 
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-
-    def __init__(self, address: tuple[str, int], state: EmulatorState) -> None:
+    def __init__(self, state: EmulatorState, approve: Callable[[list[str]], None] | None = None) -> None:
         self.state = state
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-        self._instance_cache: dict[tuple[str, str], tuple[int, bytes, str]] = {}
+        self.approve = approve or state.approve
         self._instance_doc = state.vm.instance_document()
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind calls socket.getfqdn(), a reverse DNS lookup that can stall start-up.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name = str(host)
-        self.server_port = int(port)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients that hang up mid-answer are normal (timeouts, drop tests): no traceback on stderr.
-        logger.debug("connection error from %s", client_address, exc_info=True)
-
-    def track(self, conn: socket.socket) -> None:
-        with self._connections_lock:
-            self._connections.add(conn)
-
-    def untrack(self, conn: socket.socket) -> None:
-        with self._connections_lock:
-            self._connections.discard(conn)
-
-    def close_connections(self) -> None:
-        with self._connections_lock:
-            conns = list(self._connections)
-        for conn in conns:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
+        self._instance_cache: dict[tuple[str, str], tuple[int, bytes, str]] = {}
 
     def instance_answer(self, subpath: str, fmt: str) -> tuple[int, bytes, str]:
         """``/metadata/instance[/a/b/0/c]`` with ``format=json`` (default) or ``format=text``.
@@ -181,8 +149,65 @@ class _HTTPServer(ThreadingHTTPServer):
         return answer
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    """Threading server that tracks open connections so ``stop()`` can close idle keep-alive sockets.
+
+    ``hosts`` maps a path prefix's VM name to the VM: ``""`` alone for one VM (no prefix), the fleet's
+    names for a fleet (``/vm/<name>/...``).
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(
+        self, address: tuple[str, int], hosts: dict[str, _VmHost], fleet: Fleet | None = None
+    ) -> None:
+        self.hosts = hosts
+        self.fleet = fleet
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind calls socket.getfqdn(), a reverse DNS lookup that can stall start-up.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients that hang up mid-answer are normal (timeouts, drop tests): no traceback on stderr.
+        logger.debug("connection error from %s", client_address, exc_info=True)
+
+    def track(self, conn: socket.socket) -> None:
+        with self._connections_lock:
+            self._connections.add(conn)
+
+    def untrack(self, conn: socket.socket) -> None:
+        with self._connections_lock:
+            self._connections.discard(conn)
+
+    def close_connections(self) -> None:
+        with self._connections_lock:
+            conns = list(self._connections)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def route(self, path: str) -> tuple[_VmHost | None, str]:
+        """The VM a request path is for, and the path without its ``/vm/<name>`` prefix."""
+        if path.startswith("/vm/"):
+            name, _, rest = path[len("/vm/") :].partition("/")
+            return self.hosts.get(name) if name else None, "/" + rest
+        return self.hosts.get(""), path
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    vm: _VmHost  # set per request by _dispatch
     # Idle keep-alive connections are closed after two minutes so abandoned clients cannot pile up threads.
     timeout = 120
     server: _HTTPServer
@@ -320,6 +345,14 @@ class _Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         path, _, query = self.path.partition("?")
+        if self.server.fleet is not None and (path + "/").startswith("/_emulator/fleet/"):
+            self._fleet_control(path, body)
+            return
+        vm, path = self.server.route(path)
+        if vm is None:
+            self._send(404, BODY_NOT_FOUND)
+            return
+        self.vm = vm
         if path == "/_emulator" or path.startswith("/_emulator/"):
             self._control(path, body)
             return
@@ -340,14 +373,14 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ IMDS
 
     def _reject(self, status: int, body: bytes, extra: bytes = b"") -> None:
-        self.server.state.count_rejected(status)
+        self.vm.state.count_rejected(status)
         self._send(status, body, JSON_CONTENT_TYPE, extra)
 
     def _imds(self, path: str, query: str, body: bytes) -> None:
         route = self._checked_route(path)
         if route is None:
             return
-        state = self.server.state
+        state = self.vm.state
         if route == _VERSIONS_PATH:  # the only IMDS path that needs no api-version
             state.count_other()
             self._send(200, _VERSIONS_BODY)
@@ -367,7 +400,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reject(400, BODY_BAD_API_VERSION)
             return
         fmt = params.get("format", ("json",))[-1]
-        status, answer, content_type = self.server.instance_answer(path[len(_INSTANCE_PATH) :], fmt)
+        status, answer, content_type = self.vm.instance_answer(path[len(_INSTANCE_PATH) :], fmt)
         if status == 200:
             state.count_instance()
         else:
@@ -377,7 +410,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _checked_route(self, path: str) -> str | None:
         """The normalised route once the request passed IMDS's checks in IMDS's order (rate limit,
         proxy header, path, method, ``Metadata: true``); None once a refusal was sent."""
-        if not self.server.state.admit():
+        if not self.vm.state.admit():
             self._send(429, BODY_TOO_MANY)
             return None
         if "X-Forwarded-For" in self.headers:
@@ -412,7 +445,7 @@ class _Handler(BaseHTTPRequestHandler):
         return params
 
     def _scheduled_get(self, version: str) -> None:
-        state = self.server.state
+        state = self.vm.state
         reply = state.scheduled_get(version)
         if reply.drop:
             # Close without a single byte: the client sees the connection reset / remote end closed.
@@ -452,7 +485,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             ids.append(event_id)
         # "DocumentIncarnation" (2017-03-01 clients send it, as a string) is accepted and ignored.
-        self.server.state.approve(ids)
+        self.vm.approve(ids)
         self._send(200, b"", None)
 
     # ------------------------------------------------------------------ control API
@@ -462,7 +495,27 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _control(self, path: str, body: bytes) -> None:
         route = [p for p in path.split("/") if p][1:]
-        method = self.command
+        self._answer_control(body, lambda data: self._control_route(self.command, route, data))
+
+    def _fleet_control(self, path: str, body: bytes) -> None:
+        """``/_emulator/fleet``: GET the fleet's state; ``/_emulator/fleet/events``: POST a shared event."""
+        fleet = self.server.fleet
+        assert fleet is not None
+        route = "/".join(p for p in path.split("/") if p)
+        handlers: dict[str, dict[str, Callable[[dict[str, Any]], ControlAnswer]]] = {
+            "_emulator/fleet": {"GET": lambda data: (200, fleet.snapshot())},
+            "_emulator/fleet/events": {"POST": lambda data: _add_fleet_event(fleet, data)},
+        }
+        verbs = handlers.get(route)
+        if verbs is None:
+            self._json(404, {"error": "unknown control path"})
+        elif self.command not in verbs:
+            self._json(405, {"error": f"{self.command} not allowed here"})
+        else:
+            self._answer_control(body, lambda data: self._json(*verbs[self.command](data)))
+
+    def _answer_control(self, body: bytes, answer: Callable[[dict[str, Any]], None]) -> None:
+        """Parse a control request's JSON body and run ``answer``; errors become 400/404/409."""
         try:
             data: dict[str, Any] = {}
             if body.strip():
@@ -473,7 +526,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if not isinstance(parsed, dict):
                     raise _BadRequest("body must be a JSON object")
                 data = parsed
-            self._control_route(method, route, data)
+            answer(data)
         except _BadRequest as exc:
             self._json(400, {"error": str(exc)})
         except ValueError as exc:
@@ -492,7 +545,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif method not in handlers:
             self._json(405, {"error": f"{method} not allowed here"})
         else:
-            self._json(*handlers[method](self.server.state, data, *params))
+            self._json(*handlers[method](self.vm.state, data, *params))
 
 
 # ---------------------------------------------------------------------- control API routes
@@ -530,7 +583,8 @@ def _get_scenarios(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
     return 200, {name: s.summary for name, s in SCENARIOS.items()}
 
 
-def _add_event(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+def _event_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The ``add_event`` arguments of an ``events`` POST body (one VM's or the fleet's)."""
     event_type = _string(data, "eventType")
     if not event_type:
         raise _BadRequest("eventType is required")
@@ -539,18 +593,30 @@ def _add_event(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
         not isinstance(resources, list) or not all(isinstance(r, str) for r in resources)
     ):
         raise _BadRequest("resources must be a list of strings")
-    event_id = state.add_event(
-        event_type=event_type,
-        event_source=_string(data, "eventSource", "Platform") or "",
-        description=_string(data, "description", "") or "",
-        duration=_integer(data, "durationInSeconds", -1) or 0,
-        resources=resources,
-        status=_string(data, "status", "Scheduled") or "",
-        notice_seconds=_number(data, "noticeSeconds"),
-        started_seconds=_number(data, "startedSeconds", 600.0) or 0.0,
-        event_id=_string(data, "eventId"),
-    )
+    return {
+        "event_type": event_type,
+        "event_source": _string(data, "eventSource", "Platform") or "",
+        "description": _string(data, "description", "") or "",
+        "duration": _integer(data, "durationInSeconds", -1) or 0,
+        "resources": resources,
+        "status": _string(data, "status", "Scheduled") or "",
+        "notice_seconds": _number(data, "noticeSeconds"),
+        "started_seconds": _number(data, "startedSeconds", 600.0) or 0.0,
+        "event_id": _string(data, "eventId"),
+    }
+
+
+def _add_event(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+    event_id = state.add_event(**_event_fields(data))
     return 201, {"eventId": event_id, "documentIncarnation": state.incarnation}
+
+
+def _add_fleet_event(fleet: Fleet, data: dict[str, Any]) -> ControlAnswer:
+    fields = _event_fields(data)
+    if not fields["resources"]:
+        raise _BadRequest("resources (the VMs of the availability set the event is for) is required")
+    event_id = fleet.add_event(**fields)
+    return 201, {"eventId": event_id, "addedAt": fleet.snapshot_event(event_id)["addedAt"]}
 
 
 #: ``POST /_emulator/events/<id>/<action>``: the action on one event, returning the new incarnation.
@@ -666,23 +732,37 @@ class EmulatorServer:
         vm: VmProfile | None = None,
         approval_delay: float = 1.0,
         initial_incarnation: int = 1,
+        fleet: list[VmProfile] | None = None,
     ) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+        if fleet is not None and (vm is not None or scenario != "idle"):
+            raise ValueError("a fleet emulator takes its VMs from the fleet and starts idle")
         if vm is None:
             # Terminate notifications only exist for scale-set instances, so that scenario brings its profile.
-            vm = VmProfile.scale_set() if SCENARIOS[scenario].scale_set else VmProfile()
+            scale_set = SCENARIOS[scenario].scale_set
+            vm = fleet[0] if fleet else VmProfile.scale_set() if scale_set else VmProfile()
         self.host = host
         self.port = port
         self.scenario = scenario
         self.vm = vm
-        self.state = EmulatorState(
-            vm=vm,
-            speed=speed,
-            approval_delay=approval_delay,
-            initial_incarnation=initial_incarnation,
-            rate_limit=rate_limit,
-        )
+        options = {
+            "speed": speed,
+            "approval_delay": approval_delay,
+            "initial_incarnation": initial_incarnation,
+            "rate_limit": rate_limit,
+        }
+        #: The fleet (``/vm/<name>/...``, ``/_emulator/fleet``) or None for one VM served without a prefix.
+        self.fleet = Fleet(fleet, **options) if fleet else None
+        if self.fleet is None:
+            self.state = EmulatorState(vm=vm, **options)
+            self._hosts = {"": _VmHost(self.state)}
+        else:
+            self.state = self.fleet.states[vm.compute_name]  # the first VM, for in-process callers
+            self._hosts = {
+                name: _VmHost(state, functools.partial(self.fleet.approve, name))
+                for name, state in self.fleet.states.items()
+            }
         self._httpd: _HTTPServer | None = None
         self._threads: list[threading.Thread] = []
         self._stopped = False
@@ -698,18 +778,27 @@ class EmulatorServer:
         """Bind, start serving and the ticker in daemon threads, then start the scenario's timeline."""
         if self._httpd is not None:
             return self
-        httpd = _HTTPServer((self.host, self.port), self.state)
+        httpd = _HTTPServer((self.host, self.port), self._hosts, self.fleet)
         self._httpd = httpd
         self.port = httpd.server_port
         serve = threading.Thread(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.5}, name="imds-emulator-http", daemon=True
         )
+        serve.start()
+        if self.fleet is not None:
+            self._threads = [serve, *self.fleet.run_tickers()]
+            return self
         ticker = threading.Thread(target=self.state.run_ticker, name="imds-emulator-ticker", daemon=True)
         self._threads = [serve, ticker]
-        serve.start()
         ticker.start()
         self.state.start_scenario(self.scenario)
         return self
+
+    def vm_url(self, name: str) -> str:
+        """The IMDS base URL of one fleet VM (its agent's ``--imds-url``)."""
+        if self.fleet is None or name not in self.fleet.states:
+            raise KeyError(name)
+        return f"{self.url}/vm/{name}"
 
     def stop(self) -> None:
         """Stop serving, close open keep-alive connections and the ticker. Safe to call twice."""
@@ -728,7 +817,10 @@ class EmulatorServer:
             stopper.join(0.05)
         httpd.close_connections()
         httpd.server_close()
-        self.state.stop_ticker()
+        if self.fleet is not None:
+            self.fleet.stop_tickers()
+        else:
+            self.state.stop_ticker()
         for thread in self._threads:
             thread.join(timeout=5)
         self._threads = []

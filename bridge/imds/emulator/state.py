@@ -456,21 +456,24 @@ class EmulatorState:
                     self._first_served.pop(next(iter(self._first_served)))
                 self._first_served[incarnation] = stamp
 
-    def approve(self, event_ids: list[str]) -> None:
-        """Handle one valid StartRequests POST.
+    def approve(self, event_ids: list[str], *, posted: bool = True) -> None:
+        """Handle one valid StartRequests POST (``posted=False``: another VM of the event approved it).
 
         Always succeeds (IMDS answers 200 for any valid EventId, even an already approved or started one).
         A Scheduled event starts after the approval delay (scaled by speed), or at NotBefore if earlier.
+        An approval through one VM releases the event for every VM it names: a fleet emulator calls
+        this with ``posted=False`` on the others, which changes their events but not their counters.
         """
         with self._cond:
-            self._count_post += 1
+            self._count_post += posted
             now = self._now()
             self._evaluate(now)
             for key in dict.fromkeys(i.upper() for i in event_ids):  # one count per POST naming an id
-                if key not in self._known_ids:
+                if posted and key not in self._known_ids:
                     self._unknown_start_requests += 1
                     continue
-                self._start_requests[key] = self._start_requests.get(key, 0) + 1
+                if posted:
+                    self._start_requests[key] = self._start_requests.get(key, 0) + 1
                 ev = self._events.get(key)
                 if ev is None or ev.status != SCHEDULED or ev.approved_at is not None:
                     continue
@@ -710,6 +713,22 @@ class EmulatorState:
         with self._cond:
             return self._now()
 
+    def _request_counts(self) -> dict[str, Any]:
+        return {
+            "get": self._count_get,
+            "post": self._count_post,
+            "instance": self._count_instance,
+            "other": self._count_other,
+            "rejected": dict(self._rejected),
+            "faults": dict(self._fault_counts),
+            "raw": self._raw_served,
+        }
+
+    def request_counts(self) -> dict[str, Any]:
+        """The ``requests`` block of :meth:`snapshot`, without rendering the rest."""
+        with self._cond:
+            return self._request_counts()
+
     def snapshot(self) -> dict[str, Any]:
         """The ``GET /_emulator/state`` answer."""
         with self._cond:
@@ -746,15 +765,7 @@ class EmulatorState:
                 "nextTransitionIn": None if math.isinf(self._next_due) else max(0.0, self._next_due - now),
                 "startRequests": {self._known_ids[k]: n for k, n in self._start_requests.items()},
                 "unknownStartRequests": self._unknown_start_requests,
-                "requests": {
-                    "get": self._count_get,
-                    "post": self._count_post,
-                    "instance": self._count_instance,
-                    "other": self._count_other,
-                    "rejected": dict(self._rejected),
-                    "faults": dict(self._fault_counts),
-                    "raw": self._raw_served,
-                },
+                "requests": self._request_counts(),
                 "faults": [
                     {
                         "kind": f.kind,
