@@ -7,9 +7,12 @@ Windows installer receives the same settings), ``deploy/linux/cloud-init.yaml``.
 are taken from the artifact itself (the Bicep output evaluated by ``tests/tools/bicep_output.py``, the
 cloud-init file's ``settings.json``), rendered by ``python -m bridge.install_config`` (what both
 installers run) and loaded by ``load_agent_config`` and ``load_approver_config`` plus the topology
-checks the approver makes before contacting anything. The services are started from a rendered config
-in tests/test_installer.py (file sinks: the Event Hubs ones here need Entra ID tokens, which only a VM
-in Azure gets).
+checks the approver makes before contacting anything. Then the services are started from each rendered
+config as the units start them (``--config``), against the emulator: only the IMDS address, the
+listeners and the approver's relay address are pointed at the test's processes. The Event Hubs
+namespace of the rendered specs cannot be reached from here (nor could Entra ID tokens be had): the
+services must run anyway, keep what they cannot deliver and say so, never crash-loop. Delivery from an
+installed config is tested in tests/test_installer.py (file sinks).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
+from procs import PY, Emulator, scrape, wait_until
 from test_infra import tools_python
 
 from bridge.approver import topology
@@ -130,3 +135,62 @@ def test_the_scale_set_default_installs_no_local_approver_on_event_hubs() -> Non
     """Local approvers on Event Hubs are for at most 5 VMs (readers per partition and consumer group)."""
     assert "approver" not in extension_settings(vmssName="ss1")
     assert "approver" in extension_settings(vmName="vm1")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _healthy(base: str) -> bool:
+    try:
+        answer = requests.get(base + "/healthz", timeout=2, proxies={"http": "", "https": ""})
+    except requests.RequestException:
+        return False
+    return answer.status_code == 200 and answer.json().get("status") == "ok"
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_each_deployment_paths_services_start_from_its_rendered_config(path: str, tmp_path: Path) -> None:
+    config = render(PATHS[path](), tmp_path)
+    rendered = tomllib.loads(config.read_text())
+    emulator = Emulator()
+    procs: list[subprocess.Popen[bytes]] = []
+    log = open(tmp_path / "services.log", "ab")  # noqa: SIM115 - closed below
+    try:
+        agent_api = f"http://127.0.0.1:{_free_port()}"
+        procs.append(subprocess.Popen(
+            [PY, "-m", "bridge", "agent", "--config", str(config), "--imds-url", emulator.url,
+             "--listen", agent_api.removeprefix("http://"), "--shutdown-timeout", "1"],
+            stdout=subprocess.DEVNULL, stderr=log,
+        ))  # fmt: skip
+        wait_until(lambda: _healthy(agent_api), 30, what=f"{path}: the agent's /healthz")
+        wait_until(lambda: scrape(agent_api, "se_bridge_records_total") >= 1, 30, what=f"{path}: a record")
+        assert emulator.state()["requests"]["get"] >= 1  # it polls the emulator, not 169.254.169.254
+        if "approver" in rendered:
+            approver_api = f"http://127.0.0.1:{_free_port()}"
+            procs.append(subprocess.Popen(
+                [PY, "-m", "bridge", "approver", "--config", str(config), "--relay", agent_api,
+                 "--listen", approver_api.removeprefix("http://")],
+                stdout=subprocess.DEVNULL, stderr=log,
+            ))  # fmt: skip
+            wait_until(lambda: _healthy(approver_api), 30, what=f"{path}: the approver's /healthz")
+        # Still running a while later: the unreachable namespace is retried, not fatal.
+        wait_until(
+            lambda: scrape(agent_api, "se_bridge_sink_failures_total") >= 1, 30, what="a failed delivery"
+        )
+        assert all(proc.poll() is None for proc in procs), (tmp_path / "services.log").read_text()[-2000:]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        emulator.stop()
+        log.close()
