@@ -161,6 +161,13 @@ def auto_approve_rule(value: Any) -> str:
     return text(value)
 
 
+def https_url(value: Any) -> str:
+    v = str(value).strip().rstrip("/")
+    if not v.startswith("https://") or len(v) <= len("https://"):
+        raise ValueError("expected https://host[:port] (ARM is only spoken over TLS)")
+    return v
+
+
 def optional_text(value: Any) -> str | None:
     v = str(value).strip() if value is not None else ""
     return v or None
@@ -563,6 +570,40 @@ class ApproverConfig(ConfigBase):
         optional_text,
         "File holding a token (at least 32 bytes) that non-loopback scrapers of /metrics send as "
         "'Authorization: Bearer <token>'.",
+        metavar="PATH",
+    )
+    arm: str = setting(
+        "off",
+        choice("off", "fallback", "only"),
+        "Approve through Azure Resource Manager (docs/approvals.md): off; fallback, when no agent of the "
+        "event could be reached; only, for VMs without the agent.",
+        metavar="MODE",
+    )
+    arm_endpoint: str = setting(
+        "https://management.azure.com",
+        https_url,
+        "ARM endpoint (sovereign clouds: https://management.usgovcloudapi.net, ...).",
+        metavar="URL",
+    )
+    arm_api_version: str = setting(
+        "2025-11-01", text, "api-version of ScheduledEvents_Acknowledge.", metavar="V"
+    )
+    arm_audience: str | None = setting(
+        None, optional_text, "Token audience (default: the endpoint).", metavar="URL"
+    )
+    arm_credential: str = setting(
+        "managed",
+        choice("managed", "default"),
+        "Entra ID credential: managed identity or azure-identity's default chain.",
+        metavar="KIND",
+    )
+    arm_client_id: str | None = setting(
+        None, optional_text, "Client id of a user-assigned managed identity for ARM.", metavar="UUID"
+    )
+    arm_ca_file: str | None = setting(
+        None,
+        optional_text,
+        "CA bundle for the ARM endpoint (a private endpoint's proxy); default: system CAs.",
         metavar="PATH",
     )
     log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")

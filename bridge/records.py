@@ -100,6 +100,8 @@ def approval_record(
     requester: str | None = None,
     detail: str | None = None,
     start_requests_posted: int | None = None,
+    path: str | None = None,
+    arm_correlation_id: str | None = None,
 ) -> dict[str, Any]:
     """One approval attempt, by the agent's relay (with its VM and how many StartRequests it posted)
     or by the approver (``vm`` null: the decision may never have reached an agent)."""
@@ -126,6 +128,10 @@ def approval_record(
     }
     if start_requests_posted is not None:
         record["startRequestsPosted"] = start_requests_posted
+    if path is not None:  # the approver's: which path carried the approval (relay, arm)
+        record["path"] = path
+        if path == "arm":
+            record["armCorrelationId"] = arm_correlation_id
     return record
 
 

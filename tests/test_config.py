@@ -186,6 +186,12 @@ def _sample(s: Setting) -> str:
         return "true"
     if s.metavar == "SIZE":
         return "1M"
+    if s.name == "arm":
+        return "fallback"
+    if s.name == "arm_endpoint":
+        return "https://management.usgovcloudapi.net"
+    if s.name == "arm_credential":
+        return "default"
     if s.metavar == "MODE":
         return "fleet"
     if s.metavar == "LEVEL":

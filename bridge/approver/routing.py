@@ -37,7 +37,31 @@ MAX_ANSWER = 1024 * 1024
 
 
 class RelayUnavailable(Exception):
-    """No agent answered (connection refused, timeout, 5xx)."""
+    """No agent answered (connection refused, timeout, 5xx).
+
+    ``never_sent`` is True only when the request cannot have reached the agent (the connection was
+    never made): only then may the decision take another path (ARM) without risking a second
+    approval of what the agent may already have posted."""
+
+    def __init__(self, message: str, *, never_sent: bool = False) -> None:
+        super().__init__(message)
+        self.never_sent = never_sent
+
+
+def _never_connected(exc: BaseException) -> bool:
+    """requests' exception for a connection that was never made (refused, unreachable, connect timeout)."""
+    import requests
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, NewConnectionError
+
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return True
+    if not isinstance(exc, requests.exceptions.ConnectionError) or isinstance(
+        exc, requests.exceptions.SSLError
+    ):
+        return False
+    inner = exc.args[0] if exc.args else None
+    reason = inner.reason if isinstance(inner, MaxRetryError) else inner
+    return isinstance(reason, NewConnectionError | ConnectTimeoutError)
 
 
 class RelayClient:
@@ -138,7 +162,9 @@ class RelayClient:
                 url, data=data, headers=headers, timeout=self._timeout, verify=self._verify
             )
         except self._requests.RequestException as exc:
-            raise RelayUnavailable(f"{relay_url}: {type(exc).__name__}") from None
+            raise RelayUnavailable(
+                f"{relay_url}: {type(exc).__name__}", never_sent=_never_connected(exc)
+            ) from None
         return resp.status_code, resp.content
 
     def _post_unix(self, path: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
@@ -160,6 +186,7 @@ class LocalRouter:
         self.relay_url = relay_url
         self._client = client
         self._names: frozenset[str] | None = None  # this VM's names, once the agent told them
+        self._resource_id: str | None = None
 
     def candidates(self, decision: dict[str, Any]) -> list[str]:
         return [self.relay_url]
@@ -173,6 +200,10 @@ class LocalRouter:
             return True
         return str(decision.get("target", "")).lower() in names
 
+    def resource_id(self, decision: dict[str, Any]) -> str | None:
+        """This VM's ARM resource id (the ARM path's scope), once the agent told it."""
+        return self._resource_id
+
     def this_vm(self) -> frozenset[str] | None:
         if self._names is None and self._client is not None:
             try:
@@ -183,6 +214,7 @@ class LocalRouter:
             names = {vm.get(k) for k in ("name", "vmId", "hostname")}
             names = {str(n).lower() for n in names if isinstance(n, str) and n}
             if names:
+                self._resource_id = vm.get("resourceId") if isinstance(vm.get("resourceId"), str) else None
                 self._names = frozenset(names)
                 log.info("local approver acts for this VM", extra={"vmNames": sorted(self._names)})
         return self._names
@@ -239,6 +271,17 @@ class FleetRouter:
                 if url not in urls:
                     urls.append(url)
             return urls
+
+    def resource_id(self, decision: dict[str, Any]) -> str | None:
+        """The ARM resource id of the decision's target, or of another VM of its event (an approval
+        through any VM of an event releases it for all), from what the agents published."""
+        with self._lock:
+            order = [decision.get("target", ""), *self._events.get(decision.get("eventId", ""), [])]
+            for name in order:
+                vm = self._vms.get(str(name).lower())
+                if vm is not None and isinstance(vm.get("resourceId"), str):
+                    return str(vm["resourceId"])
+        return None
 
     def start(self, stop: threading.Event) -> None:
         for source in self.sources:

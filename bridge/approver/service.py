@@ -30,6 +30,7 @@ from bridge import __version__, records
 from bridge.apiguard import ApiGuard
 from bridge.approver import decision as decision_module
 from bridge.approver import topology
+from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
 from bridge.approver.dispatch import Lanes, OrderedCommits, Slot
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
@@ -151,8 +152,12 @@ class Approver:
         relay_attempts: int = 3,
         metrics: ApproverMetrics | None = None,
         lock: int | None = None,
+        arm: ArmAcknowledger | None = None,
+        arm_mode: str = "off",
     ) -> None:
         self.source = source
+        self.arm = arm  # Azure Resource Manager: a fallback (or the only path) when no agent answers
+        self.arm_mode = arm_mode if arm is not None else "off"
         self.router = router
         self.relay = relay
         self.policy = policy
@@ -253,6 +258,8 @@ class Approver:
             answer.get("results") or [],
             relay=answer.get("relay"),
             sync=sync,
+            path=answer.get("path"),
+            arm_correlation_id=answer.get("armCorrelationId"),
         )
 
     def _validated(self, message: Message, now: float) -> dict[str, Any]:
@@ -281,7 +288,10 @@ class Approver:
     ) -> list[tuple[dict[str, Any] | None, str]]:
         """Relay decisions for one VM in one request (their order kept), trying each candidate agent
         (fleet failover) a few times; ``(None, why)`` for each when none answered."""
+        if self.arm_mode == "only":
+            return self._through_arm(decisions)
         errors: list[str] = []
+        never_sent = True  # no request reached any agent: another path cannot approve twice
         backoff = Backoff(base=0.5, cap=5.0)
         for attempt in range(self.relay_attempts):
             candidates = list(dict.fromkeys(u for d in decisions for u in self.router.candidates(d)))
@@ -292,14 +302,48 @@ class Approver:
                     answers = self.relay.start_requests_many(url, bodies)
                 except RelayUnavailable as exc:
                     errors.append(str(exc))
+                    never_sent = never_sent and exc.never_sent
                     log.warning(
                         "agent did not answer, trying the next", extra={"relay": url, "error": str(exc)}
                     )
                     continue
-                return [({**answer, "relay": url}, "") for answer in answers]
+                return [({**answer, "relay": url, "path": "relay"}, "") for answer in answers]
             if attempt + 1 < self.relay_attempts and not self.stop_event.is_set():
                 self.stop_event.wait(backoff.next_delay())
-        return [(None, "; ".join(errors[-3:]))] * len(bodies)
+        why = "; ".join(errors[-3:])
+        if self.arm_mode == "fallback" and never_sent:
+            log.warning("no agent of the event could be reached: approving through ARM", extra={"error": why})
+            return self._through_arm(decisions)
+        return [(None, why)] * len(bodies)
+
+    def _through_arm(self, decisions: list[dict[str, Any]]) -> list[tuple[dict[str, Any] | None, str]]:
+        """Acknowledge each decision's event through Azure Resource Manager (bridge.approver.arm), on
+        the target VM's resource, or another VM's of the event when the target's is not known."""
+        assert self.arm is not None
+        out: list[tuple[dict[str, Any] | None, str]] = []
+        for decision in decisions:
+            event_id, resource_id = decision["eventId"], self.router.resource_id(decision)
+            if resource_id is None:
+                out.append((None, "ARM: no resource id known for the event's VMs"))
+                continue
+            answer = self.arm.acknowledge(resource_id, event_id)
+            result = {
+                "eventId": event_id,
+                "result": "approved" if answer.outcome == "approved" else "armError",
+                "detail": answer.detail,
+            }
+            finished = {
+                "decisionId": decision["decisionId"],
+                "outcome": answer.outcome,
+                "reason": answer.reason,
+                "detail": answer.detail,
+                "results": [result],
+                "relay": "arm",
+                "path": "arm",
+                "armCorrelationId": answer.correlation_id,
+            }
+            out.append((finished, ""))
+        return out
 
     # -- many decisions at once: lanes (bridge.approver.dispatch) ---------------------------------------
 
@@ -375,6 +419,8 @@ class Approver:
         relay: str | None = None,
         record_final: bool = True,
         sync: bool = True,
+        path: str | None = None,
+        arm_correlation_id: str | None = None,
     ) -> dict[str, Any]:
         d = decision if isinstance(decision, dict) else {}
 
@@ -405,6 +451,8 @@ class Approver:
                 }
                 for r in results
             ],
+            path=path,
+            arm_correlation_id=arm_correlation_id,
         )
         # Durable first, then the store, then (in the caller) the source commit: a crash anywhere
         # re-reads the message and ends with the same outcome.
@@ -662,6 +710,8 @@ def build_approver(config: Any) -> Approver:
         sinks,
         state_dir,
         lock=lock,
+        arm=_arm_acknowledger(config),
+        arm_mode=config.arm,
     )
     if config.listen:
         try:
@@ -670,6 +720,23 @@ def build_approver(config: Any) -> Approver:
             approver.close()
             raise ConfigError(f"listen: cannot serve on {config.listen}: {exc}") from None
     return approver
+
+
+def _arm_acknowledger(config: Any) -> ArmAcknowledger | None:
+    """The ARM path when ``--arm`` asks for it (its credential is built, nothing is contacted)."""
+    if config.arm == "off":
+        return None
+    from bridge.config import ConfigError
+    from bridge.transports.azure import check_client_id, make_credential
+    from bridge.transports.base import Owner
+
+    owner = Owner("arm", lambda message: ConfigError(message))
+    client_id = check_client_id(owner, "arm_client_id", config.arm_client_id)
+    credential = make_credential(owner, "arm_credential", config.arm_credential, client_id)
+    return ArmAcknowledger(
+        credential, config.arm_endpoint, config.arm_api_version, audience=config.arm_audience,
+        ca_file=config.arm_ca_file, timeout=config.relay_timeout,
+    )  # fmt: skip
 
 
 def lock_state_dir(state_dir: Path) -> int | None:

@@ -1,0 +1,204 @@
+"""Approving through Azure Resource Manager when no agent of the event can be reached (issue 12).
+
+Why: the VM-local relay is the first path (the agent checks the event against the VM's own
+document and posts one StartRequest), but a VM that is frozen, isolated by an NSG, or whose agent
+is down cannot be reached, and its decision used to end ``relayUnavailable`` while the platform
+waited for ``NotBefore``. Azure accepts the same approval through ARM:
+
+    POST {endpoint}/subscriptions/{s}/resourcegroups/{rg}/providers/Microsoft.Compute/{resourceType}/
+         {resourceName}/providers/Microsoft.Maintenance/scheduledevents/{eventId}/acknowledge
+         ?api-version=2025-11-01
+
+no body, answered ``200 {"value": "Successfully Approved"}`` (Azure REST API specifications,
+``specification/maintenance/resource-manager/Microsoft.Maintenance/Maintenance/routes.tsp`` and
+``examples/2025-11-01/ScheduledEvents_Acknowledge.json``; ``az maintenance scheduledevents
+acknowledge``). ``resourceType`` is ``virtualMachines`` or ``virtualMachineScaleSets`` (a scale-set
+instance's events are acknowledged on its scale set).
+
+The request carries an Entra ID token for ``{audience}/.default`` from azure-core's bearer-token
+policy (a managed identity, workload identity or CLI credential: ``bridge.transports.azure``), goes
+over verified TLS and never through a proxy. 429 (with its ``Retry-After``, capped) and 5xx are
+retried within a deadline; every answer becomes an :class:`ArmAnswer` with the ARM correlation id,
+which the audit record names. azure-core is imported when the first acknowledgement is made: an
+approver that never falls back never loads it.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_ENDPOINT = "https://management.azure.com"
+#: The newest GA api-version of ScheduledEvents_Acknowledge (2025-11-01; previews 2023-10-01-preview,
+#: 2025-10-01-preview). Configurable for sovereign clouds that lag behind.
+ARM_API_VERSION = "2025-11-01"
+MAX_RETRY_AFTER = 30.0
+
+_VM = re.compile(
+    r"^/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.Compute/"
+    r"(?:(?P<vmss>virtualMachineScaleSets)/(?P<set>[^/]+)/virtualMachines/[^/]+|virtualMachines/(?P<vm>[^/]+))$",
+    re.IGNORECASE,
+)
+_GUID = re.compile(r"^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$")
+
+
+def event_scope(resource_id: str) -> str:
+    """The ARM scope whose scheduled events a VM's are: the VM itself, or the scale set of a scale-set
+    instance. ``ValueError`` for anything that is not a VM's resource id."""
+    match = _VM.match(resource_id.strip())
+    if match is None:
+        raise ValueError(f"not a virtual machine's resource id: {resource_id[:200]!r}")
+    base = f"/subscriptions/{match['sub']}/resourcegroups/{match['rg']}/providers/Microsoft.Compute"
+    if match["vmss"]:
+        return f"{base}/virtualMachineScaleSets/{match['set']}"
+    return f"{base}/virtualMachines/{match['vm']}"
+
+
+@dataclass(frozen=True, slots=True)
+class ArmAnswer:
+    """What ARM said about one acknowledgement, as the approver audits it."""
+
+    outcome: str  # approved | refused | failed
+    reason: str | None  # None | armNotFound | armConflict | armForbidden | armRejected | armUnavailable
+    detail: str | None
+    status: int | None
+    correlation_id: str | None
+
+
+class ArmAcknowledger:
+    """Acknowledges scheduled events through ARM (see the module docstring)."""
+
+    def __init__(
+        self,
+        credential: Any,
+        endpoint: str = DEFAULT_ENDPOINT,
+        api_version: str = ARM_API_VERSION,
+        *,
+        audience: str | None = None,
+        ca_file: str | None = None,
+        timeout: float = 15.0,
+        deadline: float = 30.0,
+    ) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.api_version = api_version
+        self.scope = (audience or self.endpoint).rstrip("/") + "/.default"
+        self._credential = credential
+        self._verify: str | bool = ca_file or True  # TLS verification is never off
+        self._timeout = timeout
+        self._deadline = deadline
+        self._client: Any = None
+
+    def _pipeline(self) -> Any:
+        if self._client is None:
+            from azure.core import PipelineClient
+            from azure.core.pipeline.policies import (
+                BearerTokenCredentialPolicy,
+                HeadersPolicy,
+                RetryPolicy,
+                UserAgentPolicy,
+            )
+            from azure.core.pipeline.transport import RequestsTransport
+
+            from bridge import __version__
+
+            transport = RequestsTransport(use_env_settings=False)  # never through a proxy
+            policies = [
+                HeadersPolicy({"Accept": "application/json"}),
+                UserAgentPolicy(f"se-bridge/{__version__}"),
+                RetryPolicy.no_retries(),  # retried here: a POST's 429 is not retried by azure-core
+                BearerTokenCredentialPolicy(self._credential, self.scope),
+            ]
+            self._client = PipelineClient(self.endpoint, policies=policies, transport=transport)
+        return self._client
+
+    def url(self, resource_id: str, event_id: str) -> str:
+        if not _GUID.match(event_id):
+            raise ValueError("eventId must be a GUID")
+        return (
+            f"{self.endpoint}{event_scope(resource_id)}/providers/Microsoft.Maintenance/scheduledevents/"
+            f"{event_id}/acknowledge?api-version={self.api_version}"
+        )
+
+    def acknowledge(self, resource_id: str, event_id: str) -> ArmAnswer:
+        """One acknowledgement, retried on 429/5xx/connection errors until the deadline."""
+        from azure.core.exceptions import AzureError, ClientAuthenticationError
+        from azure.core.rest import HttpRequest
+
+        try:
+            url = self.url(resource_id, event_id)
+        except ValueError as exc:
+            return ArmAnswer("refused", "armRejected", str(exc), None, None)
+        give_up = time.monotonic() + self._deadline
+        delay, last = 0.5, "no attempt"
+        while True:
+            try:
+                response = self._pipeline().send_request(
+                    HttpRequest("POST", url),
+                    connection_verify=self._verify,
+                    connection_timeout=self._timeout,
+                    read_timeout=self._timeout,
+                )
+            except ClientAuthenticationError as exc:
+                return ArmAnswer("failed", "armUnavailable", f"no token: {type(exc).__name__}", None, None)
+            except AzureError as exc:
+                last, wait = f"{type(exc).__name__}", delay
+            else:
+                answer = _answer(response)
+                if answer is not None:
+                    return answer
+                last = f"HTTP {response.status_code}"
+                wait = _retry_after(response.headers.get("Retry-After")) or delay
+            if time.monotonic() + wait > give_up:
+                return ArmAnswer("failed", "armUnavailable", f"{last}; gave up after retries", None, None)
+            time.sleep(wait)
+            delay = min(delay * 2, 8.0)
+
+
+def _answer(response: Any) -> ArmAnswer | None:
+    """The final answer for a response, None when it is worth retrying (429, 5xx)."""
+    status = response.status_code
+    correlation = response.headers.get("x-ms-correlation-request-id") or response.headers.get(
+        "x-ms-request-id"
+    )
+    if status == 429 or status >= 500:
+        return None
+    detail = _error_text(response)
+    if 200 <= status < 300:
+        return ArmAnswer("approved", None, detail, status, correlation)
+    reason = {404: "armNotFound", 409: "armConflict", 401: "armForbidden", 403: "armForbidden"}.get(
+        status, "armRejected"
+    )
+    return ArmAnswer("refused", reason, detail, status, correlation)
+
+
+def _error_text(response: Any) -> str | None:
+    """``value`` of a success or ``error.code: message`` of an ARM error, bounded (never the token)."""
+    try:
+        body = response.json()
+    except Exception:  # not JSON: ARM errors are JSON, anything else is summarised by its status
+        return None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+        return f"{error.get('code')}: {error.get('message')}"[:300]
+    if isinstance(body, dict) and isinstance(body.get("value"), str):
+        return body["value"][:300]
+    return None
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds of a ``Retry-After`` (seconds or an HTTP date), capped; None when absent or nonsense."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    if seconds != seconds or seconds < 0:
+        return None
+    return min(seconds, MAX_RETRY_AFTER)

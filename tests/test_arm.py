@@ -1,0 +1,255 @@
+"""The approver's ARM path (issue 12): ``ScheduledEvents_Acknowledge`` against a local HTTPS fake of
+Azure Resource Manager, through the real azure-core pipeline (bearer-token policy, requests
+transport, TLS verified against the fake's own CA).
+
+Mocked, and why: Azure Resource Manager and Entra ID cannot run here. The fake ARM checks what the
+real one would refuse: the bearer token's audience, the path (a VM, or the scale set of a scale-set
+instance), the api-version, an empty body; it answers 200, 404, 409, 429 with ``Retry-After``, 500
+as told. The credential is a test credential object with azure-identity's ``get_token`` contract
+that issues an unsigned JWT naming the scope it was asked for.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from brokers import self_signed_certificate
+
+from bridge.approver.arm import ARM_API_VERSION, ArmAcknowledger, event_scope
+
+SUB = "0d2d7c4e-6a1b-4f3e-8a52-9c3b1e7f4a21"
+VM_ID = f"/subscriptions/{SUB}/resourceGroups/rg1/providers/Microsoft.Compute/virtualMachines/vm1"
+VMSS_VM_ID = VM_ID.replace("virtualMachines/vm1", "virtualMachineScaleSets/ss1/virtualMachines/3")
+EVENT = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
+
+
+class FakeCredential:
+    """azure-identity's credential contract (``get_token(*scopes) -> AccessToken``); counts its calls."""
+
+    def __init__(self) -> None:
+        self.scopes: list[tuple[str, ...]] = []
+
+    def get_token(self, *scopes: str, **kwargs: Any) -> Any:
+        from azure.core.credentials import AccessToken
+
+        self.scopes.append(scopes)
+        audience = scopes[0].removesuffix("/.default")
+        claims = base64.urlsafe_b64encode(json.dumps({"aud": audience}).encode()).decode().rstrip("=")
+        return AccessToken(f"eyJhbGciOiJub25lIn0.{claims}.", int(time.time()) + 3600)
+
+
+class FakeArm:
+    """HTTPS on 127.0.0.1; ``script`` is the list of (status, headers, body) to answer, in order."""
+
+    def __init__(self, workdir: Path, audience: str) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.script: list[tuple[int, dict[str, str], Any]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+                payload = token.split(".")[1] if token.count(".") == 2 else ""
+                claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)) or b"{}")
+                fake.requests.append({"path": self.path, "aud": claims.get("aud"), "body": body})
+                if claims.get("aud") != audience:
+                    status, headers, answer = 401, {}, {"error": {"code": "InvalidAuthenticationToken"}}
+                elif fake.script:
+                    status, headers, answer = fake.script.pop(0)
+                else:
+                    status, headers, answer = 200, {}, {"value": "Successfully Approved"}
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("x-ms-correlation-request-id", f"corr-{len(fake.requests)}")
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        cert, key = self_signed_certificate(workdir)
+        self.ca_file = str(cert)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def arm(tmp_path: Path) -> Iterator[FakeArm]:
+    fake = FakeArm(tmp_path, "https://management.azure.com")
+    yield fake
+    fake.server.shutdown()
+
+
+def acknowledger(arm: FakeArm, credential: FakeCredential, **kwargs: Any) -> ArmAcknowledger:
+    return ArmAcknowledger(
+        credential, arm.url, audience="https://management.azure.com", ca_file=arm.ca_file, **kwargs
+    )
+
+
+def test_an_acknowledgement_is_the_documented_request_with_the_right_token(arm: FakeArm) -> None:
+    credential = FakeCredential()
+    answer = acknowledger(arm, credential).acknowledge(VM_ID, EVENT)
+    assert (answer.outcome, answer.reason, answer.status) == ("approved", None, 200)
+    assert answer.detail == "Successfully Approved" and answer.correlation_id == "corr-1"
+    (request,) = arm.requests
+    assert request["path"] == (
+        f"/subscriptions/{SUB}/resourcegroups/rg1/providers/Microsoft.Compute/virtualMachines/vm1"
+        f"/providers/Microsoft.Maintenance/scheduledevents/{EVENT}/acknowledge?api-version={ARM_API_VERSION}"
+    )
+    assert request["aud"] == "https://management.azure.com" and request["body"] == b""
+    assert credential.scopes == [("https://management.azure.com/.default",)]
+
+
+def test_a_scale_set_instance_is_acknowledged_on_its_scale_set(arm: FakeArm) -> None:
+    assert acknowledger(arm, FakeCredential()).acknowledge(VMSS_VM_ID, EVENT).outcome == "approved"
+    assert "/virtualMachineScaleSets/ss1/providers/Microsoft.Maintenance/" in arm.requests[0]["path"]
+    with pytest.raises(ValueError):
+        event_scope(f"/subscriptions/{SUB}/resourceGroups/rg1/providers/Microsoft.Storage/storageAccounts/x")
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome", "reason"),
+    [(404, "refused", "armNotFound"), (409, "refused", "armConflict"), (403, "refused", "armForbidden")],
+)
+def test_refusals_are_final_and_named(arm: FakeArm, status: int, outcome: str, reason: str) -> None:
+    arm.script = [(status, {}, {"error": {"code": "Code", "message": "what ARM said"}})]
+    answer = acknowledger(arm, FakeCredential()).acknowledge(VM_ID, EVENT)
+    assert (answer.outcome, answer.reason, answer.status) == (outcome, reason, status)
+    assert answer.detail == "Code: what ARM said" and len(arm.requests) == 1
+
+
+def test_throttling_and_server_errors_are_retried_honouring_retry_after(arm: FakeArm) -> None:
+    arm.script = [(429, {"Retry-After": "1"}, {"error": {"code": "TooManyRequests"}}), (500, {}, {})]
+    started = time.monotonic()
+    answer = acknowledger(arm, FakeCredential()).acknowledge(VM_ID, EVENT)
+    assert answer.outcome == "approved" and len(arm.requests) == 3
+    assert time.monotonic() - started >= 1.0  # the Retry-After was waited
+
+
+def test_an_endless_outage_ends_failed_within_the_deadline(arm: FakeArm) -> None:
+    arm.script = [(503, {}, {})] * 50
+    started = time.monotonic()
+    answer = acknowledger(arm, FakeCredential(), deadline=2.0).acknowledge(VM_ID, EVENT)
+    assert (answer.outcome, answer.reason) == ("failed", "armUnavailable")
+    assert time.monotonic() - started < 5
+
+
+def test_a_token_for_another_audience_is_refused_and_tls_is_verified(arm: FakeArm) -> None:
+    wrong = ArmAcknowledger(FakeCredential(), arm.url, audience="https://management.usgovcloudapi.net",
+                            ca_file=arm.ca_file)  # fmt: skip
+    assert wrong.acknowledge(VM_ID, EVENT).reason == "armForbidden"
+    unverified = ArmAcknowledger(FakeCredential(), arm.url, deadline=1.0)  # system CAs: the fake is unknown
+    assert unverified.acknowledge(VM_ID, EVENT).reason == "armUnavailable"
+    assert len(arm.requests) == 1  # the unverified connection never sent a request
+
+
+def run_fleet_approver(arm: FakeArm, tmp_path: Path, agent_port: int) -> dict[str, Any]:
+    """The fleet approver of an installed configuration (``arm = "fallback"``), in process, with one
+    decision for ``EVENT`` on ``vm1``, whose agent is at ``127.0.0.1:agent_port``; its audit record.
+    The credential is swapped for the test one (a managed identity exists only on Azure); everything
+    else is what ``build_approver`` built from the TOML file."""
+    import argparse
+
+    from bridge.approver.decision import new_decision, sign
+    from bridge.approver.service import build_approver
+    from bridge.config import load_approver_config
+    from bridge.schemas import validate_record
+
+    key = tmp_path / "ops.key"
+    key.write_bytes(b"k" * 40)
+    events, decisions, audit = (
+        tmp_path / "events.jsonl",
+        tmp_path / "decisions.jsonl",
+        tmp_path / "audit.jsonl",
+    )
+    vm = {
+        "name": "vm1",
+        "vmId": "5f0c2d4a-93f1-4c59-b7a8-2e61d0c4f9ab",
+        "resourceId": VM_ID,
+        "privateIp": "127.0.0.1",
+    }
+    record = {"recordType": "scheduledEvents", "vm": vm, "events": [{"eventId": EVENT, "resources": ["vm1"]}]}
+    events.write_bytes(json.dumps(record).encode() + b"\n")
+    decisions.touch()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        "[approver]\n"
+        f'source = "file://{decisions}"\nmode = "fleet"\nevents_source = ["file://{events}"]\n'
+        f'relay_url_template = "http://{{privateIp}}:{agent_port}"\nkey = ["ops={key}"]\nsink = ["file://{audit}"]\n'
+        f'state_dir = "{tmp_path / "state"}"\nlisten = "off"\nrelay_timeout = 1\n'
+        f'arm = "fallback"\narm_endpoint = "{arm.url}"\narm_audience = "https://management.azure.com"\n'
+        f'arm_ca_file = "{arm.ca_file}"\n'
+    )
+    approver = build_approver(load_approver_config(argparse.Namespace(config=str(config)), environ={}))
+    assert approver.arm is not None and approver.arm_mode == "fallback"
+    approver.arm = ArmAcknowledger(
+        FakeCredential(), arm.url, audience="https://management.azure.com", ca_file=arm.ca_file
+    )
+    runner = threading.Thread(target=approver.run, kwargs={"install_signals": False}, daemon=True)
+    runner.start()
+    try:
+        decision = sign(new_decision(EVENT, "vm1", "tests", 600), "ops", b"k" * 40)
+        deadline = time.monotonic() + 30  # the events reader learns vm1 first
+        while approver.router.resource_id(decision) != VM_ID and time.monotonic() < deadline:
+            time.sleep(0.05)
+        decisions.write_bytes(json.dumps(decision).encode() + b"\n")
+        deadline = time.monotonic() + 60
+        while not (audit.exists() and audit.read_bytes().strip()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (line,) = audit.read_bytes().splitlines()
+        written = json.loads(line)
+        validate_record(written)
+        return written
+    finally:
+        approver.stop_event.set()
+        runner.join(30)
+
+
+def test_a_fleet_approver_falls_back_to_arm_when_no_agent_of_the_event_answers(
+    arm: FakeArm, tmp_path: Path
+) -> None:
+    """The event's only agent refuses connections (its VM is isolated): after the relay attempts the
+    decision is acknowledged through ARM, on the VM's resource id learned from the events stream, and
+    audited with ``path: arm`` and ARM's correlation id."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: connection refused, never sent
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    written = run_fleet_approver(arm, tmp_path, dead)
+    assert (written["outcome"], written["path"], written["requester"]) == ("approved", "arm", "arm")
+    assert written["armCorrelationId"] == "corr-1" and written["results"][0]["result"] == "approved"
+    assert [r["path"].split("?")[0].rsplit("/", 2)[-2] for r in arm.requests] == [EVENT]
+
+
+def test_no_arm_fallback_when_the_agent_may_have_posted(arm: FakeArm, tmp_path: Path) -> None:
+    """An agent that accepted the connection and never answered may have posted the StartRequest
+    already: approving through ARM as well could approve twice. The decision fails instead
+    (``relayUnavailable``), and ARM is never called."""
+    import socket
+
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)  # accepts (the kernel does), never reads or answers
+        written = run_fleet_approver(arm, tmp_path, hung.getsockname()[1])
+    assert (written["outcome"], written["reason"]) == ("failed", "relayUnavailable")
+    assert "path" not in written and arm.requests == []
