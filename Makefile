@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast lint bench clean venv infra-tools azurite strace
+.PHONY: demo test test-fast lint bench clean venv infra-tools azurite strace tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -71,7 +71,15 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 # SE_BRIDGE_INFRA_VENV and SE_BRIDGE_AZURITE tell the tests where the tools are, and with
 # SE_BRIDGE_FAULT_TESTS=required the storage-fault tests fail (not skip) when tmpfs cannot be mounted.
-test: $(VENV)/.installed-test $(INFRA_VENV)/.installed $(TOOLS)/.installed-azurite-$(AZURITE_VERSION) strace lint
+# The tools are installed side by side (three independent downloads and installs: about half of a
+# fresh checkout's `make test` was spent installing them one after the other).
+TOOL_STAMPS := $(VENV)/.installed-test $(INFRA_VENV)/.installed $(TOOLS)/.installed-azurite-$(AZURITE_VERSION) strace
+
+tools:
+	$(MAKE) --no-print-directory -j4 $(TOOL_STAMPS)
+
+test: tools
+	$(MAKE) --no-print-directory lint
 	SE_BRIDGE_INFRA_VENV=$(abspath $(INFRA_VENV)) SE_BRIDGE_AZURITE=$(abspath $(TOOLS)) \
 	SE_BRIDGE_FAULT_TESTS=required $(BIN)/python -m pytest -n $(TEST_WORKERS)
 

@@ -80,6 +80,9 @@ param storageSubnetIds array = []
 @description('Deploy the example Logic App that approves user-initiated events.')
 param deployLogicApp bool = false
 
+@description('Resource groups (of this subscription) whose VMs and scale sets the fleet approver may approve through Azure Resource Manager when no agent answers (--arm fallback): each gets the built-in Scheduled Events Contributor role for the approver\'s identity. Empty: no ARM path.')
+param armAcknowledgeResourceGroups array = []
+
 @description('Logic App trigger: webhook (agents post records with a webhook sink) or eventhub (reads the records hub).')
 @allowed([
   'webhook'
@@ -207,6 +210,16 @@ module rbac 'modules/rbac.bicep' = {
     logicAppReadsEvents: deployLogicApp && logicAppTrigger == 'eventhub'
   }
 }
+
+// The fleet approver's ARM fallback (--arm fallback): acknowledge scheduled events in these resource
+// groups (those of the VMs and scale sets it serves) and nowhere else.
+module armAcknowledge 'modules/arm-acknowledge.bicep' = [for rg in armAcknowledgeResourceGroups: {
+  name: 'se-bridge-arm-acknowledge-${rg}'
+  scope: resourceGroup(rg)
+  params: {
+    approverPrincipalId: identities.outputs.approver.principalId
+  }
+}]
 
 module logicApp 'modules/logicapp.bicep' = if (deployLogicApp) {
   name: 'se-bridge-logicapp'

@@ -131,14 +131,34 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
         "Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01",
     }
     assignments = 0
-    for entry in lint_report["files"].values():
+    for path, entry in lint_report["files"].items():
         by_symbol = {r["symbol"]: r for r in entry["resources"]}
         for resource in entry["resources"]:
-            if resource["type"].startswith("Microsoft.Authorization/roleAssignments@"):
-                assignments += 1
-                assert resource["scope"], f"{resource['symbol']} has no scope"
-                assert by_symbol[resource["scope"][0]]["type"] in scoped_types, resource
-    assert assignments >= 9
+            if not resource["type"].startswith("Microsoft.Authorization/roleAssignments@"):
+                continue
+            assignments += 1
+            if path == ARM_ACKNOWLEDGE:  # the one resource-group grant, of the narrowest role there is
+                assert not resource["scope"], resource
+                continue
+            assert resource["scope"], f"{resource['symbol']} has no scope"
+            assert by_symbol[resource["scope"][0]]["type"] in scoped_types, resource
+    assert assignments >= 10
+
+
+ARM_ACKNOWLEDGE = "infra/modules/arm-acknowledge.bicep"
+SCHEDULED_EVENTS_CONTRIBUTOR = "b67fe603-310e-4889-b9ee-8257d09d353d"  # acknowledge + VM/VMSS/AvSet read
+
+
+def test_the_arm_path_grants_only_the_scheduled_events_role_per_resource_group() -> None:
+    """Issue 12: the fleet approver's ARM fallback may acknowledge scheduled events, nothing else, in
+    the resource groups main.bicep lists (a module per group, never the subscription)."""
+    text = (ROOT / ARM_ACKNOWLEDGE).read_text()
+    role_ids = set(re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", text))
+    assert role_ids == {SCHEDULED_EVENTS_CONTRIBUTOR}
+    assert "targetScope = 'resourceGroup'" in text
+    main = (ROOT / "infra" / "main.bicep").read_text()
+    assert "[for rg in armAcknowledgeResourceGroups:" in main and "scope: resourceGroup(rg)" in main
+    assert "param armAcknowledgeResourceGroups array = []" in main  # off unless asked for
 
 
 def test_secrets_reach_only_protected_settings(lint_report: dict[str, Any]) -> None:
