@@ -103,6 +103,7 @@ class Poller:
         self._cycle = threading.Condition()
         self._polls_started = 0
         self._polls_done = 0
+        self._thread: threading.Thread | None = None  # the poll loop's, once it runs
 
     # -- state for readiness ------------------------------------------------------------------------
 
@@ -124,6 +125,8 @@ class Poller:
         through the normal path (change record first, then the relay acts on it) and the same
         IMDS budget. True when the poll finished within ``timeout`` seconds.
         """
+        if threading.current_thread() is self._thread:
+            return False  # asked from a change listener on the poll loop: it cannot wait for itself
         with self._cycle:
             wanted = self._polls_started + 1
         self._wake.set()
@@ -233,6 +236,7 @@ class Poller:
 
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set. Scheduling is drift-free and never busy-waits."""
+        self._thread = threading.current_thread()
         gone_since: float | None = None
         next_due = time.monotonic()
         while not stop.is_set():

@@ -134,9 +134,13 @@ class KafkaSource(DecisionSource):
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
-                if out:  # hand out what came before it; the error comes back with the next poll
-                    break
-                raise kafka.classify(err, SourceError, context=f"kafka source {self.name}")
+                error = kafka.classify(err, SourceError, context=f"kafka source {self.name}")
+                if not out:
+                    raise error
+                # Messages before it are handed out; a client error reported once is logged (one that
+                # persists is reported again, and then raised by a poll it comes first in).
+                log.warning("kafka source error after messages", extra={"error": str(error)})
+                break
             out.append(Message(msg.value() or b"", f"{msg.topic()}/{msg.partition()}@{msg.offset()}"))
         return out
 
