@@ -530,3 +530,37 @@ def test_relay_over_tls_with_a_private_ca(emulator: Emulator, make_agent, tmp_pa
     finally:
         trusting.stop()
     assert emulator.state()["startRequests"] == {eid: 1}
+
+
+def test_a_full_disk_holds_decisions_back_and_loses_none(
+    emulator: Emulator, make_agent, tmp_path: Path
+) -> None:
+    """The approver's state directory (decision store, audit outbox) on a full tmpfs while a burst
+    of decisions arrives: none can be recorded as started, so none is relayed, audited or committed,
+    and none is given up as "unprocessable". Once there is room, every one ends approved with
+    exactly one StartRequest for its event."""
+    from faults import fill, tmpfs
+
+    agent = make_agent(emulator.url).start()
+    events = [emulator.add_event(eventType="Freeze") for _ in range(5)]
+    agent.wait_for_change(events[-1], "scheduled")
+    workdir = tmp_path / "approver"
+    workdir.mkdir()
+    with tmpfs(tmp_path / "approver-state", "2m") as state:
+        approver = Approver(workdir, agent.api or "", "--state-dir", str(state)).start()
+        try:
+            approver_api(workdir)  # started: the store and the outbox are open
+            filler = fill(state)
+            decided = [approver.decide(e)["decisionId"] for e in events]
+            log = workdir / "approver.log"
+            wait_until(lambda: b'"errorKind":"store"' in log.read_bytes(), 30,
+                       what="the approver waiting for its full disk")  # fmt: skip
+            assert emulator.state()["startRequests"] == {}  # nothing relayed without a durable "started"
+            assert not approver.logged("decision could not be processed")  # not a poison attempt
+            filler.unlink()
+            wait_until(lambda: {a["decisionId"] for a in approver.audits()} >= set(decided), 60,
+                       what="every decision audited once there was room")  # fmt: skip
+            assert {a["outcome"] for a in approver.audits()} == {"approved"}
+            assert emulator.state()["startRequests"] == dict.fromkeys(events, 1)
+        finally:
+            approver.stop()

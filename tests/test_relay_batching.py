@@ -126,10 +126,10 @@ def test_a_decision_for_an_event_not_polled_yet_refreshes_the_document(make_agen
     """Issue 11's fleet harness found it: the agents of an availability set poll at different
     moments, and a fleet approver acts on the first VM's record, so a decision can reach an agent
     before its own poll has shown the event. The relay polls once more instead of answering
-    ``notFound``; the change is recorded before the approval. Polls 60 s apart make it certain that
-    only the refresh can have shown the event; the agent still stops at once on SIGTERM."""
+    ``notFound``; the change is recorded before the approval. Polls a minute apart (the longest
+    allowed) make it certain that only the refresh can have shown the event; the agent still stops
+    at once on SIGTERM."""
     import signal
-    import time
 
     emulator = Emulator()
     try:
@@ -154,10 +154,26 @@ def test_a_decision_for_an_event_not_polled_yet_refreshes_the_document(make_agen
         status, answer = post((host, int(port)), {"decisionId": f"d-{uuid.uuid4()}", "eventIds": [GUID]})
         assert status == 200 and answer["results"][0]["result"] == "notFound", answer
         assert agent.proc is not None
-        stopping = time.monotonic()
         agent.proc.send_signal(signal.SIGTERM)
-        agent.proc.wait(20)
-        assert time.monotonic() - stopping < 10  # not the 60 s poll interval
+        agent.proc.wait(20)  # well before the next poll, a minute away
+    finally:
+        emulator.stop()
+
+
+def test_while_imds_fails_a_relay_request_does_not_cut_the_pollers_backoff(make_agent) -> None:
+    """An authenticated caller naming unknown events must not turn the poll loop's backoff into one
+    IMDS request per relay request: while IMDS fails, the relay answers from the document it has."""
+    emulator = Emulator()
+    try:
+        agent = make_agent(emulator.url).start()
+        emulator.control("POST", "faults", {"kind": "503", "durationSeconds": 60})
+        wait_until(lambda: agent.metric("se_bridge_imds_poll_errors_total") >= 2, 30, what="IMDS failing")
+        host, _, port = (agent.api or "").removeprefix("http://").rpartition(":")
+        for _ in range(5):
+            status, answer = post((host, int(port)), {"decisionId": f"d-{uuid.uuid4()}", "eventIds": [GUID]})
+            assert status == 200 and answer["results"][0]["result"] == "notFound", answer
+        refreshes = [e for e in agent.logs() if e.get("msg", "").startswith("relay refreshed")]
+        assert len(refreshes) == 5 and not any(e["refreshed"] for e in refreshes)
     finally:
         emulator.stop()
 

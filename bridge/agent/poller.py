@@ -123,10 +123,13 @@ class Poller:
         VM's agent may not have polled since the event appeared. Its relay asks for a fresh
         document instead of answering ``notFound`` for an event IMDS already shows. The poll goes
         through the normal path (change record first, then the relay acts on it) and the same
-        IMDS budget. True when the poll finished within ``timeout`` seconds.
+        IMDS budget. True when the poll finished within ``timeout`` seconds; False at once while IMDS
+        is failing (an authenticated caller must not turn the loop's backoff into a poll per request).
         """
         if threading.current_thread() is self._thread:
             return False  # asked from a change listener on the poll loop: it cannot wait for itself
+        if self.failing_for() > 0:
+            return False  # IMDS is failing: the poll loop's backoff stands, relay requests cannot cut it
         with self._cycle:
             wanted = self._polls_started + 1
         self._wake.set()

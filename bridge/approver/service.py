@@ -16,6 +16,7 @@ failed after retries): nothing is silently dropped.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -69,6 +70,10 @@ LANE_WORKERS = 8
 MAX_IN_FLIGHT = 256
 LANE_BATCH = 50
 MAX_RELAY_BYTES = 32 * 1024
+
+#: What a state directory's file system answers when it cannot keep a write (full, quota, failing,
+#: read-only): the decision waits for the disk, it is never counted as a poison attempt.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 
 #: The approver is not ready once reading decisions has failed for this long (a broker blip is not).
 READY_MAX_FAILURE = 30.0
@@ -185,7 +190,7 @@ class Approver:
         self.api: Listener | None = None
         self._source_open = False
         self._streak = ErrorStreak(log, f"reading decisions from {source.name}")
-        self._outbox_streak = ErrorStreak(log, "storing audit records")
+        self._outbox_streak = ErrorStreak(log, "storing decisions and audit records")
 
     # -- one decision ---------------------------------------------------------------------------------
 
@@ -370,9 +375,8 @@ class Approver:
                 ids.add(result[0]["decisionId"])
             else:
                 self.commits.finished(slot)
-        if prepared:
-            self.store.sync()  # every "started" durable before anything is relayed
-            self._relay_and_finish(prepared)
+        if prepared and self._synced([slot for slot, _, _ in prepared]):
+            self._relay_and_finish(prepared)  # every "started" is durable before anything is relayed
         for slot in later:
             self._settle(slot)
 
@@ -393,9 +397,25 @@ class Approver:
                     self._settle(slot)  # waits for outbox room, or ends a poison message
                 else:
                     done.append(slot)
-            self.store.sync()  # the chunk's outcomes durable (one sync) before any is committed
-            for slot in done:
-                self.commits.finished(slot)
+            if self._synced(done):  # the chunk's outcomes durable (one sync) before any is committed
+                for slot in done:
+                    self.commits.finished(slot)
+
+    def _synced(self, slots: list[Slot]) -> bool:
+        """Sync the decision store for a lane's batch. When the disk refuses (EIO, ENOSPC), each
+        message goes the one-at-a-time way instead (:meth:`_handle`: retried until the store can be
+        written, never committed before): a batch must not be left neither finished nor retried,
+        which would hold every later commit back."""
+        try:
+            self.store.sync()
+            return True
+        except OSError as exc:
+            log.error(
+                "decision store cannot be synced; retrying decision by decision", extra={"error": str(exc)}
+            )
+            for slot in slots:
+                self._settle(slot)
+            return False
 
     def _settle(self, slot: Slot) -> None:
         if self._handle(slot.message):
@@ -620,7 +640,16 @@ class Approver:
                 self._outbox_streak.failure(
                     "outbox", f"audit record not admitted: {exc}", position=message.position
                 )
-            except Exception:
+            except Exception as exc:
+                if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+                    # The decision store cannot be written (disk full, I/O error): not the message's
+                    # fault either. Counted as a poison attempt, valid decisions were given up.
+                    self._outbox_streak.failure(
+                        "store", f"decision store not writable: {exc.strerror}", position=message.position
+                    )
+                    if self.stop_event.wait(backoff.next_delay()):
+                        return False
+                    continue
                 errors += 1
                 log.exception(
                     "decision could not be processed", extra={"position": message.position, "attempt": errors}

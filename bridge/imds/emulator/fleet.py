@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .profile import VmProfile
-from .state import EmulatorState
+from .state import ConflictError, EmulatorState
 
 # Bounded bookkeeping: a long harness run must not grow memory without limit.
 _EVENT_LIMIT = 20_000
@@ -101,6 +101,9 @@ class Fleet:
         if not served:
             raise ValueError("resources must name at least one VM of this fleet")
         event_id = event_id or str(uuid.uuid4()).upper()
+        with self._lock:
+            if event_id.upper() in self._events:  # checked first: no VM may get half of an event
+                raise ConflictError(f"eventId {event_id} was already used")
         added_at = time.time()
         for name in served:
             self.states[name].add_event(event_id=event_id, resources=list(resources), **options)
