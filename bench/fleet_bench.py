@@ -67,7 +67,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py)
 
-from benchkit import percentile, stop_process  # noqa: E402
+from benchkit import emulator_control, percentile, stop_process  # noqa: E402
 from brokers import TansuBroker  # noqa: E402
 
 from bridge.approver.decision import new_decision, sign  # noqa: E402
@@ -160,17 +160,7 @@ class Fleet:
         return -1.0
 
     def control(self, method: str, path: str, body: Any = None) -> Any:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            payload = None if body is None else orjson.dumps(body)
-            conn.request(method, "/_emulator/" + path, body=payload)
-            resp = conn.getresponse()
-            data = resp.read()
-        finally:
-            conn.close()
-        if resp.status >= 300:
-            raise RuntimeError(f"emulator {method} {path}: {resp.status} {data[:200]!r}")
-        return orjson.loads(data)
+        return emulator_control("127.0.0.1", self.port, method, path, body)
 
     def add_event(self, ledger: Ledger, resources: list[str]) -> str:
         """Add one event; the ledger knows it before any agent can report it (the id is chosen here)."""

@@ -176,6 +176,18 @@ def test_approver_refuses_missing_source_and_sink_like_the_agent_its_sink() -> N
     assert config_.sink == ("stdout:",) and config_.mode == "local"
 
 
+#: Settings whose valid values follow from their name, not their kind.
+SAMPLES_BY_NAME = {
+    "api_version": "2019-08-01",
+    "imds_url": "http://127.0.0.1:8080",
+    "relay": "http://127.0.0.1:8080",
+    "listen": "127.0.0.1:0",
+    "arm": "fallback",
+    "arm_endpoint": "https://management.usgovcloudapi.net",
+    "arm_credential": "default",
+}
+
+
 def _sample(s: Setting) -> str:
     """A valid value for ``s``, different from its default where it matters little."""
     if s.metavar == "KEYID=PATH":
@@ -186,22 +198,12 @@ def _sample(s: Setting) -> str:
         return "true"
     if s.metavar == "SIZE":
         return "1M"
-    if s.name == "arm":
-        return "fallback"
-    if s.name == "arm_endpoint":
-        return "https://management.usgovcloudapi.net"
-    if s.name == "arm_credential":
-        return "default"
+    if s.name in SAMPLES_BY_NAME:
+        return SAMPLES_BY_NAME[s.name]
     if s.metavar == "MODE":
         return "fleet"
     if s.metavar == "LEVEL":
         return "debug"
-    if s.name == "api_version":
-        return "2019-08-01"
-    if s.name in ("imds_url", "relay"):
-        return "http://127.0.0.1:8080"
-    if s.name == "listen":
-        return "127.0.0.1:0"
     if s.metavar in ("SECONDS", "N"):
         return "2"
     return "value"

@@ -6,6 +6,7 @@ control API's ``advance`` (no long sleeps), faults, the raw override and the com
 """
 
 import calendar
+import contextlib
 import email.utils
 import http.client
 import json
@@ -683,6 +684,9 @@ def test_fleet_event_is_on_every_named_vm_and_one_approval_releases_it_for_all()
             # Unknown VMs and unprefixed paths are not part of the fleet.
             assert vms[0].imds(f"/vm/fleet-vm-999{SE}").status == 404
             assert vms[0].imds(SE).status == 404
+            again = {"eventType": "Freeze", "resources": ["fleet-vm-002"], "eventId": added["eventId"]}
+            assert vms[0].control("POST", "fleet/events", again)[0] == 409  # no VM gets half of an event
+            assert vms[2].imds(f"/vm/fleet-vm-002{SE}").json()["Events"] == []
             status, error = vms[0].control(
                 "POST", "fleet/events", {"eventType": "Freeze", "resources": ["x"]}
             )
@@ -693,27 +697,10 @@ def test_fleet_event_is_on_every_named_vm_and_one_approval_releases_it_for_all()
 
 
 def test_fleet_command_line_lists_every_vm() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bridge.imds.emulator", "--port", "0", "--fleet", "4", "--fleet-first-ip",
-         "127.0.9.250"],
-        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = json.loads(proc.stdout.readline())
-        assert [vm["privateIp"] for vm in line["fleet"]] == [
-            "127.0.9.250",
-            "127.0.9.251",
-            "127.0.9.252",
-            "127.0.9.253",
-        ]
+    with emulator_process("--fleet", "4", "--fleet-first-ip", "127.0.9.250") as line:
+        ips = [vm["privateIp"] for vm in line["fleet"]]
+        assert ips == ["127.0.9.250", "127.0.9.251", "127.0.9.252", "127.0.9.253"]
         assert line["fleet"][3]["url"] == line["url"] + "/vm/fleet-vm-003"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 # ---------------------------------------------------------------------- command line
@@ -725,28 +712,27 @@ def _env() -> dict[str, str]:
     return env
 
 
-def test_module_entry_point_prints_url_and_stops_on_sigterm() -> None:
+@contextlib.contextmanager
+def emulator_process(*args: str) -> Iterator[dict[str, Any]]:
+    """``python -m bridge.imds.emulator --port 0 *args``, yielding its first stdout line; on
+    leaving, SIGTERM must end it with exit code 0 (killed if the block failed first)."""
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "bridge.imds.emulator",
-            "--port",
-            "0",
-            "--scenario",
-            "hardware-failure",
-            "--speed",
-            "60",
-        ],
-        cwd=ROOT,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+        [sys.executable, "-m", "bridge.imds.emulator", "--port", "0", *args],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
         assert proc.stdout is not None
-        line = json.loads(proc.stdout.readline())
+        yield json.loads(proc.stdout.readline())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_module_entry_point_prints_url_and_stops_on_sigterm() -> None:
+    with emulator_process("--scenario", "hardware-failure", "--speed", "60") as line:
         assert line["msg"] == "emulator listening"
         host_port = line["url"].removeprefix("http://")
         conn = http.client.HTTPConnection(host_port, timeout=5)
@@ -755,12 +741,6 @@ def test_module_entry_point_prints_url_and_stops_on_sigterm() -> None:
         assert resp.status == 200
         assert "DocumentIncarnation" in json.loads(resp.read())
         conn.close()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_list_scenarios() -> None:
