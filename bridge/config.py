@@ -161,6 +161,13 @@ def auto_approve_rule(value: Any) -> str:
     return text(value)
 
 
+def peer_spec(value: Any) -> str:
+    name, sep, url = text(value).partition("=")
+    if not sep or not name.strip() or not url.startswith(("http://", "https://")):
+        raise ValueError("expected NAME=URL with an http:// or https:// URL")
+    return f"{name.strip().lower()}={url.strip()}"
+
+
 def https_url(value: Any) -> str:
     v = str(value).strip().rstrip("/")
     if not v.startswith("https://") or len(v) <= len("https://"):
@@ -247,6 +254,27 @@ class Setting:
     @property
     def metavar(self) -> str:
         return self.info.metavar
+
+
+def coordinate_deadline_setting() -> Any:
+    """The agent's and the fleet approver's (both coordinate: bridge.coordination)."""
+    return setting(
+        120.0,
+        number(0, 86400),
+        "Seconds before the event's NotBefore when a coordinator stops waiting for unprepared VMs "
+        "(then --coordinate-on-deadline applies).",
+        metavar="SECONDS",
+    )
+
+
+def coordinate_on_deadline_setting() -> Any:
+    return setting(
+        "platform",
+        choice("platform", "approve"),
+        "At the deadline with VMs not prepared: 'platform' approves nothing (the platform starts the "
+        "event at NotBefore, every VM gets its full notice); 'approve' approves anyway.",
+        metavar="POLICY",
+    )
 
 
 @dataclass(frozen=True)
@@ -456,6 +484,39 @@ class AgentConfig(ConfigBase):
         "Approve every Scheduled event affecting this VM once the prepare hook exited 0.",
         metavar="BOOL",
     )
+    coordinate: str = setting(
+        "off",
+        choice("off", "peers", "fleet"),
+        "Coordinated approval across the VMs an event names (docs/approvals.md): 'off' approves locally "
+        "as soon as this VM is prepared; 'fleet' only reports (preparation records) and leaves the "
+        "approval to a fleet approver run with --coordinate; 'peers' lets the first live VM of the "
+        "event approve once every VM that runs the agent reported prepared.",
+        metavar="MODE",
+    )
+    peer: tuple[str, ...] = setting(
+        (),
+        peer_spec,
+        "Where another VM's agent API is (coordinate=peers), as NAME=URL; repeat for each. VMs not "
+        "listed are reached through --peer-url-template.",
+        metavar="NAME=URL",
+        multiple=True,
+    )
+    peer_url_template: str = setting(
+        "http://{name}:8710",
+        text,
+        "The agent API of a VM of the event not listed with --peer ({name}: the VM name as the event's "
+        "Resources give it; Azure DNS resolves VM names inside a VNet).",
+        metavar="URL",
+    )
+    coordinate_deadline: float = coordinate_deadline_setting()
+    coordinate_on_deadline: str = coordinate_on_deadline_setting()
+    coordinate_takeover: float = setting(
+        10.0,
+        number(1, 600),
+        "Seconds the coordinating VM's agent must stay unreachable before the next VM of the event "
+        "takes over (coordinate=peers).",
+        metavar="SECONDS",
+    )
 
 
 @dataclass(frozen=True)
@@ -606,6 +667,15 @@ class ApproverConfig(ConfigBase):
         "CA bundle for the ARM endpoint (a private endpoint's proxy); default: system CAs.",
         metavar="PATH",
     )
+    coordinate: bool = setting(
+        False,
+        boolean,
+        "Fleet mode: approve each Scheduled event once every VM it names that runs the agent reported "
+        "prepared (agents run with coordinate=fleet), or at the deadline (docs/approvals.md).",
+        metavar="BOOL",
+    )
+    coordinate_deadline: float = coordinate_deadline_setting()
+    coordinate_on_deadline: str = coordinate_on_deadline_setting()
     log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
 
 

@@ -8,6 +8,9 @@
 * ``approval`` (``schemas/approval.v1.schema.json``): the outcome of one approval attempt, written by
   the agent's relay (``component`` ``agent`` or ``policy``) and by the approver (``approver``). An
   attempt is an occurrence, not a derivable change: its id is random, fixed once in the outbox.
+* ``preparation`` (``schemas/preparation.v1.schema.json``): one VM's readiness for one event, after
+  its prepare hook (:mod:`bridge.coordination`). Derivable like a change: the id comes from the VM,
+  the event and the result, so a hook run again after a restart republishes the same id.
 * the ``/v1/document`` view of the agent's API: the current events as records show them.
 
 Routing metadata next to each record comes from :meth:`bridge.pipeline.RecordMeta.of`, which reads
@@ -32,6 +35,7 @@ from bridge.timeutil import rfc3339
 SCHEMA_VERSION = 1
 SCHEDULED_EVENTS = "scheduledEvents"
 APPROVAL = "approval"
+PREPARATION = "preparation"
 # Namespace of record ids (uuid5); fixed forever so ids stay comparable across versions of the agent.
 RECORD_NAMESPACE = uuid.UUID("5b0f3d38-6c1e-4c61-9d43-5fd0d0f0a2b1")
 
@@ -102,6 +106,7 @@ def approval_record(
     start_requests_posted: int | None = None,
     path: str | None = None,
     arm_correlation_id: str | None = None,
+    coordination: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One approval attempt, by the agent's relay (with its VM and how many StartRequests it posted)
     or by the approver (``vm`` null: the decision may never have reached an agent)."""
@@ -132,7 +137,35 @@ def approval_record(
         record["path"] = path
         if path == "arm":
             record["armCorrelationId"] = arm_correlation_id
+    if coordination is not None:  # a coordinated approval: who waited for whom, and why it ended
+        record["coordination"] = coordination
     return record
+
+
+def preparation_record(
+    vm: VmIdentity,
+    event: dict[str, Any],
+    result: str,
+    hook: dict[str, Any] | None,
+    observed_at: float,
+) -> dict[str, Any]:
+    """``event`` as :meth:`ScheduledEvent.to_json` gives it; ``hook`` its run (``result``,
+    ``exitCode``, ``seconds``) or None without a hook."""
+    event_id = str(event["eventId"])
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "recordType": PREPARATION,
+        "recordId": str(uuid.uuid5(RECORD_NAMESPACE, f"{vm.key}|preparation|{event_id}|{result}")),
+        "observedAt": rfc3339(observed_at),
+        "source": {"agentVersion": __version__},
+        "vm": vm.to_record(),
+        "eventId": event_id,
+        "eventType": event.get("eventType") or "",
+        "notBefore": event.get("notBefore"),
+        "resources": list(event.get("resources") or []),
+        "result": result,
+        "hook": hook,
+    }
 
 
 def encode(record: dict[str, Any]) -> bytes:

@@ -19,6 +19,7 @@ SCHEMAS = {
     "scheduledEvents": "record.v1.schema.json",
     "approval": "approval.v1.schema.json",
     "decision": "decision.v1.schema.json",
+    "preparation": "preparation.v1.schema.json",
 }
 
 

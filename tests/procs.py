@@ -59,7 +59,8 @@ class Emulator:
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("emulator did not start")
-        self.url: str = orjson.loads(line)["url"]
+        self.info: dict[str, Any] = orjson.loads(line)  # url, and with --fleet each VM's url and address
+        self.url: str = self.info["url"]
         self.http = requests.Session()
         self.http.trust_env = False
 

@@ -307,6 +307,61 @@ def test_approver_killed_after_relaying_does_not_post_twice(
     assert repeats and "repeat" in repeats[-1]["detail"]
 
 
+def test_a_lane_batch_costs_one_audit_fsync_and_a_failed_one_writes_the_audits_again(
+    emulator: Emulator, make_agent, tmp_path: Path
+) -> None:
+    """Issue 11: a lane's chunk of decisions appends its audit records without fsync and syncs them
+    once before committing. When that fsync fails (EIO; Linux may have dropped the pages), syncing
+    again proves nothing: every audit record is appended again durably (same recordId), and only
+    then is anything committed. The service is driven in-process so the fsync can fail (the
+    outbox's fault seam: a tmpfs never fails an fsync)."""
+    import errno
+
+    from bridge.approver.decision import ValidationPolicy
+    from bridge.approver.routing import LocalRouter, RelayClient
+    from bridge.approver.service import Approver as ApproverService
+    from bridge.approver.sources import Message
+    from bridge.approver.sources.file import FileSource
+    from bridge.pipeline import Outbox
+    from bridge.signing import KeyRing
+    from bridge.sinks import create_sink
+
+    agent = make_agent(emulator.url).start()
+    events = [emulator.add_event(eventType="Freeze") for _ in range(4)]
+    agent.wait_for_change(events[-1], "scheduled")
+    committed: list[str] = []
+    service = ApproverService(
+        source=FileSource(f"file://{tmp_path}/decisions.jsonl", tmp_path),
+        router=LocalRouter(agent.api),
+        relay=RelayClient(KeyRing({"relay": RELAY_KEY})),
+        policy=ValidationPolicy(KeyRing({"ops": KEY})),
+        sinks=[create_sink(f"file://{tmp_path}/audit.jsonl")],
+        state_dir=tmp_path / "approver-state",
+    )
+    service.commits = type(service.commits)(lambda ms: committed.extend(m.position for m in ms))
+    real_sync, calls = service.outbox._sync, []
+
+    def sync_failing_once(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "Input/output error")
+        real_sync(fd)
+
+    service.outbox._sync = sync_failing_once
+    messages = [Message(orjson.dumps(signed(e)), f"line:{i}") for i, e in enumerate(events, 1)]
+    service._drain_lane("vm", [service.commits.track(m) for m in messages])
+    service.commits.commit_ready()
+    assert committed == [m.position for m in messages]
+    assert emulator.state()["startRequests"] == dict.fromkeys(events, 1)
+    # One failed batch fsync, then one durable append per audit record: not one fsync per record
+    # for the batch itself.
+    assert len(calls) == 1 + len(events)
+    service.close()
+    frames = Outbox(tmp_path / "approver-state" / "outbox", ["x"]).read(0)
+    ids = [orjson.loads(f.payload)["decisionId"] for f in frames]
+    assert sorted(ids) == sorted([orjson.loads(m.payload)["decisionId"] for m in messages] * 2)
+
+
 def test_local_policy_auto_approves_user_events_after_the_prepare_hook(
     emulator: Emulator, make_agent, tmp_path: Path
 ) -> None:

@@ -185,6 +185,8 @@ SAMPLES_BY_NAME = {
     "arm": "fallback",
     "arm_endpoint": "https://management.usgovcloudapi.net",
     "arm_credential": "default",
+    "peer": "vm-b=http://10.0.0.5:8710",
+    "coordinate_on_deadline": "approve",
 }
 
 

@@ -161,6 +161,44 @@ def test_the_arm_path_grants_only_the_scheduled_events_role_per_resource_group()
     assert "param armAcknowledgeResourceGroups array = []" in main  # off unless asked for
 
 
+def test_scheduled_events_policy_is_one_block_for_templates_and_existing_vms(tmp_path: Path) -> None:
+    """Issue 12: the Bicep module (VMs a template defines) and the script (VMs that exist; `az vm
+    update` / `az vmss update`, which read, change and write back the whole model) set the same
+    scheduledEventsPolicy block. The script runs here against a stand-in `az` that records its
+    arguments (the Azure CLI cannot reach Azure from this machine)."""
+    module = (ROOT / "infra" / "modules" / "scheduled-events-policy.bicep").read_text()
+    script = ROOT / "deploy" / "enable-scheduled-events-policy.sh"
+    policy = json.loads(re.search(r"POLICY='(.*)'", script.read_text()).group(1))  # type: ignore[union-attr]
+    assert policy == {
+        "scheduledEventsAdditionalPublishingTargets": {"eventGridAndResourceGraph": {"enable": True}},
+        "userInitiatedReboot": {"automaticallyApprove": False},
+        "userInitiatedRedeploy": {"automaticallyApprove": False},
+    }
+    keys = ["scheduledEventsAdditionalPublishingTargets", "eventGridAndResourceGraph", "enable:"]
+    keys += ["userInitiatedReboot", "userInitiatedRedeploy", "automaticallyApprove:", "output policy object"]
+    assert all(key in module for key in keys)
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "az"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    rg = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg/providers/Microsoft.Compute"
+    vm, vmss = f"{rg}/virtualMachines/vm-1", f"{rg}/virtualMachineScaleSets/set-1"
+    done = subprocess.run([str(script), vm, vmss], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    expected = [["vm", "update", "--ids", vm], ["vmss", "update", "--ids", vmss]]
+    assert [line.split()[:4] for line in lines] == expected
+    sent = [line.split("scheduledEventsPolicy=", 1)[1].split(" --output")[0] for line in lines]
+    assert [json.loads(s) for s in sent] == [policy, policy]
+    # A wrong id anywhere stops everything before the first change.
+    calls.unlink()
+    for bad in (f"{rg}/disks/d-1", f"{rg}/virtualMachineScaleSets/set-1/virtualMachines/3"):
+        refused = subprocess.run([str(script), vm, bad], env=env, capture_output=True, text=True, check=False)
+        assert refused.returncode == 2 and not calls.exists(), refused.stderr
+
+
 def test_secrets_reach_only_protected_settings(lint_report: dict[str, Any]) -> None:
     entry = lint_report["files"]["deploy/vm-extension.bicep"]
     assert set(entry["secure_params"]) == {"decisionKeys", "secretEnvironment", "secretFiles", "pipIndexUrl"}

@@ -265,6 +265,51 @@ def test_a_failed_fsync_is_a_failed_append(tmp_path: Path) -> None:
     assert box.read(0) == [] and box.last_seq == 0
 
 
+class CountingSync:
+    """Counts the outbox's fsyncs (the real ones still run) and can fail them with EIO."""
+
+    def __init__(self, real) -> None:
+        self.real, self.calls, self.fail = real, 0, False
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        if self.fail:
+            raise OSError(errno.EIO, "Input/output error")
+        self.real(fd)
+
+
+def test_a_batch_appended_without_sync_costs_one_fsync_and_is_durable_after_sync(tmp_path: Path) -> None:
+    box = Outbox(tmp_path, ["a"])
+    syncs = box._sync = CountingSync(box._sync)
+    for i in range(50):
+        box.append(meta(i), payload(i), sync=False)
+    assert syncs.calls == 0 and len(box.read(0, limit=100)) == 50  # readable before the sync
+    box.sync()
+    box.sync()  # nothing new: no second fsync
+    assert syncs.calls == 1
+    box.append(meta(50), payload(50))  # a durable append syncs as before
+    assert syncs.calls == 2
+    box.close()
+    assert len(Outbox(tmp_path, ["a"]).read(0, limit=100)) == 51
+
+
+def test_a_failed_batch_sync_is_an_error_and_a_roll_syncs_the_batch_first(tmp_path: Path) -> None:
+    metrics = PipelineMetrics()
+    box = Outbox(tmp_path, ["a"], segment_bytes=600, metrics=metrics)
+    syncs = box._sync = CountingSync(box._sync)
+    box.append(meta(0), payload(0), sync=False)
+    syncs.fail = True
+    with pytest.raises(OutboxWriteError):
+        box.sync()
+    assert metrics.registry.get_sample_value("se_bridge_outbox_write_errors_total", {"op": "append"}) == 1
+    syncs.fail = False
+    box.sync()  # still owed: the failed sync did not clear it
+    assert syncs.calls == 2
+    for i in range(1, 8):  # past segment_bytes: the roll must sync the unsynced frames it leaves
+        box.append(meta(i), payload(i), sync=False)
+    assert len(list(tmp_path.glob("seg-*.log"))) > 1 and syncs.calls > 2
+
+
 def test_a_cursor_that_cannot_be_written_is_kept_and_written_later(tmp_path: Path) -> None:
     metrics = PipelineMetrics()
     box = Outbox(tmp_path, ["a"], metrics=metrics)

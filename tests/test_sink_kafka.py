@@ -204,6 +204,7 @@ def test_event_hubs_connection_string_from_the_environment(monkeypatch: pytest.M
     # Event Hubs closes idle connections after 240 s and refuses requests over ~1 MB.
     assert conf["connections.max.idle.ms"] < 240_000 and conf["metadata.max.age.ms"] < 240_000
     assert conf["message.max.bytes"] <= 1_046_528
+    assert conf["request.timeout.ms"] >= 60_000  # Microsoft's figure (issue 13)
     assert "oauth_cb" not in conf and "ssl.ca.location" not in conf  # TLS verification left on
     # The spec names the variable, never the key: what is logged and hashed into the id has no secret.
     for shown in (sink.name, sink.id, spec):
@@ -214,6 +215,31 @@ def test_event_hubs_connection_string_from_the_environment(monkeypatch: pytest.M
     producer = Producer({**conf, "bootstrap.servers": f"127.0.0.1:{free_port()}"})
     producer.purge()
     producer.close()
+
+
+def test_event_hubs_settings_follow_microsofts_kafka_guidance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13: the Event Hubs Kafka endpoint stores only gzip (another codec is refused at start,
+    naming the option), wants request.timeout.ms 60000 from every client and 30 s consumer sessions;
+    other brokers keep every codec and the approver's 10 s session."""
+    from bridge.approver.sources.kafka import KafkaSource
+
+    monkeypatch.setenv("EVENTHUBS_CONNECTION_STRING", EH_CONNECTION_STRING)
+    base = (
+        f"kafka://{EH_HOST}:9093/decisions?security_protocol=SASL_SSL&sasl_mechanism=PLAIN"
+        "&sasl_username=$ConnectionString&sasl_password_env=EVENTHUBS_CONNECTION_STRING"
+    )
+    for codec in ("snappy", "lz4", "zstd"):
+        with pytest.raises(SinkError, match=f"compression={codec}: .*only none or gzip"):
+            create_sink(f"{base}&compression={codec}")
+    assert create_sink(f"{base}&compression=gzip").producer_config()["compression.type"] == "gzip"
+    consumer = KafkaSource(base, "approvers").consumer_config()
+    assert consumer["session.timeout.ms"] == 30_000 and consumer["request.timeout.ms"] == 60_000
+    plain = KafkaSource("kafka://127.0.0.1:9092/decisions", "approvers").consumer_config()
+    assert plain["session.timeout.ms"] == 10_000 and "request.timeout.ms" not in plain
+    assert (
+        create_sink("kafka://127.0.0.1:9092/events?compression=zstd").producer_config()["compression.type"]
+        == "zstd"
+    )
 
 
 def test_event_hubs_connection_string_mistakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ DNS rebinding), can reach 127.0.0.1. IMDS itself demands ``Metadata: true`` for 
     permissions decided who could connect);
   - unsigned from loopback only if ``relay_allow_unsigned_loopback`` is set (development; the agent
     warns at start);
-* ``GET /metrics`` and ``GET /v1/document`` name the VM and its subscription: from anything but
-  loopback or the Unix socket they need a signature or the read token (``Authorization: Bearer``,
-  what Prometheus sends from ``credentials_file``);
+* ``GET /metrics``, ``GET /v1/document`` and ``GET /v1/preparations`` name the VM and its
+  subscription: from anything but loopback or the Unix socket they need a signature or the read
+  token (``Authorization: Bearer``, what Prometheus sends from ``credentials_file``);
 * ``/healthz`` and ``/readyz`` stay open (load balancer probes) and reveal nothing sensitive.
 
 Refusals are counted by reason (``se_bridge_http_refused_total``) and logged once per streak.
@@ -34,7 +34,7 @@ from bridge.signing import RequestVerifier
 log = logging.getLogger(__name__)
 
 RELAY_PATH = "/v1/start-requests"
-READ_PATHS = frozenset({"/metrics", "/v1/document"})
+READ_PATHS = frozenset({"/metrics", "/v1/document", "/v1/preparations"})
 
 
 class AccessPolicy(ApiGuard):

@@ -12,7 +12,14 @@ module does the same, configured rather than coded:
   event's NotBefore. When the event is to be approved locally (a rule matches, or
   ``--approve-after-prepare``), the approval happens only if the hook exits 0 in time;
 * **recover hook** (``--recover-hook CMD``): run when an event that affected this VM is gone
-  (``completed``, ``canceled``, ``removed``).
+  (``completed``, ``canceled``, ``removed``);
+* **preparation records**: when the prepare hook ends (and, with coordination on, at once for an
+  agent without a hook) the agent publishes ``prepared`` or ``prepareFailed`` for the event and
+  answers it on ``GET /v1/preparations``;
+* **coordination** (``--coordinate``, :mod:`bridge.coordination`): ``off`` approves as soon as this
+  VM is prepared, which releases every VM the event names; ``peers`` hands the local approval to the
+  peer coordinator (:mod:`bridge.agent.coordinator`), which approves once every VM of the event is
+  prepared; ``fleet`` only reports, and a fleet approver run with ``--coordinate`` approves.
 
 Hooks get the event as environment variables (``SE_EVENT_ID``, ``SE_EVENT_TYPE``, ``SE_EVENT_STATUS``,
 ``SE_EVENT_SOURCE``, ``SE_NOT_BEFORE``, ``SE_DURATION_SECONDS``, ``SE_RESOURCES``, ``SE_CHANGE``,
@@ -38,10 +45,14 @@ from typing import Any
 
 import orjson
 
+from bridge import records
+from bridge.agent.coordinator import PeerCoordinator
 from bridge.agent.diff import Change
+from bridge.coordination import PREPARE_FAILED, PREPARED
 from bridge.imds.document import SCHEDULED, EventsDocument, ScheduledEvent
 from bridge.imds.instance import VmIdentity
 from bridge.rules import ApprovalRule
+from bridge.timeutil import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +69,27 @@ class PolicyConfig:
     hook_timeout: float = 600.0
     hook_margin: float = 30.0
     approve_after_prepare: bool = False
+    coordinate: str = "off"  # off | peers | fleet
 
     @property
     def active(self) -> bool:
-        return bool(self.rules or self.prepare_hook or self.recover_hook)
+        return bool(self.rules or self.prepare_hook or self.recover_hook or self.coordinate != "off")
+
+
+@dataclass(frozen=True)
+class HookRun:
+    """How a hook ended: ``ok``, ``failed`` (non-zero exit), ``timeout`` or ``error`` (did not start)."""
+
+    result: str
+    exit_code: int | None
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.result == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"result": self.result, "exitCode": self.exit_code, "seconds": round(self.seconds, 3)}
 
 
 class LocalPolicy:
@@ -73,13 +101,27 @@ class LocalPolicy:
         approve: Callable[[dict[str, Any], str], Any],
         identity: Callable[[], VmIdentity],
         metrics: Any,
+        *,
+        publish: Callable[[dict[str, Any]], None] | None = None,
+        coordinator: PeerCoordinator | None = None,
     ) -> None:
         self.config = config
         self._approve = approve  # relay.handle(body, requester, component="policy")
         self._identity = identity
         self._metrics = metrics
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hook")
+        self._publish = publish  # a record to the outbox (waits for room; never drops it)
+        self._coordinator = coordinator
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="hook")
         self._handled: set[str] = set()
+        self._prepared: dict[str, dict[str, Any]] = {}  # event id -> {"result", "at"}
+
+    def preparations(self) -> dict[str, dict[str, Any]]:
+        """This VM's reports per event (``GET /v1/preparations``, what peer coordinators ask)."""
+        return dict(self._prepared)
+
+    def report(self, event_id: str) -> str | None:
+        entry = self._prepared.get(event_id)
+        return entry["result"] if entry else None
 
     def on_change(
         self, previous: EventsDocument | None, current: EventsDocument, changes: list[Change]
@@ -94,7 +136,9 @@ class LocalPolicy:
                 if event.event_status == SCHEDULED and vm.affects(event.resources, names):
                     self._handled.add(change.event_id)
                     self._pool.submit(self._prepare_and_approve, event, change.change, vm)
-            elif change.change in GONE and self.config.recover_hook:
+            elif change.change in GONE:
+                self._prepared.pop(change.event_id, None)
+            if change.change in GONE and self.config.recover_hook:
                 self._handled.discard(change.event_id)
                 event = before.get(change.event_id)
                 if event is not None and vm.affects(event.resources, names):
@@ -114,20 +158,32 @@ class LocalPolicy:
     # -- work (on hook threads) ----------------------------------------------------------------------
 
     def _prepare_and_approve(self, event: ScheduledEvent, change: str, vm: VmIdentity) -> None:
-        rule = next((r for r in self.config.rules if r.matches(event)), None)
+        config = self.config
+        rule = next((r for r in config.rules if r.matches(event)), None)
         wants_approval = rule is not None or (
-            self.config.approve_after_prepare and bool(self.config.prepare_hook)
+            config.approve_after_prepare and (bool(config.prepare_hook) or config.coordinate == "peers")
         )
-        if self.config.prepare_hook:
+        coordinated = config.coordinate == "peers" and self._coordinator is not None
+        if coordinated and wants_approval:
+            # The wait runs beside the hook: this VM may be the coordinator, and a long hook must
+            # not keep it from its deadline (or from answering for the others).
+            self._pool.submit(self._coordinator.coordinate, event.event_id)  # type: ignore[union-attr]
+        run = None
+        if config.prepare_hook:
             timeout = self._prepare_timeout(event)
-            ok = self._run_hook("prepare", self.config.prepare_hook, event, change, vm, timeout)
-            if not ok:
-                if wants_approval:
-                    log.warning(
-                        "prepare hook did not succeed: event not approved locally",
-                        extra={"eventId": event.event_id},
-                    )
-                return
+            run = self._run_hook("prepare", config.prepare_hook, event, change, vm, timeout)
+        if run is not None or config.coordinate != "off":
+            self._report_preparation(event, vm, run)
+        if run is not None and not run.ok:
+            if wants_approval:
+                log.warning(
+                    "prepare hook did not succeed: event not approved locally",
+                    extra={"eventId": event.event_id},
+                )
+            if config.coordinate != "peers":
+                return  # a peer coordinator still waits: the deadline policy may approve anyway
+        if config.coordinate != "off":
+            return  # the coordinator (fleet approver or peer) approves once every VM is prepared
         if wants_approval:
             requester = f"policy:{rule.text}" if rule else "policy:approve-after-prepare"
             body = {
@@ -137,6 +193,13 @@ class LocalPolicy:
                 "issuedBy": requester,
             }
             self._approve(body, requester)
+
+    def _report_preparation(self, event: ScheduledEvent, vm: VmIdentity, run: HookRun | None) -> None:
+        result = PREPARED if run is None or run.ok else PREPARE_FAILED
+        self._prepared[event.event_id] = {"result": result, "at": rfc3339(time.time())}
+        if self._publish is not None:
+            hook = None if run is None else run.to_json()
+            self._publish(records.preparation_record(vm, event.to_json(), result, hook, time.time()))
 
     def _prepare_timeout(self, event: ScheduledEvent) -> float:
         timeout = self.config.hook_timeout
@@ -149,7 +212,7 @@ class LocalPolicy:
 
     def _run_hook(
         self, name: str, command: str, event: ScheduledEvent, change: str, vm: VmIdentity, timeout: float
-    ) -> bool:
+    ) -> HookRun:
         env = {
             **os.environ,
             "SE_EVENT_ID": event.event_id,
@@ -175,16 +238,16 @@ class LocalPolicy:
             )
         except subprocess.TimeoutExpired as exc:
             self._record(name, "timeout", event, started, None, exc.stdout, exc.stderr)
-            return False
+            return HookRun("timeout", None, time.monotonic() - started)
         except OSError as exc:
             log.error("hook could not start", extra={"hook": name, "command": command, "error": str(exc)})
             self._count(name, "error")
-            return False
+            return HookRun("error", None, time.monotonic() - started)
         finally:
             os.unlink(env["SE_EVENT_FILE"])
         result = "ok" if proc.returncode == 0 else "failed"
         self._record(name, result, event, started, proc.returncode, proc.stdout, proc.stderr)
-        return proc.returncode == 0
+        return HookRun(result, proc.returncode, time.monotonic() - started)
 
     def _record(
         self,

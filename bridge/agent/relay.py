@@ -57,6 +57,8 @@ LEDGER_SIZE = 2000
 #: Longest wait for a fresh document when a decision names an event the agent has not seen yet:
 #: one IMDS poll normally takes milliseconds; an approver's relay timeout is seconds.
 REFRESH_TIMEOUT = 2.0
+#: A coordinated approval's account (who waited for whom) names at most a few hundred VMs.
+MAX_COORDINATION_BYTES = 16 * 1024
 
 
 class RelayRequestError(ValueError):
@@ -337,6 +339,7 @@ class Relay:
             outcome=answer["outcome"],
             reason=answer.get("reason"),
             results=answer["results"],
+            coordination=meta.get("coordination"),
             **more,
         )
         try:
@@ -370,7 +373,14 @@ def _parse_request(body: Any) -> tuple[str, list[str], dict[str, Any]]:
         or not all(isinstance(e, str) and 0 < len(e) <= 128 for e in event_ids)
     ):
         raise RelayRequestError(f"eventIds must be a list of 1 to {MAX_EVENTS_PER_REQUEST} event id strings")
-    meta = {k: body.get(k) for k in ("target", "issuedBy") if isinstance(body.get(k), str)}
+    meta: dict[str, Any] = {k: body.get(k) for k in ("target", "issuedBy") if isinstance(body.get(k), str)}
+    account = body.get("coordination")
+    if account is not None:
+        # A coordinator's account of whom it waited for (bridge.coordination), copied to the audit
+        # record as it came: bounded, and only from an authenticated caller (the access policy).
+        if not isinstance(account, dict) or len(orjson.dumps(account)) > MAX_COORDINATION_BYTES:
+            raise RelayRequestError(f"coordination: an object of at most {MAX_COORDINATION_BYTES} bytes")
+        meta["coordination"] = account
     return decision_id, list(dict.fromkeys(event_ids)), meta
 
 

@@ -27,8 +27,9 @@ from typing import Any
 
 import orjson
 
-from bridge import __version__, records
+from bridge import __version__, coordination, records
 from bridge.agent.access import RELAY_PATH, AccessPolicy
+from bridge.agent.coordinator import PREPARATIONS_PATH, PeerCoordinator
 from bridge.agent.identity import IdentityResolver
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.policy import ApprovalRule, LocalPolicy, PolicyConfig
@@ -36,10 +37,13 @@ from bridge.agent.poller import Poller
 from bridge.agent.relay import Relay
 from bridge.agent.state import BaselineStore, IdentityCache
 from bridge.config import AgentConfig, ConfigError
+from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.fsutil import ensure_private_dir
 from bridge.imds.client import ImdsClient
+from bridge.imds.document import ScheduledEvent
 from bridge.listener import Limits, Listener, Request, Response, Route, json_response, probe_routes
-from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked
+from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxFull, OutboxLocked, RecordMeta
+from bridge.retry import Backoff
 from bridge.signing import KeyRing, NonceStore, RequestVerifier
 from bridge.sinks import Sink, SinkError, create_sink
 
@@ -130,6 +134,7 @@ class Agent:
                 hook_timeout=config.hook_timeout,
                 hook_margin=config.hook_margin,
                 approve_after_prepare=config.approve_after_prepare,
+                coordinate=config.coordinate,
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
@@ -140,9 +145,75 @@ class Agent:
             lambda body, requester: self.relay.handle(body, requester, component="policy"),
             lambda: self.identity.current,
             self.metrics,
+            publish=self._publish,
+            coordinator=self._build_coordinator() if config.coordinate == "peers" else None,
         )
         self.poller.listeners.append(local.on_change)
         return local
+
+    def _build_coordinator(self) -> PeerCoordinator:
+        config = self.config
+        if not config.relay_key or not config.listen:
+            raise ConfigError(
+                "coordinate=peers needs relay_key and listen: the agents of an event ask each other "
+                "GET /v1/preparations, signed with the relay key"
+            )
+
+        def event(event_id: str) -> ScheduledEvent | None:
+            current = self.poller.current
+            return None if current is None else current.document.by_id().get(event_id)
+
+        return PeerCoordinator(
+            CoordinationPolicy(config.coordinate_deadline, config.coordinate_on_deadline),  # type: ignore[arg-type]
+            this_vm=lambda: self.identity.current.name,
+            event=event,
+            own_report=lambda event_id: self.policy.report(event_id) if self.policy else None,
+            approve=lambda body, requester: self.relay.handle(body, requester, component="coordinator"),
+            leave=self._audit_left_to_platform,
+            keys=KeyRing.from_specs(config.relay_key),
+            peers=dict(p.split("=", 1) for p in config.peer),
+            template=config.peer_url_template,
+            stop=self.stop_event,
+            takeover=config.coordinate_takeover,
+        )
+
+    def _audit_left_to_platform(self, event_id: str, verdict: Verdict, coordinator: str) -> None:
+        """The deadline came with VMs not prepared and the policy approves nothing: say so."""
+        detail = f"not approved: {', '.join(verdict.pending)} not prepared at the deadline"
+        record = records.approval_record(
+            "coordinator",
+            vm=self.identity.current,
+            api_version=self.config.api_version,
+            decision_id=coordination.decision_id(event_id),
+            event_ids=[event_id],
+            target=coordinator,
+            issued_by=f"coordinator:{coordinator}",
+            requester=f"coordinator:{coordinator}",
+            outcome="refused",
+            reason="leftToPlatform",
+            detail=detail[:500],
+            results=[{"eventId": event_id, "result": "refused", "detail": "left to the platform"}],
+            start_requests_posted=0,
+            coordination={**verdict.to_json(coordinator), "onDeadline": "platform"},
+        )
+        self._publish(record)
+
+    def _publish(self, record: dict[str, Any]) -> None:
+        """Append a record the agent made itself (preparation, coordination audit) to the outbox,
+        waiting for room or a working disk: such a record is never dropped (until the agent stops)."""
+        backoff = Backoff(base=0.5, cap=10.0)
+        while True:
+            try:
+                self.outbox.append(RecordMeta.of(record), records.encode(record))
+                return
+            except (OutboxFull, OSError) as exc:
+                log.warning(
+                    "record waits for the outbox",
+                    extra={"recordType": record["recordType"], "error": str(exc)},
+                )
+            if self.stop_event.wait(backoff.next_delay()):
+                log.error("agent stopping: record not stored", extra={"record": record})
+                return
 
     def _build_listener(self, config: AgentConfig, state_dir: Path) -> Listener:
         tls = None
@@ -215,8 +286,14 @@ class Agent:
         return {
             **probe_routes(self.health.report, self._ready_gauged, self.metrics.registry),
             ("GET", "/v1/document"): document,
+            ("GET", PREPARATIONS_PATH): self._preparations,
             ("POST", RELAY_PATH): self._start_requests,
         }
+
+    def _preparations(self, _: Request) -> Response:
+        """``GET /v1/preparations``: this VM's reports per event (what peer coordinators ask)."""
+        reports = self.policy.preparations() if self.policy is not None else {}
+        return json_response(200, {"vm": self.identity.current.name, "preparations": reports})
 
     def _start_requests(self, request: Request) -> Response:
         """``POST /v1/start-requests``; the access policy authenticated the caller already."""

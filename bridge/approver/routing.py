@@ -21,6 +21,7 @@ import http.client
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -230,6 +231,8 @@ class FleetRouter:
     def __init__(self, sources: list[DecisionSource], template: str = "http://{privateIp}:8710") -> None:
         self.sources = sources
         self.template = template
+        #: Also given every record read (the fleet coordinator: events and preparation records).
+        self.observers: list[Callable[[dict[str, Any]], None]] = []
         self._lock = threading.Lock()
         self._vms: dict[str, dict[str, Any]] = {}  # lower-cased VM name or vmId -> vm block
         self._events: dict[str, list[str]] = {}  # eventId -> Resources
@@ -252,6 +255,11 @@ class FleetRouter:
             for event in record.get("events") or []:
                 if isinstance(event, dict) and event.get("eventId"):
                     self._events[event["eventId"]] = list(event.get("resources") or [])
+
+    def knows(self, name: str) -> bool:
+        """Whether an agent of VM ``name`` published anything (it runs the agent)."""
+        with self._lock:
+            return name.lower() in self._vms
 
     def owns(self, decision: dict[str, Any]) -> bool:
         """The fleet approver serves every VM it can reach."""
@@ -303,8 +311,12 @@ class FleetRouter:
                             record = orjson.loads(message.payload)
                         except orjson.JSONDecodeError:
                             continue
-                        if isinstance(record, dict) and record.get("recordType") == "scheduledEvents":
+                        if not isinstance(record, dict):
+                            continue
+                        if record.get("recordType") == "scheduledEvents":
                             self.learn(record)
+                        for observe in self.observers:
+                            observe(record)
             except Exception as exc:  # keep learning whatever a source throws
                 log.error("events stream failed; retrying", extra={"source": source.name, "error": str(exc)})
                 stop.wait(2.0)

@@ -27,16 +27,18 @@ from typing import Any
 
 import orjson
 
-from bridge import __version__, records
+from bridge import __version__, coordination, records
 from bridge.apiguard import ApiGuard
 from bridge.approver import decision as decision_module
 from bridge.approver import topology
 from bridge.approver.arm import ArmAcknowledger
+from bridge.approver.coordinator import FleetCoordinator
 from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
 from bridge.approver.dispatch import Lanes, OrderedCommits, Slot
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
 from bridge.approver.sources import DecisionSource, Message, SourceError, create_source
 from bridge.approver.store import DecisionStore
+from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.errors import BridgeError
 from bridge.fsutil import DirectoryLocked, ensure_private_dir, lock_directory
 from bridge.listener import Listener, probe_routes
@@ -137,6 +139,12 @@ class ApproverMetrics(PipelineMetrics):
     source_ready = gauge(
         "se_bridge_approver_source_ready", "1 while the decisions source is open and reads succeed."
     )
+    coordinated = counter(
+        "se_bridge_approver_coordinated",
+        "Coordinated verdicts acted on, by action (approve, leave) and why (allPrepared, deadline).",
+        "action",
+        "why",
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -159,6 +167,8 @@ class Approver:
         lock: int | None = None,
         arm: ArmAcknowledger | None = None,
         arm_mode: str = "off",
+        coordination_policy: CoordinationPolicy | None = None,
+        instance: str = "",
     ) -> None:
         self.source = source
         self.arm = arm  # Azure Resource Manager: a fallback (or the only path) when no agent answers
@@ -191,6 +201,15 @@ class Approver:
         self._source_open = False
         self._streak = ErrorStreak(log, f"reading decisions from {source.name}")
         self._outbox_streak = ErrorStreak(log, "storing decisions and audit records")
+        self.coordinator: FleetCoordinator | None = None
+        if coordination_policy is not None:
+            if not isinstance(router, FleetRouter):
+                raise ValueError("only a fleet approver coordinates")
+            self.coordinator = FleetCoordinator(
+                coordination_policy, runs_agent=router.knows, leader=source.leads, act=self.coordinated
+            )
+            router.observers.append(self.coordinator.observe)
+        self.instance = instance or "approver"
 
     # -- one decision ---------------------------------------------------------------------------------
 
@@ -251,9 +270,19 @@ class Approver:
         detail: str,
         *,
         sync: bool = True,
+        coordination: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         if answer is None:
-            return self._finish(decision, message, "failed", "relayUnavailable", detail, [], sync=sync)
+            return self._finish(
+                decision,
+                message,
+                "failed",
+                "relayUnavailable",
+                detail,
+                [],
+                sync=sync,
+                coordination=coordination,
+            )
         return self._finish(
             decision,
             message,
@@ -265,6 +294,7 @@ class Approver:
             sync=sync,
             path=answer.get("path"),
             arm_correlation_id=answer.get("armCorrelationId"),
+            coordination=coordination,
         )
 
     def _validated(self, message: Message, now: float) -> dict[str, Any]:
@@ -350,6 +380,52 @@ class Approver:
             out.append((finished, ""))
         return out
 
+    # -- coordinated approval (bridge.approver.coordinator) ---------------------------------------------
+
+    def coordinated(self, event_id: str, members: list[str], verdict: Verdict) -> None:
+        """Act on the fleet coordinator's verdict for one event: approve it through an agent of the
+        event (the decision store makes it once per event id), or audit that the platform decides.
+        A full or failing disk is waited out: a verdict is never dropped (until the approver stops)."""
+        assert self.coordinator is not None
+        decision_id = coordination.decision_id(event_id)
+        coordinator = f"fleet-approver:{self.instance}"
+        decision = {
+            "decisionId": decision_id,
+            "eventId": event_id,
+            # The first prepared VM: its agent is live and its ledger sees any repeat of this id.
+            "target": (verdict.prepared or verdict.waited_for or tuple(members) or ("",))[0],
+            "issuedBy": f"coordinator:{coordinator}",
+        }
+        account = {**verdict.to_json(coordinator), "onDeadline": self.coordinator.policy.on_deadline}
+        message = Message(b"", f"coordinator:{event_id}")
+        self.metrics.coordinated.labels(verdict.action, verdict.why).inc()
+        backoff = Backoff(base=1.0, cap=30.0)
+        while not self.stop_event.is_set():
+            try:
+                self._act_on_verdict(decision, message, verdict, account)
+                return
+            except (OutboxFull, OSError) as exc:
+                self._outbox_streak.failure("outbox", f"coordinated approval waits: {exc}", eventId=event_id)
+            self.stop_event.wait(backoff.next_delay())
+
+    def _act_on_verdict(
+        self, decision: dict[str, Any], message: Message, verdict: Verdict, account: dict[str, Any]
+    ) -> None:
+        earlier = self.store.get(decision["decisionId"])
+        if earlier is not None and earlier["state"] == "final":
+            return  # acted on already (the stream was read again after a restart)
+        if verdict.action == "leave":
+            detail = f"not approved: {', '.join(verdict.pending)} not prepared at the deadline"
+            self._finish(
+                decision, message, "refused", "leftToPlatform", detail[:500], [], coordination=account
+            )
+            return
+        self.store.started(decision["decisionId"], message.position)
+        body = {k: decision[k] for k in ("decisionId", "target", "issuedBy")}
+        body.update(eventIds=[decision["eventId"]], coordination=account)
+        answer, detail = self._relay(decision, body)
+        self._finish_relayed(decision, message, answer, detail, coordination=account)
+
     # -- many decisions at once: lanes (bridge.approver.dispatch) ---------------------------------------
 
     def _drain_lane(self, lane: str, slots: list[Slot]) -> None:
@@ -389,17 +465,43 @@ class Approver:
                 for slot, _, _ in chunk:
                     self._settle(slot)
                 continue
-            done = []
+            done: list[tuple[Slot, dict[str, Any]]] = []
             for (slot, decision, _), (answer, detail) in zip(chunk, results, strict=True):
                 try:
-                    self._finish_relayed(decision, slot.message, answer, detail, sync=False)
+                    audit = self._finish_relayed(decision, slot.message, answer, detail, sync=False)
                 except Exception:
                     self._settle(slot)  # waits for outbox room, or ends a poison message
                 else:
-                    done.append(slot)
-            if self._synced(done):  # the chunk's outcomes durable (one sync) before any is committed
-                for slot in done:
+                    done.append((slot, audit))
+            # The chunk's audit records and outcomes durable (one sync each) before any is committed.
+            if self._audits_synced(done) and self._synced([slot for slot, _ in done]):
+                for slot, _ in done:
                     self.commits.finished(slot)
+
+    def _audits_synced(self, done: list[tuple[Slot, dict[str, Any]]]) -> bool:
+        """One fsync for a chunk's audit records. When it fails, the frames may be gone from the
+        disk for good (Linux reports a failed writeback once and forgets the pages), so syncing again
+        proves nothing: each audit record is appended again the durable way (same ``recordId``; a
+        sink may see it twice), waiting for the disk as :meth:`_handle` does. False when stopping."""
+        try:
+            self.outbox.sync()
+            return True
+        except OutboxWriteError as exc:
+            log.error("audit records cannot be synced; writing them again", extra={"error": str(exc)})
+        backoff = Backoff(base=1.0, cap=30.0)
+        for slot, audit in done:
+            while True:
+                try:
+                    self.outbox.append(RecordMeta.of(audit), records.encode(audit))
+                    self._outbox_streak.success()
+                    break
+                except (OutboxFull, OutboxWriteError) as exc:
+                    self._outbox_streak.failure(
+                        "outbox", f"audit record not admitted: {exc}", position=slot.message.position
+                    )
+                if self.stop_event.wait(backoff.next_delay()):
+                    return False  # nothing committed: read again after the restart
+        return True
 
     def _synced(self, slots: list[Slot]) -> bool:
         """Sync the decision store for a lane's batch. When the disk refuses (EIO, ENOSPC), each
@@ -441,6 +543,7 @@ class Approver:
         sync: bool = True,
         path: str | None = None,
         arm_correlation_id: str | None = None,
+        coordination: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         d = decision if isinstance(decision, dict) else {}
 
@@ -454,7 +557,7 @@ class Approver:
         if not results and event_id:
             results = [{"eventId": event_id, "result": "refused", "detail": reason}]
         audit = records.approval_record(
-            "approver",
+            "approver" if coordination is None else "coordinator",
             decision_id=text("decisionId"),
             event_ids=[event_id] if event_id else [],
             target=text("target"),
@@ -473,10 +576,12 @@ class Approver:
             ],
             path=path,
             arm_correlation_id=arm_correlation_id,
+            coordination=coordination,
         )
         # Durable first, then the store, then (in the caller) the source commit: a crash anywhere
-        # re-reads the message and ends with the same outcome.
-        self.outbox.append(RecordMeta.of(audit), records.encode(audit))
+        # re-reads the message and ends with the same outcome. ``sync=False`` (a lane's chunk): the
+        # caller syncs the outbox, then the store, before committing.
+        self.outbox.append(RecordMeta.of(audit), records.encode(audit), sync=sync)
         if record_final and audit["decisionId"]:
             self.store.final(audit["decisionId"], message.position, audit["outcome"], reason, sync=sync)
         self.metrics.decisions.labels(audit["outcome"], reason or "ok").inc()
@@ -559,6 +664,10 @@ class Approver:
             worker.open_at_start()
             worker.start()
         self.router.start(self.stop_event)
+        if self.coordinator is not None:
+            threading.Thread(
+                target=self.coordinator.run, args=(self.stop_event,), name="coordinator", daemon=True
+            ).start()
         if self.api is not None:
             self.api.start()
         log.info(
@@ -712,6 +821,8 @@ def build_approver(config: Any) -> Approver:
     state_dir = Path(config.state_dir)
     lock = lock_state_dir(state_dir)  # before any file in it is read, compacted or replaced
     relay = RelayClient(relay_keys, config.relay_timeout, config.relay_ca_file)
+    if config.coordinate and config.mode != "fleet":
+        raise ConfigError("coordinate: only a fleet approver coordinates (--mode fleet)")
     try:
         topology.check(config.mode, config.source)
         for spec in config.events_source:
@@ -741,6 +852,12 @@ def build_approver(config: Any) -> Approver:
         lock=lock,
         arm=_arm_acknowledger(config),
         arm_mode=config.arm,
+        coordination_policy=(
+            CoordinationPolicy(config.coordinate_deadline, config.coordinate_on_deadline)
+            if config.coordinate
+            else None
+        ),
+        instance=topology.instance_id(state_dir),
     )
     if config.listen:
         try:

@@ -30,7 +30,12 @@ Faults, and what each costs:
 * A **cursor that cannot be written** (ENOSPC, EMFILE): the sink's position moves on in memory and is
   written again with the next confirmation; a restart before that re-sends a few records (same ids).
 
-Durability choices: appends are fsynced (a record must not be lost); cursor files are replaced
+Durability choices: appends are fsynced (a record must not be lost). A producer that finishes many
+records at once (the approver's lane batch) may append with ``sync=False`` and call :meth:`Outbox.sync`
+once before it acts on their durability (commits the source): one fsync per batch instead of one per
+record, which is most of what a burst of decisions costs. Such frames are visible to sinks before they
+are durable; a power loss in between can only re-send them (the producer re-creates them, same ids).
+Cursor files are replaced
 atomically but not fsynced: after a power loss a sink may be sent a few records again, which
 at-least-once delivery with deterministic record ids allows, and it saves an fsync per delivery.
 Every configured sink's cursor file is written when the sink is first seen, so a sink that has not
@@ -171,6 +176,7 @@ class Outbox:
         self._append_fd: int | None = None
         self._active_size = 0
         self._tail_dirty = False  # a failed append left bytes past _active_size that are not cut yet
+        self._unsynced = False  # frames appended with sync=False that no fsync has covered yet
         self._cursors: dict[str, int] = {}
         self._cursor_paths = {sid: self.dir / "cursors" / sid for sid in sink_ids}
         self._unsaved_cursors: set[str] = set()
@@ -281,11 +287,12 @@ class Outbox:
 
     # -- appending ------------------------------------------------------------------------------
 
-    def append(self, meta: RecordMeta, payload: bytes) -> Entry:
+    def append(self, meta: RecordMeta, payload: bytes, *, sync: bool = True) -> Entry:
         """Make ``payload`` durable and visible to every sink.
 
         Raises :class:`OutboxFull` at the limits and :class:`OutboxWriteError` when the disk refused
-        the frame; in both cases nothing was kept and the caller may try again later."""
+        the frame; in both cases nothing was kept and the caller may try again later. ``sync=False``
+        leaves the fsync to the caller's :meth:`sync` (see the module docstring)."""
         with self._lock:
             self._check_room(len(payload))
             try:
@@ -299,10 +306,11 @@ class Outbox:
             start = self._active_size
             frame, loc = frames.encode(self._segments[-1], start, seq, appended_ms, meta, payload)
             try:
-                self._write_frame(frame)
+                self._write_frame(frame, sync)
             except OSError as err:
                 self._cut_back(start)
                 raise self._write_failed(err) from None
+            self._unsynced = self._unsynced or not sync
             self._active_size += len(frame)
             self._next_seq = seq + 1
             self._index.add(loc)
@@ -318,8 +326,22 @@ class Outbox:
                 f"(limits {self.max_records} / {self.max_bytes})"
             )
 
-    def _write_frame(self, frame: bytes) -> None:
-        """Write all of ``frame`` and fsync it; a short write is continued, a write of 0 is ENOSPC."""
+    def sync(self) -> None:
+        """Make every frame appended so far durable. Raises :class:`OutboxWriteError` when the disk
+        refuses; the frames stay readable, and the caller treats them as not durable (appends
+        them again, with their ids, the durable way)."""
+        with self._lock:
+            if not self._unsynced or self._append_fd is None:
+                return
+            try:
+                self._sync(self._append_fd)
+            except OSError as err:
+                raise self._write_failed(err) from None
+            self._unsynced = False
+
+    def _write_frame(self, frame: bytes, sync: bool = True) -> None:
+        """Write all of ``frame`` and fsync it (unless ``sync`` is false); a short write is continued,
+        a write of 0 is ENOSPC. A durable append also covers earlier unsynced frames."""
         assert self._append_fd is not None
         view = memoryview(frame)
         while view:
@@ -327,7 +349,9 @@ class Outbox:
             if written <= 0:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             view = view[written:]
-        self._sync(self._append_fd)
+        if sync:
+            self._sync(self._append_fd)
+            self._unsynced = False
 
     def _cut_back(self, size: int) -> None:
         """Truncate the active segment to ``size`` (the end of the last whole frame)."""
@@ -375,6 +399,13 @@ class Outbox:
         (no inode, EMFILE) leaves the outbox exactly as it was."""
         fd, size = self._open_segment(self._next_seq)
         assert self._append_fd is not None
+        if self._unsynced:  # a batch's earlier frames must not lose their fsync with the segment
+            try:
+                self._sync(self._append_fd)
+            except OSError:
+                os.close(fd)
+                raise
+            self._unsynced = False
         os.close(self._append_fd)
         self._segments.append(self._next_seq)
         self._append_fd, self._active_size = fd, size
@@ -529,6 +560,11 @@ class Outbox:
         with self._lock:
             self._save_cursors()
             if self._append_fd is not None:
+                if self._unsynced:
+                    try:
+                        self._sync(self._append_fd)
+                    except OSError as err:
+                        log.error("outbox frames could not be synced at close", extra={"error": str(err)})
                 os.close(self._append_fd)
                 self._append_fd = None
             for fd in self._read_fds.values():

@@ -17,8 +17,11 @@ are part of the one spec syntax: a source checks and ignores them, so one spec s
 * **Azure Event Hubs.** ``<ns>.servicebus.windows.net:9093`` needs SASL_SSL with either the
   ``$ConnectionString`` user and the connection string as password (checked for the classic mistakes
   without echoing it), or OAUTHBEARER with an Entra ID token from azure-identity (managed identity or
-  the default chain, imported only then), plus Microsoft's settings for its Kafka endpoint (Azure
-  closes connections idle for 240 s).
+  the default chain, imported only then), plus Microsoft's settings for its Kafka endpoint
+  ("Recommended configurations for Apache Kafka clients", learn.microsoft.com/azure/event-hubs/
+  apache-kafka-configurations): metadata and idle connections below Azure's 240 s idle cut,
+  ``request.timeout.ms`` 60000, requests below 1,046,528 bytes, consumer sessions of 30 s, and
+  ``gzip`` as the only compression (another one is refused at start: Event Hubs would not store it).
 * **librdkafka's own log lines** go through the caller's logger (and :func:`redact`) at debug level,
   never raw on stderr.
 
@@ -48,6 +51,12 @@ SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 PASSWORD_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+EVENT_HUBS_COMPRESSIONS = ("none", "gzip")
+#: Microsoft's request timeout for Event Hubs' Kafka endpoint (at least 60000 ms; the service's own
+#: minimum is 20000, and a shorter one makes idempotent producers fail requests the service still runs).
+EVENT_HUBS_REQUEST_TIMEOUT_MS = 60_000
+#: Microsoft's consumer session timeout for Event Hubs (30000, within 6000..300000).
+EVENT_HUBS_SESSION_TIMEOUT_MS = 30_000
 AZURE_IDENTITIES = IDENTITIES
 DEFAULT_PORT = 9092
 EVENT_HUBS_SUFFIXES = (
@@ -73,7 +82,7 @@ CONNECTION_OPTIONS: dict[str, str] = {
 PRODUCER_OPTIONS: dict[str, str] = {
     "message_timeout_ms": "oldest unconfirmed record age before the producer is rebuilt (default 30000)",
     "linger_ms": "how long the producer waits to batch records (default 5)",
-    "compression": "none (default), gzip, snappy, lz4 or zstd",
+    "compression": "none (default), gzip, snappy, lz4 or zstd (Event Hubs: none or gzip)",
     "idempotence": "true (default) or false for a broker without idempotent producers",
 }
 #: Every query option, with what it does (the refusal of an unknown option lists them).
@@ -286,10 +295,17 @@ def _client_id(values: dict[str, str], owner: Owner) -> str:
 
 
 def _check_event_hubs(options: KafkaOptions, owner: Owner) -> None:
-    if options.event_hubs and options.security_protocol != "SASL_SSL":
+    if not options.event_hubs:
+        return
+    if options.security_protocol != "SASL_SSL":
         raise owner.refuse(
             "the Event Hubs Kafka endpoint needs security_protocol=SASL_SSL (port 9093) with "
             "sasl_mechanism=PLAIN (connection string) or OAUTHBEARER (azure_identity)"
+        )
+    if options.compression not in EVENT_HUBS_COMPRESSIONS:
+        raise owner.refuse(
+            f"compression={options.compression}: the Event Hubs Kafka endpoint supports only "
+            f"{' or '.join(EVENT_HUBS_COMPRESSIONS)}"
         )
 
 
@@ -369,6 +385,7 @@ class KafkaConnection:
             # 240 s (a send on such a connection shows up as a timeout).
             conf["metadata.max.age.ms"] = 180_000
             conf["connections.max.idle.ms"] = 180_000
+            conf["request.timeout.ms"] = EVENT_HUBS_REQUEST_TIMEOUT_MS
         return conf
 
     def password(self) -> str:
@@ -425,6 +442,7 @@ class KafkaConnection:
 # Errors
 # --------------------------------------------------------------------------------------------------
 
+_TLS_FAILURE = re.compile(r"certificate verify failed|SSL routines|SSL handshake failed", re.IGNORECASE)
 _PERMANENT_CODES = {
     KafkaError.MSG_SIZE_TOO_LARGE: "too_large",
     KafkaError.RECORD_LIST_TOO_LARGE: "too_large",
@@ -465,4 +483,9 @@ def classify(err: KafkaError, error: Callable[..., E], context: str | None = Non
         return error(text, kind=_PERMANENT_CODES[code], retryable=False)
     if err.fatal():
         return error(text, kind="fatal", retryable=True)
-    return error(text, kind=_KIND_BY_CODE.get(code, "kafka"), retryable=True)
+    kind = _KIND_BY_CODE.get(code, "kafka")
+    if code == KafkaError._TRANSPORT and _TLS_FAILURE.search(err.str() or ""):
+        # librdkafka reports a failed handshake as _SSL or, depending on when the socket closed, as
+        # _TRANSPORT with the OpenSSL reason: both are the broker's certificate, not the network.
+        kind = "tls"
+    return error(text, kind=kind, retryable=True)

@@ -41,6 +41,10 @@ def owner(label: str) -> Owner:
 
 
 class DecisionSource(ABC):
+    #: Whether instances share the source by partitions (Kafka, Event Hubs): then the reader of
+    #: partition 0 is the one that coordinates (bridge.approver.coordinator).
+    partitioned: bool = False
+
     def __init__(self, spec: str) -> None:
         self.spec = spec
         self.name = redact(spec)
@@ -74,6 +78,13 @@ class DecisionSource(ABC):
         """True once the source can never hand out another message (standard input at its end): the
         approver then stops. A stream (a file followed as it grows, a topic, a hub) never is."""
         return False
+
+    def leads(self) -> bool:
+        """Whether this instance is the one of its group that coordinates: it reads partition 0 (a
+        source without partitions has a single reader)."""
+        if not self.partitioned:
+            return True
+        return any(key == "0" or key.endswith("/0") for key in self.ownership())
 
     def ownership(self) -> dict[str, int | None]:
         """The partitions this instance reads now, each with its lag (messages not yet read, None when

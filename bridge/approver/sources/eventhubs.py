@@ -288,6 +288,8 @@ def _stable_owner_store(inner: Any, owner_id: str, health: _StoreHealth) -> Any:
 class EventHubsSource(DecisionSource):
     """Event Hubs through ``EventHubConsumerClient.receive`` in a background thread (see the module)."""
 
+    partitioned = True
+
     def __init__(self, spec: str, state_dir: Path, group: str | None = None) -> None:
         super().__init__(spec)
         self.options, self.source_options = parse_source_spec(spec, group)

@@ -5,11 +5,12 @@ Kafka endpoint with a connection string or an Entra ID token; the producer optio
 ignored), so ``se-bridge decide --sink X`` and ``se-bridge approver --source X`` accept the same
 ``X``. The connection settings come from the same place; this module adds only the consumer.
 
-Offsets are committed one by one, synchronously, only after a decision's outcome is final
-(auto-commit is off): a crash re-reads the decision, and the approver's store makes the re-read
-harmless. Group settings: ``roundrobin`` assignment (works everywhere, and some Kafka-protocol brokers
-hang a ``range,roundrobin`` join) and a 10 s session timeout (a dead approver's partitions move on
-quickly).
+Offsets are committed synchronously, only after a decision's outcome is final (auto-commit is off;
+one commit per poll, each partition's last finished offset): a crash re-reads the decision, and the
+approver's store makes the re-read harmless. Group settings: ``roundrobin`` assignment (works
+everywhere, and some Kafka-protocol brokers hang a ``range,roundrobin`` join) and a 10 s session
+timeout (a dead approver's partitions move on quickly); 30 s on Event Hubs, as Microsoft recommends
+for its Kafka endpoint.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ LAG_EVERY = 5.0
 
 
 class KafkaSource(DecisionSource):
+    partitioned = True
+
     def __init__(self, spec: str, group: str) -> None:
         super().__init__(spec)
         self.options = kafka.parse_spec(spec, OWNER)
@@ -54,7 +57,7 @@ class KafkaSource(DecisionSource):
 
     def consumer_config(self) -> dict[str, Any]:
         """The librdkafka configuration (with the password, read now: never log this dict)."""
-        return {
+        conf = {
             **self.connection.config(error_cb=self._on_error, logger=_rdkafka_log),
             "group.id": self.group,
             "enable.auto.commit": False,
@@ -70,6 +73,13 @@ class KafkaSource(DecisionSource):
             # Notice a topic created after the approver started within 30 s, not librdkafka's 5 min.
             "topic.metadata.refresh.interval.ms": 30_000,
         }
+        if self.options.event_hubs:
+            # Microsoft's recommendation for its Kafka endpoint (bridge.transports.kafka): a shorter
+            # session makes Event Hubs rebalance on its own latency; a dead approver's partitions move
+            # on after 30 s instead of 10.
+            conf["session.timeout.ms"] = kafka.EVENT_HUBS_SESSION_TIMEOUT_MS
+            conf["heartbeat.interval.ms"] = 3_000
+        return conf
 
     def open(self) -> None:
         config = self.consumer_config()

@@ -1,0 +1,176 @@
+"""The peer coordinator: coordinated approval without a fleet approver (``coordinate = "peers"``).
+
+The documentation advises choosing one VM of an event to coordinate it. Here every agent of the
+event runs the same loop and the same rule picks the coordinator: **the first live VM** in the
+event's ``Resources`` (lower-cased, sorted; :func:`bridge.coordination.members`). Each round
+(``interval`` seconds) an agent asks every other VM's agent ``GET /v1/preparations`` (signed with
+the relay key; Azure DNS resolves VM names inside a VNet, ``--peer`` names others), so it knows:
+
+* who runs the agent (answered at least once during this event) and what each reported;
+* who is live: answered within the last ``takeover`` seconds. Every peer counts as live when the
+  wait starts, so an agent that is still starting is not skipped: a VM takes over only after the
+  VMs before it stayed silent for ``takeover`` seconds.
+
+The coordinator applies :func:`bridge.coordination.assess` and, when it says approve, approves
+through **its own relay** with the event's one coordinated ``decisionId`` (checked against its
+document, posted once, audited with the ``coordination`` account); when it says leave, it audits
+that it approved nothing. The others only wait; when the event starts or leaves the document, every
+loop ends. A coordinator killed mid-wait is replaced by the next live VM, which still knows what the
+dead one last reported.
+
+The residual risk (docs/approvals.md, failure table): a coordinator killed within ``takeover``
+seconds *after* posting, while the next VM's document still shows the event Scheduled, lets the
+next VM post a second StartRequests for the same event.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from bridge import coordination
+from bridge.coordination import CoordinationPolicy, Verdict
+from bridge.imds.document import SCHEDULED, ScheduledEvent
+from bridge.signing import KeyRing, sign_request
+
+log = logging.getLogger(__name__)
+
+PREPARATIONS_PATH = "/v1/preparations"
+MAX_ANSWER = 256 * 1024
+
+
+class PeerCoordinator:
+    def __init__(
+        self,
+        policy: CoordinationPolicy,
+        *,
+        this_vm: Callable[[], str],
+        event: Callable[[str], ScheduledEvent | None],
+        own_report: Callable[[str], str | None],
+        approve: Callable[[dict[str, Any], str], Any],
+        leave: Callable[[str, Verdict, str], None],
+        keys: KeyRing,
+        peers: dict[str, str],
+        template: str,
+        stop: threading.Event,
+        interval: float = 2.0,
+        takeover: float = 10.0,
+        timeout: float = 2.0,
+    ) -> None:
+        import requests
+
+        self.policy = policy
+        self._this_vm = this_vm  # -> this VM's name
+        self._event = event  # event id -> the event in the agent's current document
+        self._own_report = own_report  # event id -> this VM's report (prepared, prepareFailed)
+        self._approve = approve  # relay.handle(body, requester, component="coordinator")
+        self._leave = leave  # (event id, verdict, coordinator): audit "left to the platform"
+        self._keys = keys
+        self._peers = peers
+        self._template = template
+        self._stop = stop
+        self.interval = interval
+        self.takeover = takeover
+        self._timeout = timeout
+        self._session = requests.Session()
+        self._session.trust_env = False  # peers are in the VNet: never through a proxy
+
+    def coordinate(self, event_id: str) -> None:
+        """Wait for the event's verdict, acting on it when this VM coordinates; returns when the
+        event left the Scheduled state, a verdict was acted on, or the agent stops."""
+        me = self._this_vm().lower()
+        started = time.monotonic()
+        last_seen: dict[str, float] = {}  # peer -> when it last answered (monotonic)
+        reports: dict[str, str | None] = {}  # members that run the agent -> their last report
+        waiting_for: str | None = None
+        while True:
+            event = self._event(event_id)
+            if event is None or event.event_status != SCHEDULED:
+                log.info("coordination ended: the event is no longer Scheduled", extra={"eventId": event_id})
+                return
+            names = coordination.members(event.resources)
+            reports[me] = self._own_report(event_id)
+            for name in names:
+                if name != me:
+                    self._ask(name, event_id, last_seen, reports)
+            coordinator = self._coordinator(names, me, last_seen, started)
+            if coordinator == me:
+                verdict = coordination.assess(
+                    event.resources, reports, event.not_before, time.time(), self.policy
+                )
+                if verdict.action != "wait":
+                    self._act(event, verdict, me, takeover=names.index(me) > 0)
+                    return
+            elif coordinator != waiting_for:
+                waiting_for = coordinator
+                log.info(
+                    "coordination: another VM coordinates",
+                    extra={"eventId": event_id, "coordinator": coordinator},
+                )
+            if self._stop.wait(self.interval):
+                return
+
+    def _coordinator(self, names: list[str], me: str, last_seen: dict[str, float], started: float) -> str:
+        """The first live member (this VM is always live). A peer that never answered counts as live
+        until ``takeover`` seconds after the wait began."""
+        now = time.monotonic()
+        for name in names:
+            if name == me or now - last_seen.get(name, started) < self.takeover:
+                return name
+        return me
+
+    def _act(self, event: ScheduledEvent, verdict: Verdict, me: str, *, takeover: bool) -> None:
+        account = {**verdict.to_json(me), "onDeadline": self.policy.on_deadline}
+        log.info(
+            "coordination verdict",
+            extra={
+                "eventId": event.event_id,
+                "action": verdict.action,
+                "why": verdict.why,
+                "pending": list(verdict.pending),
+                "takeover": takeover,
+            },
+        )
+        if verdict.action == "leave":
+            self._leave(event.event_id, verdict, me)
+            return
+        body = {
+            "decisionId": coordination.decision_id(event.event_id),
+            "eventIds": [event.event_id],
+            "target": me,
+            "issuedBy": f"coordinator:{me}",
+            "coordination": account,
+        }
+        self._approve(body, f"coordinator:{me}")
+
+    def _ask(
+        self, name: str, event_id: str, last_seen: dict[str, float], reports: dict[str, str | None]
+    ) -> None:
+        """One peer's report for the event (``last_seen``/``reports`` updated when it answered)."""
+        url = self._peers.get(name) or self._template.format(name=name)
+        headers = {}
+        signer = self._keys.first()
+        if signer is not None:
+            headers = sign_request(signer[0], signer[1], "GET", PREPARATIONS_PATH)
+        try:
+            resp = self._session.get(
+                url.rstrip("/") + PREPARATIONS_PATH, headers=headers, timeout=self._timeout
+            )
+            answer = orjson.loads(resp.content[:MAX_ANSWER]) if resp.status_code == 200 else None
+        except Exception as exc:  # unreachable, refused, not JSON: not live this round
+            log.debug("peer did not answer", extra={"peer": name, "error": type(exc).__name__})
+            return
+        if not isinstance(answer, dict) or not isinstance(answer.get("preparations"), dict):
+            return
+        last_seen[name] = time.monotonic()
+        entry = answer["preparations"].get(event_id)
+        result = entry.get("result") if isinstance(entry, dict) else None
+        reports[name] = result if result in (coordination.PREPARED, coordination.PREPARE_FAILED) else None
+
+    def close(self) -> None:
+        self._session.close()

@@ -1,0 +1,159 @@
+"""The fleet coordinator: a fleet approver run with ``--coordinate`` approves each event once every
+VM it names that runs the agent reported prepared (the rule: :mod:`bridge.coordination`).
+
+What it knows comes from the events stream the fleet approver reads anyway (``--events-source``):
+
+* ``scheduledEvents`` records: the events, their ``Resources`` and ``NotBefore``, and which VMs run
+  the agent (any VM that published a record);
+* ``preparation`` records: ``prepared`` / ``prepareFailed`` per VM and event (agents run with
+  ``coordinate = "fleet"``: they report and never approve themselves).
+
+**One coordinator among the instances**: the instance that reads partition 0 of the decisions source
+(Kafka group or Event Hubs ownership); a source without partitions (a file) has one reader anyway.
+When that instance dies, partition 0 moves to a survivor with the rest of its share, and the survivor
+coordinates. A verdict is acted on through the approver's own path (:meth:`Approver.coordinated`):
+the event's one coordinated ``decisionId`` in the decision store, relayed to an agent of the event
+with failover (and ARM, if configured), one audit record with the ``coordination`` account. A new
+coordinator that acts again on an event its predecessor already approved asks for the same decision
+id, on the same VM first: that agent's ledger answers without a second StartRequest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge import coordination
+from bridge.coordination import CoordinationPolicy, Verdict
+from bridge.imds.document import SCHEDULED
+
+log = logging.getLogger(__name__)
+
+#: An event never seen again is forgotten this long after its NotBefore (or after it was last seen).
+FORGET_AFTER = 3600.0
+
+
+@dataclass
+class _Event:
+    resources: list[str]
+    not_before: str | None
+    seen_at: float
+    reports: dict[str, str] = field(default_factory=dict)  # lower-cased VM name -> last report
+
+
+class FleetCoordinator:
+    def __init__(
+        self,
+        policy: CoordinationPolicy,
+        *,
+        runs_agent: Callable[[str], bool],
+        leader: Callable[[], bool],
+        act: Callable[[str, list[str], Verdict], None],
+        interval: float = 1.0,
+    ) -> None:
+        self.policy = policy
+        self._runs_agent = runs_agent  # lower-cased VM name -> whether the fleet knows its agent
+        self._leader = leader  # whether this instance coordinates now
+        self._act = act  # (event id, members, verdict): approve or audit "left to the platform"
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._events: dict[str, _Event] = {}
+        self._early: dict[str, dict[str, str]] = {}  # reports that came before their event's record
+        # Event ids a verdict was acted on, or that left Scheduled (-> when), forgotten after a day.
+        self._done: dict[str, float] = {}
+
+    def observe(self, record: dict[str, Any]) -> None:
+        """Take what a record of the events stream says (called by the fleet router's reader)."""
+        kind = record.get("recordType")
+        if kind == "scheduledEvents":
+            self._observe_document(record)
+        elif kind == "preparation":
+            self._observe_preparation(record)
+
+    def _observe_document(self, record: dict[str, Any]) -> None:
+        now = time.time()
+        with self._lock:
+            for event in record.get("events") or []:
+                if not isinstance(event, dict) or not isinstance(event.get("eventId"), str):
+                    continue
+                event_id = event["eventId"]
+                if event.get("eventStatus") != SCHEDULED:
+                    self._done[event_id] = now  # Started (or gone): nothing left to approve
+                    self._events.pop(event_id, None)
+                    continue
+                known = self._events.get(event_id)
+                if known is None:
+                    known = _Event(list(event.get("resources") or []), event.get("notBefore"), now)
+                    known.reports.update(self._early.pop(event_id, {}))
+                    self._events[event_id] = known
+                known.seen_at = now
+
+    def _observe_preparation(self, record: dict[str, Any]) -> None:
+        vm, event_id, result = record.get("vm") or {}, record.get("eventId"), record.get("result")
+        name = vm.get("name") if isinstance(vm, dict) else None
+        if not isinstance(name, str) or not isinstance(event_id, str):
+            return
+        if result not in (coordination.PREPARED, coordination.PREPARE_FAILED):
+            return
+        with self._lock:
+            known = self._events.get(event_id)
+            reports = known.reports if known is not None else self._early.setdefault(event_id, {})
+            reports[name.lower()] = result
+
+    def run(self, stop: threading.Event) -> None:
+        """Assess every waiting event each ``interval`` (on its own thread) until ``stop``."""
+        while not stop.wait(self.interval):
+            try:
+                self.tick(time.time())
+            except Exception:  # a bug in one round must not end coordination
+                log.exception("coordination round failed")
+
+    def tick(self, now: float) -> None:
+        if not self._leader():
+            return
+        for event_id, members, verdict in self._due(now):
+            log.info(
+                "coordination verdict",
+                extra={
+                    "eventId": event_id,
+                    "action": verdict.action,
+                    "why": verdict.why,
+                    "pending": list(verdict.pending),
+                },
+            )
+            self._act(event_id, members, verdict)
+
+    def _due(self, now: float) -> list[tuple[str, list[str], Verdict]]:
+        due = []
+        with self._lock:
+            for event_id, event in list(self._events.items()):
+                if event_id in self._done:
+                    continue
+                members = coordination.members(event.resources)
+                reports: dict[str, str | None] = {
+                    m: event.reports.get(m) for m in members if self._runs_agent(m) or m in event.reports
+                }
+                verdict = coordination.assess(event.resources, reports, event.not_before, now, self.policy)
+                if verdict.action != "wait":
+                    self._done[event_id] = now
+                    due.append((event_id, members, verdict))
+                elif now - _last_useful(event) > FORGET_AFTER:
+                    self._events.pop(event_id, None)
+            for event_id, when in list(self._done.items()):
+                if now - when > 24 * FORGET_AFTER:
+                    del self._done[event_id]
+        return due
+
+    def pending(self) -> int:
+        """Events waiting for a verdict (``/metrics``)."""
+        with self._lock:
+            return sum(1 for e in self._events if e not in self._done)
+
+
+def _last_useful(event: _Event) -> float:
+    due = coordination.deadline_at(event.not_before, CoordinationPolicy(deadline=0.0))
+    return max(event.seen_at, due or 0.0)

@@ -1,0 +1,271 @@
+"""Issue 12, part 2: coordinated approval across the VMs an event names (bridge.coordination).
+
+Three agents of one availability set on the fleet emulator: one event is on all three documents, an
+approval through any of them releases it for all, and the emulator's fleet ledger counts the
+StartRequests per event and through which VM the first came. Each agent's prepare hook waits for a
+file named after its VM, so the test decides when each VM is prepared. Every agent listens on its
+VM's own loopback address (the emulator's private IPs), as on a VNet.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import Agent, Emulator, approver_api, scrape, start_approver, wait_until
+
+from bridge.coordination import CoordinationPolicy, assess
+from bridge.schemas import validate_record
+
+pytestmark = pytest.mark.slow
+
+HOOK = """#!/bin/sh
+# Prepared when the test creates $GO_DIR/<vm name>; "fail" in it makes the hook fail.
+while [ ! -e "$GO_DIR/$SE_VM_NAME" ]; do sleep 0.1; done
+grep -q fail "$GO_DIR/$SE_VM_NAME" && exit 1
+exit 0
+"""
+VMS = ["fleet-vm-000", "fleet-vm-001", "fleet-vm-002"]
+KEY = b"k" * 40  # the approver's decision key (no decision is signed here: the coordinator decides)
+
+
+# -- the rule (pure) ------------------------------------------------------------------------------
+
+
+def test_the_rule_waits_for_every_vm_that_runs_the_agent_and_applies_the_deadline_policy() -> None:
+    names = ["VM-B", "vm-a", "vm-c", "vm-without-agent"]
+    nb = "2026-11-23T10:00:00+00:00"
+    at_nb = 1795428000.0  # that NotBefore as epoch seconds
+    approve, platform = CoordinationPolicy(60, "approve"), CoordinationPolicy(60, "platform")
+    reports: dict[str, str | None] = {"vm-a": "prepared", "vm-b": "prepared", "vm-c": None}
+    early = assess(names, reports, nb, at_nb - 120, approve)
+    assert (early.action, early.pending, early.without_agent) == ("wait", ("vm-c",), ("vm-without-agent",))
+    assert assess(names, {**reports, "vm-c": "prepareFailed"}, nb, at_nb - 120, approve).action == "wait"
+    ready = assess(names, {**reports, "vm-c": "prepared"}, nb, at_nb - 120, platform)
+    assert (ready.action, ready.why, ready.waited_for) == ("approve", "allPrepared", ("vm-a", "vm-b", "vm-c"))
+    late = assess(names, reports, nb, at_nb - 59, approve)
+    assert (late.action, late.why, late.pending) == ("approve", "deadline", ("vm-c",))
+    assert assess(names, reports, nb, at_nb - 59, platform).action == "leave"
+    # Nobody known to run the agent: nothing to wait for, but nothing proven ready either.
+    assert assess(names, {}, nb, at_nb - 120, approve).action == "wait"
+    assert assess(names, reports, None, at_nb, approve).action == "wait"  # no NotBefore, no deadline
+    with pytest.raises(ValueError):
+        CoordinationPolicy(60, "sometimes")  # type: ignore[arg-type]
+
+
+# -- three agents of one availability set ------------------------------------------------------------
+
+
+class AvailabilitySet:
+    """The fleet emulator with three VMs, an agent per VM, and the prepare hooks' go files."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        # A loopback range of its own: tests running in parallel must not share the agents' port.
+        first_ip = f"127.{random.randint(20, 250)}.{random.randint(0, 250)}.1"
+        self.emulator = Emulator("--fleet", "3", "--fleet-first-ip", first_ip, "--approval-delay", "0.5")
+        self.vms = {vm["name"]: vm for vm in self.emulator.info["fleet"]}
+        self.tmp_path = tmp_path
+        self.go = tmp_path / "go"
+        self.go.mkdir()
+        self.hook = tmp_path / "prepare.sh"
+        self.hook.write_text(HOOK)
+        self.hook.chmod(0o755)
+        self.agents: dict[str, Agent] = {}
+
+    def api(self, name: str) -> str:
+        return f"http://{self.vms[name]['privateIp']}:8710"
+
+    def start_agents(self, *extra: str) -> None:
+        peers = [arg for name in VMS for arg in ("--peer", f"{name}={self.api(name)}")]
+        for name in VMS:
+            agent = Agent(
+                self.vms[name]["url"], self.tmp_path / name, "--prepare-hook", str(self.hook),
+                "--hook-margin", "1", *peers, *extra, env={"GO_DIR": str(self.go)},
+            )  # fmt: skip
+            (self.tmp_path / name).mkdir()
+            self.agents[name] = agent.start("--listen", f"{self.vms[name]['privateIp']}:8710")
+
+    def add_event(self, notice: float = 900) -> str:
+        body = {"eventType": "Reboot", "resources": VMS, "noticeSeconds": notice}
+        return self.emulator.control("POST", "fleet/events", body)["eventId"]
+
+    def prepare(self, name: str, outcome: str = "ok") -> None:
+        (self.go / name).write_text(outcome)
+
+    def ledger(self, event_id: str) -> dict[str, Any]:
+        (event,) = [e for e in self.emulator.control("GET", "fleet")["events"] if e["eventId"] == event_id]
+        return event
+
+    def preparations(self, name: str, event_id: str) -> list[dict[str, Any]]:
+        return [r for r in self.agents[name].records("preparation") if r["eventId"] == event_id]
+
+    def coordinated(self, name: str, event_id: str) -> list[dict[str, Any]]:
+        return [
+            r for r in self.agents[name].records("approval")
+            if r["component"] == "coordinator" and r["eventIds"] == [event_id]
+        ]  # fmt: skip
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()
+        self.emulator.stop()
+
+
+@pytest.fixture
+def aset(tmp_path: Path) -> Iterator[AvailabilitySet]:
+    s = AvailabilitySet(tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def assert_valid(records: list[dict[str, Any]]) -> None:
+    for record in records:
+        assert validate_record(record) == [], record
+
+
+def test_peers_approve_once_only_when_every_vm_is_prepared(aset: AvailabilitySet) -> None:
+    aset.start_agents("--coordinate", "peers", "--approve-after-prepare", "true")
+    event_id = aset.add_event()
+    aset.prepare("fleet-vm-001")
+    aset.prepare("fleet-vm-002")
+    for name in ("fleet-vm-001", "fleet-vm-002"):
+        wait_until(lambda n=name: aset.preparations(n, event_id), 20, what=f"{name} prepared")
+    # Two of three prepared, the coordinator (fleet-vm-000, first by name) still preparing: several
+    # coordination rounds (2 s each) go by without an approval.
+    time.sleep(5)
+    assert aset.ledger(event_id)["startRequests"] == 0
+    assert all(aset.coordinated(name, event_id) == [] for name in VMS)
+    aset.prepare("fleet-vm-000")
+    wait_until(lambda: aset.ledger(event_id)["startRequests"] >= 1, 20, what="the coordinated approval")
+    time.sleep(3)  # a second coordinator, if any, would have posted by now
+    ledger = aset.ledger(event_id)
+    assert (ledger["startRequests"], ledger["firstStartRequestVia"]) == (1, "fleet-vm-000")
+    (audit,) = aset.coordinated("fleet-vm-000", event_id)
+    assert audit["outcome"] == "approved" and audit["startRequestsPosted"] == 1
+    assert audit["decisionId"] == f"coordinated-{event_id}"
+    account = audit["coordination"]
+    assert (account["coordinator"], account["why"]) == ("fleet-vm-000", "allPrepared")
+    assert account["waitedFor"] == account["prepared"] == VMS and account["pending"] == []
+    assert aset.coordinated("fleet-vm-001", event_id) == aset.coordinated("fleet-vm-002", event_id) == []
+    preparations = [r for n in VMS for r in aset.preparations(n, event_id)]
+    assert {(r["vm"]["name"], r["result"], r["hook"]["result"]) for r in preparations} == {
+        (n, "prepared", "ok") for n in VMS
+    }
+    assert_valid([audit, *preparations])
+    # What a peer coordinator asks; remote callers need a signature or the read token.
+    answer = aset.agents["fleet-vm-001"].get("/v1/preparations").json()
+    assert answer["vm"] == "fleet-vm-001"
+
+
+def test_at_the_deadline_the_coordinator_approves_anyway_by_policy(aset: AvailabilitySet) -> None:
+    """NotBefore 40 s away, deadline 30 s before it: fleet-vm-002's hook fails, so the wait ends at
+    the deadline, about 10 s after the event appeared, with one StartRequest that says why."""
+    aset.start_agents(
+        "--coordinate", "peers", "--approve-after-prepare", "true",
+        "--coordinate-deadline", "30", "--coordinate-on-deadline", "approve",
+    )  # fmt: skip
+    event_id = aset.add_event(notice=40)
+    added = time.time()
+    aset.prepare("fleet-vm-000")
+    aset.prepare("fleet-vm-001")
+    aset.prepare("fleet-vm-002", "fail")
+    wait_until(lambda: aset.preparations("fleet-vm-002", event_id), 20, what="fleet-vm-002's report")
+    assert aset.preparations("fleet-vm-002", event_id)[0]["result"] == "prepareFailed"
+    wait_until(lambda: aset.coordinated("fleet-vm-000", event_id), 30, what="the deadline approval")
+    assert time.time() - added >= 8  # not before the deadline (NotBefore has whole seconds)
+    (audit,) = aset.coordinated("fleet-vm-000", event_id)
+    account = audit["coordination"]
+    assert (audit["outcome"], account["why"], account["onDeadline"]) == ("approved", "deadline", "approve")
+    assert account["pending"] == account["prepareFailed"] == ["fleet-vm-002"]
+    wait_until(lambda: aset.ledger(event_id)["startRequests"] == 1, 10, what="one StartRequest")
+    assert_valid([audit])
+
+
+def test_a_coordinator_killed_mid_wait_is_replaced_and_the_event_approved_once(
+    aset: AvailabilitySet,
+) -> None:
+    aset.start_agents(
+        "--coordinate", "peers", "--approve-after-prepare", "true", "--coordinate-takeover", "3"
+    )
+    event_id = aset.add_event()
+    aset.prepare("fleet-vm-000")
+    aset.prepare("fleet-vm-001")
+    for name in ("fleet-vm-000", "fleet-vm-001"):
+        wait_until(lambda n=name: aset.preparations(n, event_id), 20, what=f"{name} prepared")
+    time.sleep(2.5)  # at least one round: the others learned fleet-vm-000's report
+    aset.agents["fleet-vm-000"].kill()  # the coordinator, mid-wait (fleet-vm-002 still preparing)
+    aset.prepare("fleet-vm-002")
+    wait_until(lambda: aset.ledger(event_id)["startRequests"] >= 1, 30, what="the next VM's approval")
+    time.sleep(3)
+    ledger = aset.ledger(event_id)
+    assert (ledger["startRequests"], ledger["firstStartRequestVia"]) == (1, "fleet-vm-001")
+    (audit,) = aset.coordinated("fleet-vm-001", event_id)
+    account = audit["coordination"]
+    assert (account["coordinator"], account["why"]) == ("fleet-vm-001", "allPrepared")
+    assert account["prepared"] == VMS  # the dead coordinator's last report still counts
+    assert aset.coordinated("fleet-vm-002", event_id) == []
+
+
+def test_the_fleet_approver_coordinates_and_leaves_late_events_to_the_platform(
+    aset: AvailabilitySet, tmp_path: Path
+) -> None:
+    """Agents run with coordinate=fleet (they report, never approve); a fleet approver run with
+    --coordinate reads their records and approves once all three are prepared. A second event whose
+    deadline comes first with a VM still preparing is, by policy, left to the platform: no
+    StartRequest, one audit record saying who was not prepared."""
+    aset.start_agents("--coordinate", "fleet", "--approve-after-prepare", "true")
+    workdir = tmp_path / "approver"
+    workdir.mkdir()
+    (workdir / "decisions.jsonl").touch()
+    events = [f"--events-source=file://{aset.agents[n].sink_path}" for n in VMS]
+    proc = start_approver(
+        workdir, f"file://{workdir}/decisions.jsonl", f"file://{workdir}/audit.jsonl", "http://127.0.0.1:9",
+        KEY, "--mode", "fleet", *events, "--relay-url-template", "http://{privateIp}:8710",
+        "--coordinate", "true", "--coordinate-deadline", "30", "--coordinate-on-deadline", "platform",
+    )  # fmt: skip
+    try:
+        api = approver_api(workdir)
+        ready, late = aset.add_event(), aset.add_event(notice=40)
+        aset.prepare("fleet-vm-000")
+        aset.prepare("fleet-vm-001")
+        time.sleep(4)
+        assert aset.ledger(ready)["startRequests"] == 0  # fleet-vm-002 still preparing
+        assert all(aset.coordinated(n, ready) == [] for n in VMS)  # agents never approve themselves
+
+        def audits() -> list[dict[str, Any]]:
+            import orjson
+
+            path = workdir / "audit.jsonl"
+            return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+
+        left = wait_until(
+            lambda: [a for a in audits() if a["eventIds"] == [late]], 30, what="late event left"
+        )
+        (audit,) = left
+        assert (audit["outcome"], audit["reason"], audit["component"]) == (
+            "refused",
+            "leftToPlatform",
+            "coordinator",
+        )
+        assert audit["coordination"]["pending"] == ["fleet-vm-002"]
+        assert aset.ledger(late)["startRequests"] == 0
+        aset.prepare("fleet-vm-002")
+        wait_until(lambda: aset.ledger(ready)["startRequests"] >= 1, 20, what="the coordinated approval")
+        approved = wait_until(lambda: [a for a in audits() if a["eventIds"] == [ready]], 10, what="its audit")
+        assert approved[0]["outcome"] == "approved" and approved[0]["coordination"]["why"] == "allPrepared"
+        assert approved[0]["coordination"]["coordinator"].startswith("fleet-approver:")
+        time.sleep(2)
+        assert aset.ledger(ready)["startRequests"] == 1
+        assert scrape(api, "se_bridge_approver_coordinated_total", action="approve", why="allPrepared") == 1
+        assert scrape(api, "se_bridge_approver_coordinated_total", action="leave", why="deadline") == 1
+        assert_valid(audits())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
