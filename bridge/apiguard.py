@@ -21,12 +21,11 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
 from bridge.listener import Request, Response, json_response
 from bridge.netaddr import is_loopback
 from bridge.observability import ErrorStreak
-from bridge.signing import load_key
+from bridge.signing import load_key_from
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ class ApiGuard:
         on_refused: Callable[[str], None] | None = None,
     ) -> None:
         self.read_paths = read_paths
-        self.read_token = load_key(Path(read_token_file)) if read_token_file else None
+        self.read_token = load_key_from(read_token_file) if read_token_file else None
         self.unix = listen.startswith("unix:")
         self.loopback_listener = False
         self._own_hosts: set[str] = set(_LOCAL_HOSTS)

@@ -59,13 +59,15 @@ class KeyRing:
 
     @classmethod
     def from_specs(cls, specs: list[str] | tuple[str, ...]) -> KeyRing:
-        """``KEYID=PATH`` items; each file holds the shared secret as text (at least 32 bytes)."""
+        """``KEYID=PATH`` items; each file holds the shared secret as text (at least 32 bytes). PATH
+        may be a Key Vault secret identifier (:mod:`bridge.transports.keyvault`), read now with the
+        managed identity."""
         keys: dict[str, bytes] = {}
         for spec in specs:
             key_id, sep, path = spec.partition("=")
             if not sep or not key_id or not path:
                 raise ValueError("each key must be given as KEYID=PATH")
-            keys[key_id] = load_key(Path(path))
+            keys[key_id] = load_key_from(path)
         return cls(keys)
 
     def get(self, key_id: str) -> bytes | None:
@@ -79,6 +81,22 @@ class KeyRing:
 
     def __bool__(self) -> bool:
         return bool(self._keys)
+
+
+def load_key_from(where: str) -> bytes:
+    """A key from a file, or from Key Vault when ``where`` is a secret identifier."""
+    from bridge.transports import keyvault
+
+    if not keyvault.is_secret_url(where):
+        return load_key(Path(where))
+    try:
+        key = keyvault.read_secret(where).strip().encode("utf-8")
+    except keyvault.KeyVaultError as exc:
+        raise ValueError(f"cannot read key {exc}") from None
+    if len(key) < MIN_KEY_BYTES:
+        shown = where.split("?", 1)[0]
+        raise ValueError(f"key {shown} holds {len(key)} bytes; at least {MIN_KEY_BYTES} are required")
+    return key
 
 
 def load_key(path: Path) -> bytes:

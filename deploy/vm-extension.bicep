@@ -9,7 +9,8 @@
 // Secrets (approver HMAC keys, connection strings, webhook keys, a private index URL) only ever travel
 // in protectedSettings, which the platform encrypts for the VM and never returns: on Linux the whole
 // bootstrap (settings, secrets and deploy/linux/install.sh) is the protected `script`; on Windows the
-// protected commandToExecute runs deploy/windows/install.ps1. The wheel and the Windows installer are
+// protected commandToExecute runs deploy/windows/install.ps1 with no secret on its command line (they
+// come from Key Vault: windowsSecretsUri). The wheel and the Windows installer are
 // downloaded from the artifacts container with the agents' managed identity (no SAS token).
 
 @description('Operating system of the VM or scale set.')
@@ -86,8 +87,8 @@ param wheelUri string = ''
 @description('pip requirement installed when wheelUri is empty.')
 param packageRequirement string = 'scheduled-events-bridge'
 
-@description('Package extras: eventhubs for the Event Hubs sink and source, all for every transport.')
-param packageExtras string = 'eventhubs'
+@description('Package extras: eventhubs for the Event Hubs sink and source, keyvault for secrets read from Key Vault, all for every transport.')
+param packageExtras string = 'eventhubs,keyvault'
 
 @description('Private package index URL (may hold credentials); empty: the VM\'s pip configuration.')
 @secure()
@@ -95,6 +96,9 @@ param pipIndexUrl string = ''
 
 @description('Blob URL of deploy/windows/install.ps1 in the artifacts container (Windows only).')
 param windowsInstallerUri string = ''
+
+@description('Windows: Key Vault secret (https://<vault>.vault.azure.net/secrets/<name>) holding the install secrets as JSON ({"approverKeys": {...}, "env": {...}, "files": {...}}), read by the installer with the agents\' identity (role Key Vault Secrets User). decisionKeys, secretEnvironment, secretFiles and pipIndexUrl are Linux only: a Windows command line would carry them. Keys can also stay in Key Vault for good: settings may name https://<vault>/secrets/<name> wherever a key file goes.')
+param windowsSecretsUri string = ''
 
 @description('Change this value (e.g. a timestamp) to run the installer again with unchanged settings, e.g. to pick up a new wheel at the same URL.')
 param forceUpdateTag string = ''
@@ -148,7 +152,10 @@ var linuxScript = join([
   loadTextContent('linux/install.sh')
 ], '\n')
 
-var windowsCommand = 'powershell.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -File install.ps1 -SettingsB64 ${settingsB64} -SecretsB64 ${secretsB64} -ForceConfig -Extras "${packageExtras}" ${windowsPackageArgs}'
+// Windows: no secret on the command line (process-creation auditing records it); the installer reads
+// them from Key Vault (windowsSecretsUri) with the agents' identity.
+var windowsSecretsArgs = empty(windowsSecretsUri) ? '' : '-SecretsUri "${windowsSecretsUri}" -IdentityClientId ${agentIdentityClientId}'
+var windowsCommand = 'powershell.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -File install.ps1 -SettingsB64 ${settingsB64} ${windowsSecretsArgs} -ForceConfig -Extras "${packageExtras}" ${windowsPackageArgs}'
 
 var downloadIdentity = empty(downloads) ? {} : {
   fileUris: downloads

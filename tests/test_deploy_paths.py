@@ -32,6 +32,7 @@ import pytest
 import requests
 from procs import PY, Emulator, scrape, wait_until
 from test_infra import tools_python
+from test_keyvault import FakeAzure
 
 from bridge.approver import topology
 from bridge.config import load_agent_config, load_approver_config
@@ -43,6 +44,9 @@ EXTENSION_PARAMS = {
     "agentIdentityClientId": CLIENT_ID,
 }
 SECRETS = {"approverKeys": {"ops-2026": "o" * 40}, "files": {"relay-fleet.key": "f" * 40}}
+#: Where cloud-init's Key Vault reference points in the rendered config until a test's fake vault
+#: (tests/test_keyvault.py) stands in for it.
+VAULT_PLACEHOLDER = "https://127.0.0.1:1"
 
 
 def extension_settings(**params: Any) -> dict[str, Any]:
@@ -67,6 +71,8 @@ def cloud_init_settings() -> dict[str, Any]:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout.replace("<namespace>", "contoso").replace("<agentIdentityClientId>", CLIENT_ID)
+    text = text.replace("https://<vault>.vault.azure.net", VAULT_PLACEHOLDER).replace("<key id>", "ops-kv")
+    text = text.replace("<secret name>", "ops-key")
     assert "<" not in text, "a placeholder the test does not know"
     return json.loads(text)
 
@@ -156,6 +162,10 @@ def _healthy(base: str) -> bool:
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_each_deployment_paths_services_start_from_its_rendered_config(path: str, tmp_path: Path) -> None:
     config = render(PATHS[path](), tmp_path)
+    azure = FakeAzure(tmp_path)  # the Key Vault a config may name (cloud-init's approver key)
+    azure.secrets["ops-key"] = "k" * 40
+    config.write_text(config.read_text().replace(VAULT_PLACEHOLDER, azure.vault_url))
+    env = {**os.environ, **azure.env()}
     rendered = tomllib.loads(config.read_text())
     emulator = Emulator()
     procs: list[subprocess.Popen[bytes]] = []
@@ -165,7 +175,7 @@ def test_each_deployment_paths_services_start_from_its_rendered_config(path: str
         procs.append(subprocess.Popen(
             [PY, "-m", "bridge", "agent", "--config", str(config), "--imds-url", emulator.url,
              "--listen", agent_api.removeprefix("http://"), "--shutdown-timeout", "1"],
-            stdout=subprocess.DEVNULL, stderr=log,
+            stdout=subprocess.DEVNULL, stderr=log, env=env,
         ))  # fmt: skip
         wait_until(lambda: _healthy(agent_api), 30, what=f"{path}: the agent's /healthz")
         wait_until(lambda: scrape(agent_api, "se_bridge_records_total") >= 1, 30, what=f"{path}: a record")
@@ -175,9 +185,11 @@ def test_each_deployment_paths_services_start_from_its_rendered_config(path: str
             procs.append(subprocess.Popen(
                 [PY, "-m", "bridge", "approver", "--config", str(config), "--relay", agent_api,
                  "--listen", approver_api.removeprefix("http://")],
-                stdout=subprocess.DEVNULL, stderr=log,
+                stdout=subprocess.DEVNULL, stderr=log, env=env,
             ))  # fmt: skip
             wait_until(lambda: _healthy(approver_api), 30, what=f"{path}: the approver's /healthz")
+            if azure.vault_url in config.read_text():  # its key came from Key Vault, with the identity
+                assert any(s["at"] == "vault" and s["auth"] for s in azure.seen), azure.seen
         # Still running a while later: the unreachable namespace is retried, not fatal.
         wait_until(
             lambda: scrape(agent_api, "se_bridge_sink_failures_total") >= 1, 30, what="a failed delivery"
@@ -193,4 +205,5 @@ def test_each_deployment_paths_services_start_from_its_rendered_config(path: str
                 proc.kill()
                 proc.wait()
         emulator.stop()
+        azure.stop()
         log.close()

@@ -208,6 +208,12 @@ def test_secrets_reach_only_protected_settings(lint_report: dict[str, Any]) -> N
         assert ".protectedSettings." in flow["to"], flow
     targets = {f["to"].split(" ")[1] for f in flows}
     assert targets == {"vmExtension", "vmssExtension"}
+    # Issue 13: never into a command line (Windows' commandToExecute is one: process-creation
+    # auditing records it); Windows installs read their secrets from Key Vault (windowsSecretsUri).
+    assert all(f["to"].endswith("protectedSettings.script") for f in flows), flows
+    text = (ROOT / "deploy" / "vm-extension.bicep").read_text()
+    command = re.search(r"^var windowsCommand = (.*)$", text, re.M)
+    assert command and "-SecretsB64" not in command.group(1) and "secretsB64" not in command.group(1)
 
 
 def test_bicep_lint_catches_mistakes(tmp_path: Path) -> None:
@@ -433,10 +439,15 @@ def test_cloud_init_is_valid_yaml_with_the_current_installer() -> None:
     installer = files["/usr/local/sbin/se-bridge-install"]
     assert installer["content"] == (ROOT / "deploy" / "linux" / "install.sh").read_text()
     assert installer["permissions"] == "0755"
-    for secret in ("/etc/se-bridge/install/secrets.json", "/etc/se-bridge/install/settings.json"):
-        assert files[secret]["permissions"] == "0600"
+    assert files["/etc/se-bridge/install/settings.json"]["permissions"] == "0600"
     settings = json.loads(files["/etc/se-bridge/install/settings.json"]["content"])
     assert set(settings) == {"agent", "approver"}
+    # Issue 13: custom data carries no secret (Microsoft: it is not for secrets); the approver's key
+    # is a Key Vault reference the service reads with the VM's identity.
+    assert not any("secrets" in path for path in files)
+    (key,) = settings["approver"]["key"]
+    assert "=https://<vault>.vault.azure.net/secrets/" in key
+    assert "--secrets" not in config["runcmd"][0]
     command = config["runcmd"][0]
     assert command[0] == "/usr/local/sbin/se-bridge-install"
     usage = subprocess.run(

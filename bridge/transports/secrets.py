@@ -1,4 +1,5 @@
-"""A secret named by an environment variable or a file: what every ``*_env`` / ``*_file`` option means.
+"""A secret named by an environment variable, a file or a Key Vault secret: what every ``*_env`` /
+``*_file`` option means (a ``*_file`` may be a Key Vault secret URL: :mod:`bridge.transports.keyvault`).
 
 Why it exists: a spec is logged, hashed into a sink's id and exported as a metric label, so no
 password, key or connection string may ever be *in* it. Every transport takes the secret's name
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.errors import BridgeError
+from bridge.transports import keyvault
 from bridge.transports.base import Owner
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -89,8 +91,8 @@ class SecretRef:
         else:
             if not self.path:
                 raise owner.refuse(f"{self.option} needs a path")
-            if strict and not Path(self.path).is_absolute():
-                raise owner.refuse(f"{self.option} must be an absolute path")
+            if strict and not Path(self.path).is_absolute() and not keyvault.is_secret_url(self.path):
+                raise owner.refuse(f"{self.option} must be an absolute path or a Key Vault secret URL")
         return self
 
     @property
@@ -109,6 +111,11 @@ class SecretRef:
                 )
             return value
         assert self.path is not None
+        if keyvault.is_secret_url(self.path):
+            try:
+                return keyvault.read_secret(self.path)
+            except keyvault.KeyVaultError as exc:
+                raise owner.refuse(f"{lead}{self.option}: {exc}") from None
         try:
             text = Path(self.path).read_text(encoding="utf-8")
         except UnicodeDecodeError:

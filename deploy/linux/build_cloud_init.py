@@ -25,15 +25,12 @@ write_files:
       {"agent": {"sink": ["eventhubs://<namespace>.servicebus.windows.net/se-records?credential=managed&client_id=<agentIdentityClientId>"],
                  "poll_interval": 1.0},
        "approver": {"source": "eventhubs://<namespace>.servicebus.windows.net/se-decisions?credential=managed&client_id=<agentIdentityClientId>",
-                    "mode": "local"}}
-  # The approvers' HMAC key (at least 32 bytes); deleted once installed (it then lives in
-  # /etc/se-bridge/keys/<key id>.key, mode 0600). Drop the "approver" block above and this file to
-  # install the agent alone.
-  - path: /etc/se-bridge/install/secrets.json
-    owner: root:root
-    permissions: "0600"
-    content: |
-      {"approverKeys": {"<key id>": "<shared secret of at least 32 bytes>"}}
+                    "mode": "local",
+                    "key": ["<key id>=https://<vault>.vault.azure.net/secrets/<secret name>?client_id=<agentIdentityClientId>"]}}
+  # No secret in custom data (Microsoft: custom data is not for secrets): the approvers' HMAC key
+  # (at least 32 bytes) stays in Key Vault, and the approver reads it at start with the agents'
+  # identity (role Key Vault Secrets User on the secret). Drop the "approver" block to install the
+  # agent alone.
   - path: /usr/local/sbin/se-bridge-install
     owner: root:root
     permissions: "0755"
@@ -45,11 +42,10 @@ runcmd:
   # --wheel: a wheel in the artifacts container, read with the agents' identity; or drop --wheel and
   # --download-identity to install scheduled-events-bridge from the package index.
   - [/usr/local/sbin/se-bridge-install, --settings, /etc/se-bridge/install/settings.json,
-     --secrets, /etc/se-bridge/install/secrets.json, --extras, eventhubs,
+     --extras, "eventhubs,keyvault",
      --wheel,
      "https://<account>.blob.core.windows.net/artifacts/scheduled_events_bridge-0.1.0-py3-none-any.whl",
      --download-identity, "<agentIdentityClientId>"]
-  - [rm, -f, /etc/se-bridge/install/secrets.json]
 """
 
 

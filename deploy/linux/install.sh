@@ -38,12 +38,12 @@ usage() {
     cat <<'EOF'
 Usage: install.sh [options]
 
-Package (default: scheduled-events-bridge from the configured index, extras "eventhubs"):
+Package (default: scheduled-events-bridge from the configured index, extras "eventhubs,keyvault"):
   --wheel FILE|URL          install this wheel (a local file, or an https URL downloaded first)
   --download-identity ID    fetch an https --wheel (a blob) with the VM's managed identity of this
                             client id (Entra ID token from IMDS; the storage account needs no key)
   --package REQUIREMENT     pip requirement to install when no wheel is given
-  --extras LIST             extras to install, comma separated ("" for none; default: eventhubs)
+  --extras LIST             extras to install, comma separated ("" for none; default: eventhubs,keyvault)
   --index-url URL           pip index URL (use the secrets file when it holds credentials)
   --find-links DIR          extra directory of wheels for pip (repeatable)
   --no-index                do not use any index (everything from --find-links / the wheel)
@@ -80,7 +80,7 @@ die() { log "error: $*"; exit 1; }
 # Newline-separated lists (POSIX sh has no arrays); a spec never contains a newline.
 NL='
 '
-WHEEL= DOWNLOAD_IDENTITY= PACKAGE=scheduled-events-bridge EXTRAS=eventhubs INDEX_URL= NO_INDEX= FIND_LINKS= PYTHON=
+WHEEL= DOWNLOAD_IDENTITY= PACKAGE=scheduled-events-bridge EXTRAS=eventhubs,keyvault INDEX_URL= NO_INDEX= FIND_LINKS= PYTHON=
 SETTINGS_FILE= SETTINGS_B64=${SE_BRIDGE_INSTALL_SETTINGS_B64:-} SECRETS_FILE=
 SINKS= POLL_INTERVAL= APPROVER_SOURCE= APPROVER_RELAY= APPROVER_MODE= APPROVER_KEYS= APPROVER_SINKS=
 FORCE_CONFIG=0 SVC_USER=se-bridge NO_START=0

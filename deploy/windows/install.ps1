@@ -27,12 +27,26 @@
 
   ACLs: "$DataRoot" is readable by SYSTEM, Administrators and the two service accounts only; the
   state directories are writable by their own service only.
+
+  Logs: "<DataRoot>\logs\<service>.log" is rotated at 10 MB (5 generations kept); error and critical
+  lines and the child's unexpected exits also go to the Application event log (source = the service
+  name, registered here).
+
+  Secrets: never on this script's command line from the VM extension (process-creation auditing
+  records command lines): -SecretsUri names a Key Vault secret holding the secrets JSON, read with the
+  VM's managed identity (-IdentityClientId for a user-assigned one). -SecretsFile and -SecretsB64 (or
+  the SE_BRIDGE_INSTALL_SECRETS_B64 variable) are for hands-on runs. Keys and connection strings may
+  also stay in Key Vault for good: the services read https://<vault>/secrets/<name> references.
+
+  Offline: -PythonExe (a Python >= 3.11 you supply, e.g. the embeddable distribution with pip) and
+  -NoIndex -FindLinks <wheelhouse> (pip download scheduled-events-bridge[eventhubs,keyvault] -d
+  <wheelhouse> on a connected machine) install without reaching the internet.
 #>
 [CmdletBinding()]
 param(
     [string]$Wheel = '',
     [string]$Package = 'scheduled-events-bridge',
-    [string]$Extras = 'eventhubs',
+    [string]$Extras = 'eventhubs,keyvault',
     [string]$IndexUrl = '',
     [string[]]$FindLinks = @(),
     [switch]$NoIndex,
@@ -40,6 +54,8 @@ param(
     [string]$SettingsFile = '',
     [string]$SecretsB64 = $env:SE_BRIDGE_INSTALL_SECRETS_B64,
     [string]$SecretsFile = '',
+    [string]$SecretsUri = '',
+    [string]$IdentityClientId = '',
     [switch]$ForceConfig,
     [switch]$NoStart,
     [string]$InstallRoot = (Join-Path $env:ProgramFiles 'se-bridge'),
@@ -103,9 +119,7 @@ public class SeBridgeService : ServiceBase
         string installRoot = AppDomain.CurrentDomain.BaseDirectory;
         string exe = Path.Combine(installRoot, "venv", "Scripts", "se-bridge.exe");
         string config = Path.Combine(dataRoot, "config.toml");
-        log = new StreamWriter(new FileStream(Path.Combine(dataRoot, "logs", ServiceName + ".log"),
-            FileMode.Append, FileAccess.Write, FileShare.Read), new UTF8Encoding(false));
-        log.AutoFlush = true;
+        log = OpenLog(Path.Combine(dataRoot, "logs", ServiceName + ".log"));
         AllocConsole();  // a hidden console of our own, shared with the child, for CTRL+C on Stop
         var info = new ProcessStartInfo(exe, command + " --config \"" + config + "\"");
         info.UseShellExecute = false;
@@ -153,10 +167,59 @@ public class SeBridgeService : ServiceBase
         SetConsoleCtrlHandler(IntPtr.Zero, false);
     }
 
+    // The log file is rotated by size (what logrotate does on Linux): at MaxLogBytes it becomes .1,
+    // .1 becomes .2 ... and the oldest of LogGenerations is dropped. Errors and the child's exits also
+    // go to the Application event log (source = the service name, registered by the installer), where
+    // Windows monitoring looks; the JSON lines carry "level": "error" / "critical".
+    const long MaxLogBytes = 10L * 1024 * 1024;
+    const int LogGenerations = 5;
+
     void Log(string line)
     {
         if (line == null) return;
-        lock (logLock) { log.WriteLine(line); }
+        lock (logLock)
+        {
+            log.WriteLine(line);
+            if (log.BaseStream.Length >= MaxLogBytes) RotateLog();
+        }
+        if (line.Contains("\"level\": \"error\"") || line.Contains("\"level\":\"error\"")
+            || line.Contains("\"level\": \"critical\"") || line.Contains("\"level\":\"critical\"")
+            || line.StartsWith("se-bridge-service:"))
+        {
+            WriteEvent(line, EventLogEntryType.Error);
+        }
+    }
+
+    void RotateLog()
+    {
+        string path = Path.Combine(dataRoot, "logs", ServiceName + ".log");
+        log.Dispose();
+        try
+        {
+            string oldest = path + "." + LogGenerations;
+            if (File.Exists(oldest)) File.Delete(oldest);
+            for (int i = LogGenerations - 1; i >= 1; i--)
+            {
+                if (File.Exists(path + "." + i)) File.Move(path + "." + i, path + "." + (i + 1));
+            }
+            File.Move(path, path + ".1");
+        }
+        catch (IOException) { }  // a reader holds a file: keep appending, rotate at the next line
+        log = OpenLog(path);
+    }
+
+    static StreamWriter OpenLog(string path)
+    {
+        var writer = new StreamWriter(new FileStream(path, FileMode.Append, FileAccess.Write,
+            FileShare.ReadWrite | FileShare.Delete), new UTF8Encoding(false));
+        writer.AutoFlush = true;
+        return writer;
+    }
+
+    void WriteEvent(string text, EventLogEntryType type)
+    {
+        try { EventLog.WriteEntry(ServiceName, text.Length > 30000 ? text.Substring(0, 30000) : text, type); }
+        catch (Exception) { }  // an unregistered source or a full log must not stop the service
     }
 
     // NAME="value" lines with \\, \" and \n escapes, as the installer writes them.
@@ -190,6 +253,29 @@ public class SeBridgeService : ServiceBase
 '@
 
 function Write-Step([string]$Message) { Write-Host "se-bridge-install: $Message" }
+
+# The install secrets from Key Vault (-SecretsUri): a token for the vault from IMDS with the VM's
+# managed identity (IMDS never through a proxy), then the secret. Nothing secret is on a command line
+# (process-creation auditing records command lines) or in the extension's public settings.
+function Get-KeyVaultSecret([string]$Uri, [string]$ClientId) {
+    $u = [Uri]$Uri
+    if ($u.Scheme -ne 'https' -or $u.AbsolutePath -notmatch '^/secrets/[0-9A-Za-z-]{1,127}(/[0-9A-Za-z]{1,64})?/?$') {
+        throw "se-bridge-install: -SecretsUri must be https://<vault>/secrets/<name>[/<version>]"
+    }
+    $resource = 'https://' + $u.Host.Substring($u.Host.IndexOf('.') + 1)  # vault.azure.net, sovereign alike
+    $tokenUrl = 'http://169.254.169.254/metadata/identity/oauth2/token?api-version=2018-02-01&resource=' +
+        [Uri]::EscapeDataString($resource)
+    if ($ClientId) { $tokenUrl += "&client_id=$ClientId" }
+    $imds = New-Object System.Net.WebClient
+    $imds.Proxy = $null
+    $imds.Headers.Add('Metadata', 'true')
+    $token = ($imds.DownloadString($tokenUrl) | ConvertFrom-Json).access_token
+    $vault = New-Object System.Net.WebClient
+    $vault.Headers.Add('Authorization', "Bearer $token")
+    $secret = $vault.DownloadString("https://$($u.Authority)$($u.AbsolutePath)?api-version=7.4") | ConvertFrom-Json
+    if (-not $secret.value) { throw "se-bridge-install: the Key Vault secret $($u.AbsolutePath) is empty" }
+    return [string]$secret.value
+}
 
 function Invoke-Native([string]$Exe, [string[]]$Arguments, [string]$What) {
     & $Exe @Arguments
@@ -278,6 +364,8 @@ try {
     $secretsJson = Join-Path $work 'secrets.json'
     if ($SecretsFile) {
         Copy-Item $SecretsFile $secretsJson
+    } elseif ($SecretsUri) {
+        [IO.File]::WriteAllText($secretsJson, (Get-KeyVaultSecret $SecretsUri $IdentityClientId))
     } elseif ($SecretsB64) {
         [IO.File]::WriteAllBytes($secretsJson, [Convert]::FromBase64String($SecretsB64))
     } else {
@@ -344,6 +432,9 @@ try {
         -ReferencedAssemblies 'System.ServiceProcess'
     Copy-Item $hostNew $hostExe -Force
     foreach ($name in $services) {
+        # The service host writes errors to the Application log under its own source; a virtual
+        # account cannot register one, so the installer does.
+        if (-not [Diagnostics.EventLog]::SourceExists($name)) { New-EventLog -LogName Application -Source $name }
         $sub = $name.Substring('se-bridge-'.Length)
         $binPath = "`"$hostExe`" $sub `"$DataRoot`""
         Invoke-Native 'sc.exe' @('config', $name, 'binPath=', $binPath, 'obj=', "NT SERVICE\$name", 'start=', 'delayed-auto') "configuring $name"
