@@ -43,20 +43,39 @@ param eventsHubName string = 'se-records'
 @description('Name of the decisions hub (dashboards, Logic Apps and engineers publish, approvers read).')
 param decisionsHubName string = 'se-decisions'
 
-@description('Partitions of the records hub (records are keyed by vmId).')
+@description('Partitions of the records hub (records are keyed by vmId). Choose for the fleet\'s final size: on Standard the count cannot change after the hub is created (Premium can add partitions).')
 @minValue(1)
 @maxValue(32)
 param eventsPartitionCount int = 4
 
-@description('Partitions of the decisions hub.')
+@description('Partitions of the decisions hub (fixed after creation on Standard, as above).')
 @minValue(1)
 @maxValue(32)
 param decisionsPartitionCount int = 2
 
-@description('Days the hubs keep messages (Standard: at most 7).')
+// Retention per tier, each with the tier's own limit (Standard 1-7 days, Premium 1-90): a value the
+// tier refuses is refused by the template before anything is deployed, not halfway by Event Hubs.
+@description('Days the hubs keep messages when eventHubsSku is Standard (the tier allows 1-7).')
+@minValue(1)
+@maxValue(7)
+param standardRetentionDays int = 7
+
+@description('Days the hubs keep messages when eventHubsSku is Premium (the tier allows 1-90).')
 @minValue(1)
 @maxValue(90)
-param retentionDays int = 7
+param premiumRetentionDays int = 7
+
+@description('Log Analytics workspace (resource id) that receives the diagnostic logs and metrics of every resource here; empty: none.')
+param logAnalyticsWorkspaceId string = ''
+
+@description('Subnet (resource id) for private endpoints of Event Hubs, the storage account (blob) and Data Explorer; empty: none. Set publicNetworkAccess to Disabled with it.')
+param privateEndpointSubnetId string = ''
+
+@description('Private DNS zones (resource ids) the private endpoints register in: {"eventhubs": privatelink.servicebus.windows.net, "blob": privatelink.blob.core.windows.net, "kusto": privatelink.<region>.kusto.windows.net}; a missing key: no registration for that endpoint.')
+param privateDnsZoneIds object = {}
+
+@description('Subnets (resource ids, with the Microsoft.EventHub service endpoint) admitted by the Event Hubs network rules when publicNetworkAccess is Enabled; empty: no rules (every network).')
+param eventHubsSubnetIds array = []
 
 @description('Storage replication: Standard_ZRS where the region has zones, Standard_LRS otherwise.')
 @allowed([
@@ -90,17 +109,13 @@ param armAcknowledgeResourceGroups array = []
 ])
 param logicAppTrigger string = 'webhook'
 
-@description('Integration account tier of the Logic App (its inline code needs one): Free or Basic.')
-@allowed([
-  'Free'
-  'Basic'
-])
-param logicAppIntegrationAccountSku string = 'Free'
+@description('Blob URL of the signer Function\'s package (python infra/signer/build_package.py signer.zip, uploaded to the artifacts container); required when deployLogicApp is true.')
+param signerPackageUrl string = ''
 
 @description('Key id under which the approvers know the Logic App\'s signing key.')
 param logicAppDecisionKeyId string = 'logicapp'
 
-@description('The Logic App\'s HMAC signing key (at least 32 bytes); required when deployLogicApp is true.')
+@description('The Logic App\'s HMAC signing key (at least 32 bytes); required when deployLogicApp is true. Stored in a Key Vault the signer Function reads it from, nowhere else.')
 @secure()
 param logicAppDecisionKey string = ''
 
@@ -130,6 +145,7 @@ param tags object = {
   workload: 'scheduled-events-bridge'
 }
 
+var retentionDays = eventHubsSku == 'Standard' ? standardRetentionDays : premiumRetentionDays
 var suffix = uniqueString(resourceGroup().id, namePrefix)
 var compactPrefix = toLower(replace(namePrefix, '-', ''))
 var namespaceName = '${namePrefix}-ehns-${suffix}'
@@ -165,6 +181,10 @@ module eventHubs 'modules/eventhubs.bicep' = {
     decisionsConsumerGroups: [
       'se-bridge-approver'
     ]
+    allowedSubnetIds: eventHubsSubnetIds
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    privateEndpointSubnetId: privateEndpointSubnetId
+    privateDnsZoneId: contains(privateDnsZoneIds, 'eventhubs') ? privateDnsZoneIds.eventhubs : ''
     tags: tags
   }
 }
@@ -180,6 +200,9 @@ module storage 'modules/storage.bicep' = {
     allowedSubnetIds: storageSubnetIds
     checkpointsContainerName: 'checkpoints'
     artifactsContainerName: 'artifacts'
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    privateEndpointSubnetId: privateEndpointSubnetId
+    privateDnsZoneId: contains(privateDnsZoneIds, 'blob') ? privateDnsZoneIds.blob : ''
     tags: tags
   }
 }
@@ -221,21 +244,40 @@ module armAcknowledge 'modules/arm-acknowledge.bicep' = [for rg in armAcknowledg
   }
 }]
 
+module signer 'modules/signer.bicep' = if (deployLogicApp) {
+  name: 'se-bridge-signer'
+  params: {
+    location: location
+    functionAppName: '${namePrefix}-signer-${suffix}'
+    keyVaultName: take('${compactPrefix}kv${suffix}', 24)
+    hostStorageAccountName: take('${compactPrefix}fn${suffix}', 24)
+    identityId: identities.outputs.logicApp.id
+    identityClientId: identities.outputs.logicApp.clientId
+    identityPrincipalId: identities.outputs.logicApp.principalId
+    packageUrl: signerPackageUrl
+    decisionKeyId: logicAppDecisionKeyId
+    decisionKey: logicAppDecisionKey
+    maxTtlSeconds: logicAppDecisionTtlSeconds
+    tags: tags
+  }
+  dependsOn: [
+    rbac
+  ]
+}
+
 module logicApp 'modules/logicapp.bicep' = if (deployLogicApp) {
   name: 'se-bridge-logicapp'
   params: {
     location: location
     workflowName: '${namePrefix}-approve-user-events'
-    integrationAccountName: '${namePrefix}-ia'
-    integrationAccountSku: logicAppIntegrationAccountSku
+    signUrl: signer.outputs.signUrl
+    signerAppId: signer.outputs.functionAppId
     trigger: logicAppTrigger
     identityId: identities.outputs.logicApp.id
     namespaceFqdn: eventHubs.outputs.namespaceFqdn
     eventsHubName: eventsHubName
     decisionsHubName: decisionsHubName
     consumerGroup: 'logicapp'
-    decisionKeyId: logicAppDecisionKeyId
-    decisionKey: logicAppDecisionKey
     decisionTtlSeconds: logicAppDecisionTtlSeconds
     tags: tags
   }
@@ -256,6 +298,10 @@ module dataExplorer 'modules/dataexplorer.bicep' = if (deployDataExplorer) {
     eventsHubName: eventsHubName
     consumerGroup: 'adx'
     viewerGroupObjectId: dashboardViewerGroupObjectId
+    publicNetworkAccess: publicNetworkAccess
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    privateEndpointSubnetId: privateEndpointSubnetId
+    privateDnsZoneId: contains(privateDnsZoneIds, 'kusto') ? privateDnsZoneIds.kusto : ''
     tags: tags
   }
 }

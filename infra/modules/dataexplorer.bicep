@@ -30,6 +30,18 @@ param consumerGroup string
 @description('Object id of an Entra ID group that may query the database; empty: none.')
 param viewerGroupObjectId string
 
+@description('Enabled, or Disabled when clients come through private endpoints.')
+param publicNetworkAccess string
+
+@description('Log Analytics workspace (resource id) for the diagnostic settings; empty: none.')
+param logAnalyticsWorkspaceId string
+
+@description('Subnet (resource id) of a private endpoint; empty: none.')
+param privateEndpointSubnetId string
+
+@description('Private DNS zone (resource id) the private endpoint registers in; empty: none.')
+param privateDnsZoneId string
+
 @description('Tags of every resource.')
 param tags object
 
@@ -62,7 +74,7 @@ resource cluster 'Microsoft.Kusto/clusters@2023-08-15' = {
     enableStreamingIngest: false
     enablePurge: false
     enableAutoStop: true
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: publicNetworkAccess
     trustedExternalTenants: []
   }
 }
@@ -135,3 +147,62 @@ output clusterUri string = cluster.properties.uri
 
 @description('Database name.')
 output databaseName string = database.name
+
+// A private endpoint (when a subnet is given) and its DNS registration (when a zone is given).
+resource privateEndpoint 'Microsoft.Network/privateEndpoints@2023-11-01' = if (!empty(privateEndpointSubnetId)) {
+  name: '${clusterName}-pe'
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: '${clusterName}-cluster'
+        properties: {
+          privateLinkServiceId: cluster.id
+          groupIds: [
+            'cluster'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource privateDnsZoneGroup 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2023-11-01' = if (!empty(privateEndpointSubnetId) && !empty(privateDnsZoneId)) {
+  parent: privateEndpoint
+  name: 'default'
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: 'cluster'
+        properties: {
+          privateDnsZoneId: privateDnsZoneId
+        }
+      }
+    ]
+  }
+}
+
+// Logs and metrics to Log Analytics (when a workspace is given).
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(logAnalyticsWorkspaceId)) {
+  name: 'se-bridge-to-log-analytics'
+  scope: cluster
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
+  }
+}

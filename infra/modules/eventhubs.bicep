@@ -41,6 +41,18 @@ param eventsConsumerGroups array
 @description('Consumer groups on the decisions hub.')
 param decisionsConsumerGroups array
 
+@description('Subnets (resource ids) admitted by the network rules; empty: no rules.')
+param allowedSubnetIds array
+
+@description('Log Analytics workspace (resource id) for the diagnostic settings; empty: none.')
+param logAnalyticsWorkspaceId string
+
+@description('Subnet (resource id) of a private endpoint; empty: none.')
+param privateEndpointSubnetId string
+
+@description('Private DNS zone (resource id) the private endpoint registers in; empty: none.')
+param privateDnsZoneId string
+
 @description('Tags of every resource.')
 param tags object
 
@@ -107,3 +119,81 @@ output eventsHubId string = eventsHub.id
 
 @description('Resource id of the decisions hub.')
 output decisionsHubId string = decisionsHub.id
+
+// Network rules: with subnets, only they (and trusted Azure services, e.g. Data Explorer's data
+// connection) reach the namespace over its public endpoint; private endpoints are separate.
+resource networkRules 'Microsoft.EventHub/namespaces/networkRuleSets@2024-01-01' = if (!empty(allowedSubnetIds)) {
+  parent: namespace
+  name: 'default'
+  properties: {
+    defaultAction: 'Deny'
+    publicNetworkAccess: publicNetworkAccess
+    trustedServiceAccessEnabled: true
+    virtualNetworkRules: [for subnetId in allowedSubnetIds: {
+      subnet: {
+        id: subnetId
+      }
+      ignoreMissingVnetServiceEndpoint: false
+    }]
+    ipRules: []
+  }
+}
+
+// A private endpoint (when a subnet is given) and its DNS registration (when a zone is given).
+resource privateEndpoint 'Microsoft.Network/privateEndpoints@2023-11-01' = if (!empty(privateEndpointSubnetId)) {
+  name: '${namespaceName}-pe'
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: '${namespaceName}-namespace'
+        properties: {
+          privateLinkServiceId: namespace.id
+          groupIds: [
+            'namespace'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource privateDnsZoneGroup 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2023-11-01' = if (!empty(privateEndpointSubnetId) && !empty(privateDnsZoneId)) {
+  parent: privateEndpoint
+  name: 'default'
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: 'namespace'
+        properties: {
+          privateDnsZoneId: privateDnsZoneId
+        }
+      }
+    ]
+  }
+}
+
+// Logs and metrics to Log Analytics (when a workspace is given).
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(logAnalyticsWorkspaceId)) {
+  name: 'se-bridge-to-log-analytics'
+  scope: namespace
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
+  }
+}

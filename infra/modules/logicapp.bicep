@@ -5,8 +5,9 @@
 // Trigger: `webhook` (the agent's webhook sink posts each record, raw or as a CloudEvent) or
 // `eventhub` (the managed Event Hubs connector reads the records hub with the workflow's managed
 // identity, in its own consumer group).
-// Signing: the workflow language has no HMAC, so an inline JavaScript action signs the decision
-// (../logicapp/sign-decision.js); inline code needs an integration account linked to the workflow.
+// Signing: the workflow language has no HMAC and a Consumption workflow's inline code takes at most
+// 1,024 characters, so an HTTP action asks the signer Function (signer.bicep, ../signer/: the
+// approvers' own signing code, its key in Key Vault) for the signed decision, with the function key.
 // Publishing: an HTTP action sends the decision to the Event Hubs REST endpoint with the managed
 // identity (audience https://eventhubs.azure.net), so no SAS key exists anywhere.
 
@@ -16,11 +17,11 @@ param location string
 @description('Workflow name.')
 param workflowName string
 
-@description('Integration account name (inline code needs one).')
-param integrationAccountName string
+@description('URL of the signer Function (signer.bicep output signUrl).')
+param signUrl string
 
-@description('Integration account tier: Free (one per region and subscription, no SLA) or Basic.')
-param integrationAccountSku string
+@description('Resource id of the signer\'s function app (its function key is read with listKeys).')
+param signerAppId string
 
 @description('webhook or eventhub.')
 param trigger string
@@ -39,13 +40,6 @@ param decisionsHubName string
 
 @description('Consumer group of the eventhub trigger on the records hub.')
 param consumerGroup string
-
-@description('Key id of the signing key, as configured in the approvers (--key KEYID=PATH).')
-param decisionKeyId string
-
-@description('Shared HMAC key (at least 32 bytes) the approvers know under decisionKeyId.')
-@secure()
-param decisionKey string
 
 @description('Seconds a decision stays valid.')
 param decisionTtlSeconds int
@@ -112,23 +106,6 @@ var actions = {
       ]
     }
   }
-  Signing_key: {
-    type: 'Compose'
-    inputs: '@parameters(\'decisionKey\')'
-    runtimeConfiguration: {
-      secureData: {
-        properties: [
-          'inputs'
-          'outputs'
-        ]
-      }
-    }
-    runAfter: {
-      User_events: [
-        'Succeeded'
-      ]
-    }
-  }
   For_each_event: {
     type: 'Foreach'
     foreach: '@body(\'User_events\')'
@@ -142,20 +119,19 @@ var actions = {
           issuedBy: 'logicapp:${workflowName}'
           ttlSeconds: decisionTtlSeconds
           reason: '@{concat(\'user-initiated \', items(\'For_each_event\')?[\'eventType\'])}'
-          keyId: decisionKeyId
         }
         runAfter: {}
       }
       Sign_decision: {
-        type: 'JavaScriptCode'
+        type: 'Http'
         inputs: {
-          code: loadTextContent('../logicapp/sign-decision.js')
-          explicitDependencies: {
-            actions: [
-              'Decision_fields'
-              'Signing_key'
-            ]
+          method: 'POST'
+          uri: signUrl
+          headers: {
+            'Content-Type': 'application/json'
+            'x-functions-key': '@parameters(\'signerKey\')'
           }
+          body: '@outputs(\'Decision_fields\')'
         }
         runtimeConfiguration: {
           secureData: {
@@ -179,7 +155,7 @@ var actions = {
             'Content-Type': 'application/atom+xml;type=entry;charset=utf-8'
             BrokerProperties: '@{concat(\'{"PartitionKey":"\', outputs(\'Decision_fields\')?[\'target\'], \'"}\')}'
           }
-          body: '@body(\'Sign_decision\')?[\'result\']'
+          body: '@body(\'Sign_decision\')'
           authentication: {
             type: 'ManagedServiceIdentity'
             identity: identityId
@@ -194,22 +170,10 @@ var actions = {
       }
     }
     runAfter: {
-      Signing_key: [
+      User_events: [
         'Succeeded'
       ]
     }
-  }
-}
-
-resource integrationAccount 'Microsoft.Logic/integrationAccounts@2019-05-01' = {
-  name: integrationAccountName
-  location: location
-  tags: tags
-  sku: {
-    name: integrationAccountSku
-  }
-  properties: {
-    state: 'Enabled'
   }
 }
 
@@ -245,9 +209,6 @@ resource workflow 'Microsoft.Logic/workflows@2019-05-01' = {
   }
   properties: {
     state: 'Enabled'
-    integrationAccount: {
-      id: integrationAccount.id
-    }
     definition: {
       '$schema': 'https://schema.management.azure.com/providers/Microsoft.Logic/schemas/2016-06-01/workflowdefinition.json#'
       contentVersion: '1.0.0.0'
@@ -256,7 +217,7 @@ resource workflow 'Microsoft.Logic/workflows@2019-05-01' = {
           type: 'Object'
           defaultValue: {}
         }
-        decisionKey: {
+        signerKey: {
           type: 'SecureString'
         }
       }
@@ -280,8 +241,8 @@ resource workflow 'Microsoft.Logic/workflows@2019-05-01' = {
           }
         } : {}
       }
-      decisionKey: {
-        value: decisionKey
+      signerKey: {
+        value: listKeys('${signerAppId}/host/default', '2023-12-01').functionKeys.default
       }
     }
   }

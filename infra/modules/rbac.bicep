@@ -3,7 +3,8 @@
 //
 //   agent     Data Sender   on the records hub      (publish records and approval audit records)
 //             Data Receiver on the decisions hub    (its local approver reads decisions)
-//             Blob Data Reader on `artifacts`       (the VM extension downloads the wheel with it)
+//             Blob Data Reader on `artifacts`       (the VM extension downloads the wheel with it;
+//                                                    the signer Function its package, as logicApp)
 //   approver  Data Receiver on the decisions hub    (fleet mode: decisions for every VM)
 //             Data Receiver on the records hub      (learns each agent's relay address from records)
 //             Data Sender   on the records hub      (its own audit records)
@@ -111,6 +112,17 @@ resource agentReadsArtifacts 'Microsoft.Authorization/roleAssignments@2022-04-01
     principalType: 'ServicePrincipal'
     roleDefinitionId: roles.blobDataReader
     description: 'se-bridge VM extension downloads the installer and the wheel'
+  }
+}
+
+resource logicAppReadsSignerPackage 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(logicAppPrincipalId)) {
+  name: guid(artifacts.id, logicAppPrincipalId, roles.blobDataReader)
+  scope: artifacts
+  properties: {
+    principalId: logicAppPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: roles.blobDataReader
+    description: 'se-bridge signer Function runs from its package in the artifacts container'
   }
 }
 

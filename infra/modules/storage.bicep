@@ -26,6 +26,15 @@ param checkpointsContainerName string
 @description('Container of the wheel and installer scripts the VM extension downloads.')
 param artifactsContainerName string
 
+@description('Log Analytics workspace (resource id) for the diagnostic settings; empty: none.')
+param logAnalyticsWorkspaceId string
+
+@description('Subnet (resource id) of a private endpoint; empty: none.')
+param privateEndpointSubnetId string
+
+@description('Private DNS zone (resource id) the private endpoint registers in; empty: none.')
+param privateDnsZoneId string
+
 @description('Tags of every resource.')
 param tags object
 
@@ -117,4 +126,63 @@ output blobEndpoint string = account.properties.primaryEndpoints.blob
 output containers object = {
   checkpoints: checkpoints.name
   artifacts: artifacts.name
+}
+
+// A private endpoint (when a subnet is given) and its DNS registration (when a zone is given).
+resource privateEndpoint 'Microsoft.Network/privateEndpoints@2023-11-01' = if (!empty(privateEndpointSubnetId)) {
+  name: '${accountName}-pe'
+  location: location
+  tags: tags
+  properties: {
+    subnet: {
+      id: privateEndpointSubnetId
+    }
+    privateLinkServiceConnections: [
+      {
+        name: '${accountName}-blob'
+        properties: {
+          privateLinkServiceId: account.id
+          groupIds: [
+            'blob'
+          ]
+        }
+      }
+    ]
+  }
+}
+
+resource privateDnsZoneGroup 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2023-11-01' = if (!empty(privateEndpointSubnetId) && !empty(privateDnsZoneId)) {
+  parent: privateEndpoint
+  name: 'default'
+  properties: {
+    privateDnsZoneConfigs: [
+      {
+        name: 'blob'
+        properties: {
+          privateDnsZoneId: privateDnsZoneId
+        }
+      }
+    ]
+  }
+}
+
+// Logs and metrics to Log Analytics (when a workspace is given).
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(logAnalyticsWorkspaceId)) {
+  name: 'se-bridge-to-log-analytics'
+  scope: blobService
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
+  }
 }

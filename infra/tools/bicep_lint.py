@@ -301,6 +301,80 @@ def check_references(bicep: BicepFile, files: dict[Path, BicepFile]) -> None:
                 bicep.errors.append(f"{kind} {name!r} is declared but never used")
 
 
+# -- documented service limits (docs: the Azure limits the deployment must respect) -------------------
+
+#: Inline code of a Consumption (multitenant) Logic App: 1,024 characters (Standard: 100,000).
+CONSUMPTION_INLINE_CODE_CHARS = 1024
+CSE_TYPES = {"CustomScript", "CustomScriptExtension"}
+EXTENSION_TYPES = {"microsoft.compute/virtualmachines/extensions", "microsoft.compute/virtualmachinescalesets/extensions"}
+
+
+def _resource_type(element: Tree[Token]) -> str:
+    return _name(element.children[2].children[0]).split("@")[0].lower()
+
+
+def _literal_text(node: Any) -> str | None:
+    """A string literal's text (None for anything else, an interpolation included)."""
+    if isinstance(node, Tree) and node.data == "string" and "${" not in str(node.children[0]):
+        return _name(node.children[0])
+    return None
+
+
+def _walk_following_variables(bicep: BicepFile, node: Any, seen: frozenset[str] = frozenset()) -> Iterator[Tree[Token]]:
+    """Every subtree of ``node`` and of the variables it uses (a workflow definition is often one)."""
+    yield from walk(node)
+    for name, _ in references(node):
+        if name in bicep.variables and name not in seen:
+            seen = seen | {name}
+            yield from _walk_following_variables(bicep, bicep.variables[name], seen)
+
+
+def check_inline_code(bicep: BicepFile) -> None:
+    """A Consumption workflow's inline code (an action's ``inputs.code``: a literal or a loaded file)
+    longer than the platform takes fails the deployment: say so here."""
+    for symbol, element in bicep.resources.items():
+        if _resource_type(element) != "microsoft.logic/workflows":
+            continue
+        for node in _walk_following_variables(bicep, element.children[-1]):
+            if node.data != "pair" or _name(node.children[0].children[0]) != "code":
+                continue
+            value, size = node.children[1], None
+            if isinstance(value, Tree) and value.data == "function" and isinstance(value.children[0], Tree):
+                call = value.children[0]
+                if call.data == "load_text_content":
+                    source = bicep.path.parent / (_literal_text(call.children[0]) or "")
+                    size = len(source.read_text(encoding="utf-8")) if source.is_file() else None
+            elif _literal_text(value) is not None:
+                size = len(_literal_text(value) or "")
+            if size is not None and size > CONSUMPTION_INLINE_CODE_CHARS:
+                bicep.errors.append(
+                    f"line {bicep.line(node)}: inline code of {size} characters in workflow {symbol}: a "
+                    f"Consumption Logic App takes at most {CONSUMPTION_INLINE_CODE_CHARS} (Standard 100,000)"
+                )
+
+
+def _mentions_cse(bicep: BicepFile, node: Any) -> bool:
+    """Whether ``node`` (following variables) names a Custom Script extension type."""
+    return any(_literal_text(sub) in CSE_TYPES for sub in _walk_following_variables(bicep, node))
+
+
+def check_one_custom_script(bicep: BicepFile) -> None:
+    """A VM or scale set takes one Custom Script extension: two in one template for the same parent
+    fail (and one next to an existing bootstrap script replaces it: docs/deploy.md)."""
+    per_parent: dict[str, list[str]] = {}
+    for symbol, element in bicep.resources.items():
+        if _resource_type(element) not in EXTENSION_TYPES or not _mentions_cse(bicep, element.children[-1]):
+            continue
+        parent = access_path(pairs(body_object(element.children[-1])).get("parent"))[:1]
+        per_parent.setdefault(parent[0] if parent else f"(no parent: {symbol})", []).append(symbol)
+    for parent, symbols in per_parent.items():
+        if len(symbols) > 1:
+            bicep.errors.append(
+                f"{len(symbols)} Custom Script extensions for {parent} ({', '.join(symbols)}): a VM or "
+                "scale set takes one"
+            )
+
+
 def module_path(bicep: BicepFile, symbol: str) -> Path:
     return (bicep.path.parent / _name(bicep.modules[symbol].children[2].children[0])).resolve()
 
@@ -389,13 +463,16 @@ def check_secrets(bicep: BicepFile, files: dict[Path, BicepFile]) -> list[dict[s
         for name, path in secret_flows(bicep, element.children[-1], [], secure):
             where = ".".join(path)
             flows.append({"parameter": name, "to": f"resource {symbol} ({resource_type}) {where}"})
-            allowed = "protectedSettings" in path or (
-                resource_type == "Microsoft.Logic/workflows" and path[:2] == ["properties", "parameters"]
+            allowed = (
+                "protectedSettings" in path
+                or (resource_type == "Microsoft.Logic/workflows" and path[:2] == ["properties", "parameters"])
+                # a Key Vault secret's value: where secrets are meant to be
+                or (resource_type == "Microsoft.KeyVault/vaults/secrets" and path == ["properties", "value"])
             )
             if not allowed:
                 bicep.errors.append(
                     f"secure parameter {name!r} flows into {resource_type} {symbol} at {where or '(body)'}: "
-                    "secrets belong in protectedSettings"
+                    "secrets belong in protectedSettings or a Key Vault secret"
                 )
     for symbol, element in bicep.modules.items():
         module = files.get(module_path(bicep, symbol))
@@ -424,6 +501,8 @@ def lint(paths: list[Path]) -> dict[str, Any]:
     for bicep in files.values():
         check_references(bicep, files)
         check_modules(bicep, files)
+        check_inline_code(bicep)
+        check_one_custom_script(bicep)
         flows = check_secrets(bicep, files)
         report["files"][str(bicep.path)] = {
             "errors": bicep.errors,

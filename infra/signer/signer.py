@@ -1,0 +1,73 @@
+"""Sign one approval decision for the example Logic App: the Function's logic, without the Functions
+runtime (``function_app.py`` is the thin HTTP wrapper), so the test suite runs it as it is.
+
+Why a Function: a Consumption Logic App's inline code takes at most 1,024 characters (Logic Apps
+limits), and the workflow language has no HMAC; the approvers' own signing code
+(``bridge.approver.decision``: canonical JSON, HMAC-SHA256) is what must produce the signature, so
+the Function runs it. The key never enters the workflow: the Function's app setting
+``SE_DECISION_KEY`` is a Key Vault reference (``@Microsoft.KeyVault(SecretUri=...)``) the platform
+resolves with the Function's managed identity.
+
+Request (the workflow's ``Decision_fields``): ``{"decisionId", "eventId", "target", "issuedBy",
+"ttlSeconds", "reason"}``; answer: the signed decision (``schemas/decision.v1.schema.json``), or
+``{"error": ...}`` with 400 (a bad request) or 500 (the Function is misconfigured: no key).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from bridge.approver.decision import new_decision, sign
+
+MIN_KEY_BYTES = 32
+MAX_BODY_BYTES = 16 * 1024
+FIELDS = {"decisionId": 128, "eventId": 128, "target": 128, "issuedBy": 256, "reason": 1024}
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def handle(body: bytes, env: Mapping[str, str], now: float | None = None) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, answer) for one request body."""
+    key = (env.get("SE_DECISION_KEY") or "").strip().encode("utf-8")
+    key_id = env.get("SE_DECISION_KEY_ID") or ""
+    if len(key) < MIN_KEY_BYTES or not key_id:
+        # Never say more: the answer goes back to the workflow's run history.
+        return 500, {"error": "the signer has no usable key (SE_DECISION_KEY, SE_DECISION_KEY_ID)"}
+    try:
+        fields = _fields(body, max_ttl=float(env.get("SE_DECISION_MAX_TTL_SECONDS") or 3600))
+    except BadRequest as exc:
+        return 400, {"error": str(exc)}
+    event_id, target, issued_by = fields["eventId"], fields["target"], fields["issuedBy"]
+    decision = new_decision(event_id, target, issued_by, fields["ttlSeconds"], fields.get("reason"), now)
+    if fields.get("decisionId"):
+        decision["decisionId"] = fields["decisionId"]  # deterministic per event and VM: a rerun is a replay
+    return 200, sign(decision, key_id, key)
+
+
+def _fields(body: bytes, max_ttl: float) -> dict[str, Any]:
+    if len(body) > MAX_BODY_BYTES:
+        raise BadRequest(f"body over {MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("body is not JSON") from None
+    if not isinstance(data, dict):
+        raise BadRequest("body must be a JSON object")
+    out: dict[str, Any] = {}
+    for name, limit in FIELDS.items():
+        value = data.get(name)
+        required = name in ("eventId", "target", "issuedBy")
+        if value is None and not required:
+            continue
+        if not isinstance(value, str) or not 0 < len(value) <= limit:
+            raise BadRequest(f"{name} must be a string of 1 to {limit} characters")
+        out[name] = value
+    ttl = data.get("ttlSeconds")
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 60 <= ttl <= max_ttl:
+        raise BadRequest(f"ttlSeconds must be a number from 60 to {max_ttl:.0f}")
+    out["ttlSeconds"] = float(ttl)
+    return out
