@@ -307,8 +307,8 @@ def test_event_hubs_retention_and_partitions_respect_each_tier() -> None:
         return int(found.group(1)), int(found.group(2))
 
     assert bounds("standardRetentionDays") == (1, 7) and bounds("premiumRetentionDays") == (1, 90)
-    selection = "var retentionDays = eventHubsSku == 'Standard' ? standardRetentionDays : premiumRetentionDays"
-    assert selection in main
+    selection = "eventHubsSku == 'Standard' ? standardRetentionDays : premiumRetentionDays"
+    assert f"var retentionDays = {selection}" in main
     assert "param retentionDays" not in main
     assert "cannot change after the hub is created" in main
 
