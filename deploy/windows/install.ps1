@@ -218,7 +218,7 @@ public class SeBridgeService : ServiceBase
 
     void WriteEvent(string text, EventLogEntryType type)
     {
-        try { EventLog.WriteEntry(ServiceName, text.Length > 30000 ? text.Substring(0, 30000) : text, type); }
+        try { System.Diagnostics.EventLog.WriteEntry(ServiceName, text.Length > 30000 ? text.Substring(0, 30000) : text, type); }
         catch (Exception) { }  // an unregistered source or a full log must not stop the service
     }
 
