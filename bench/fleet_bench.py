@@ -35,8 +35,9 @@ record read from ``events``, per VM), round trip (decision published -> first St
 emulator, from the fleet ledger, not polled), decisions/s, agent RSS and CPU per VM (``/proc``),
 lost (a decision whose event never got a StartRequest), doubled (an event named by more than one
 StartRequests POST), and the audit records per decision. Round trips are reported for the steady
-phase without the takeover window (decisions published between the approver kill and the end of
-the takeover wait for the consumer group's session timeout, 10 s) and for that window apart.
+phase without the takeover window (decisions still open when the approver was killed, or published
+before the end of the takeover, wait for the consumer group's session timeout, 10 s) and for that
+window apart.
 
 Run by hand, it is not a test (``tests/test_fleet_bench.py`` runs a small fleet through it):
 
@@ -438,7 +439,11 @@ def figures(
         at = events.get(event_id, {}).get("firstStartRequestAt")
         if at is None:
             continue
-        phase = "burst" if event_id in burst_set else "takeover" if killed <= published <= taken else "steady"
+        # Takeover: published before the survivor took over and still open when the approver was
+        # killed (a decision in flight on the killed instance waits for the takeover like one
+        # published after the kill).
+        in_takeover = published <= taken and at >= killed
+        phase = "burst" if event_id in burst_set else "takeover" if in_takeover else "steady"
         trips[phase].append(at - published)
         detail.append([phase, round(published - first, 3), round((at - published) * 1000, 1),
                        ledger.resources[event_id][0], events[event_id]["firstStartRequestVia"]])  # fmt: skip
