@@ -149,40 +149,16 @@ output clusterUri string = cluster.properties.uri
 output databaseName string = database.name
 
 // A private endpoint (when a subnet is given) and its DNS registration (when a zone is given).
-resource privateEndpoint 'Microsoft.Network/privateEndpoints@2023-11-01' = if (!empty(privateEndpointSubnetId)) {
+module privateEndpoint 'private-endpoint.bicep' = if (!empty(privateEndpointSubnetId)) {
   name: '${clusterName}-pe'
-  location: location
-  tags: tags
-  properties: {
-    subnet: {
-      id: privateEndpointSubnetId
-    }
-    privateLinkServiceConnections: [
-      {
-        name: '${clusterName}-cluster'
-        properties: {
-          privateLinkServiceId: cluster.id
-          groupIds: [
-            'cluster'
-          ]
-        }
-      }
-    ]
-  }
-}
-
-resource privateDnsZoneGroup 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2023-11-01' = if (!empty(privateEndpointSubnetId) && !empty(privateDnsZoneId)) {
-  parent: privateEndpoint
-  name: 'default'
-  properties: {
-    privateDnsZoneConfigs: [
-      {
-        name: 'cluster'
-        properties: {
-          privateDnsZoneId: privateDnsZoneId
-        }
-      }
-    ]
+  params: {
+    location: location
+    name: '${clusterName}-pe'
+    subnetId: privateEndpointSubnetId
+    serviceId: cluster.id
+    groupId: 'cluster'
+    dnsZoneId: privateDnsZoneId
+    tags: tags
   }
 }
 

@@ -140,40 +140,16 @@ resource networkRules 'Microsoft.EventHub/namespaces/networkRuleSets@2024-01-01'
 }
 
 // A private endpoint (when a subnet is given) and its DNS registration (when a zone is given).
-resource privateEndpoint 'Microsoft.Network/privateEndpoints@2023-11-01' = if (!empty(privateEndpointSubnetId)) {
+module privateEndpoint 'private-endpoint.bicep' = if (!empty(privateEndpointSubnetId)) {
   name: '${namespaceName}-pe'
-  location: location
-  tags: tags
-  properties: {
-    subnet: {
-      id: privateEndpointSubnetId
-    }
-    privateLinkServiceConnections: [
-      {
-        name: '${namespaceName}-namespace'
-        properties: {
-          privateLinkServiceId: namespace.id
-          groupIds: [
-            'namespace'
-          ]
-        }
-      }
-    ]
-  }
-}
-
-resource privateDnsZoneGroup 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2023-11-01' = if (!empty(privateEndpointSubnetId) && !empty(privateDnsZoneId)) {
-  parent: privateEndpoint
-  name: 'default'
-  properties: {
-    privateDnsZoneConfigs: [
-      {
-        name: 'namespace'
-        properties: {
-          privateDnsZoneId: privateDnsZoneId
-        }
-      }
-    ]
+  params: {
+    location: location
+    name: '${namespaceName}-pe'
+    subnetId: privateEndpointSubnetId
+    serviceId: namespace.id
+    groupId: 'namespace'
+    dnsZoneId: privateDnsZoneId
+    tags: tags
   }
 }
 

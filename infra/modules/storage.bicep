@@ -129,40 +129,16 @@ output containers object = {
 }
 
 // A private endpoint (when a subnet is given) and its DNS registration (when a zone is given).
-resource privateEndpoint 'Microsoft.Network/privateEndpoints@2023-11-01' = if (!empty(privateEndpointSubnetId)) {
+module privateEndpoint 'private-endpoint.bicep' = if (!empty(privateEndpointSubnetId)) {
   name: '${accountName}-pe'
-  location: location
-  tags: tags
-  properties: {
-    subnet: {
-      id: privateEndpointSubnetId
-    }
-    privateLinkServiceConnections: [
-      {
-        name: '${accountName}-blob'
-        properties: {
-          privateLinkServiceId: account.id
-          groupIds: [
-            'blob'
-          ]
-        }
-      }
-    ]
-  }
-}
-
-resource privateDnsZoneGroup 'Microsoft.Network/privateEndpoints/privateDnsZoneGroups@2023-11-01' = if (!empty(privateEndpointSubnetId) && !empty(privateDnsZoneId)) {
-  parent: privateEndpoint
-  name: 'default'
-  properties: {
-    privateDnsZoneConfigs: [
-      {
-        name: 'blob'
-        properties: {
-          privateDnsZoneId: privateDnsZoneId
-        }
-      }
-    ]
+  params: {
+    location: location
+    name: '${accountName}-pe'
+    subnetId: privateEndpointSubnetId
+    serviceId: account.id
+    groupId: 'blob'
+    dnsZoneId: privateDnsZoneId
+    tags: tags
   }
 }
 
