@@ -1,17 +1,19 @@
 // Installs and configures the Scheduled Events bridge (agent + local approver) on an existing VM or
-// scale set with the Custom Script extension, Linux or Windows. Deploy it into the resource group of
-// the VM (or scale set) once the platform side (infra/main.bicep) exists and the agents' managed
-// identity is attached to the VM (docs/deploy.md):
+// scale set, Linux or Windows: on a Linux VM as a managed Run Command (it coexists with a Custom Script
+// extension the VM may already have), otherwise with the Custom Script extension (installWith). Deploy
+// it into the resource group of the VM (or scale set) once the platform side (infra/main.bicep) exists
+// and the agents' managed identity is attached to the VM (docs/deploy.md):
 //
 //   az deployment group create -g rg-app -f deploy/vm-extension.bicep \
 //     -p vmName=vm-app-0 osType=Linux eventHubsNamespaceFqdn=... agentIdentityClientId=...
 //
 // Secrets (approver HMAC keys, connection strings, webhook keys, a private index URL) only ever travel
-// in protectedSettings, which the platform encrypts for the VM and never returns: on Linux the whole
-// bootstrap (settings, secrets and deploy/linux/install.sh) is the protected `script`; on Windows the
-// protected commandToExecute runs deploy/windows/install.ps1 with no secret on its command line (they
-// come from Key Vault: windowsSecretsUri). The wheel and the Windows installer are
-// downloaded from the artifacts container with the agents' managed identity (no SAS token).
+// encrypted for the VM and are never returned by the API: in the Run Command's protectedParameters,
+// or in the extension's protectedSettings (on Linux the whole bootstrap, settings, secrets and
+// deploy/linux/install.sh, is the protected `script`); on Windows the protected commandToExecute runs
+// deploy/windows/install.ps1 with no secret on its command line (they come from Key Vault:
+// windowsSecretsUri). The wheel and the Windows installer are downloaded from the artifacts container
+// with the agents' managed identity (no SAS token).
 
 @description('Operating system of the VM or scale set.')
 @allowed([
@@ -103,6 +105,13 @@ param windowsSecretsUri string = ''
 @description('Change this value (e.g. a timestamp) to run the installer again with unchanged settings, e.g. to pick up a new wheel at the same URL.')
 param forceUpdateTag string = ''
 
+@description('How the installer reaches the machine. RunCommand (the default on a Linux VM): a managed Run Command, which coexists with a Custom Script extension the VM may already have (a VM takes only one of those). CustomScript: the Custom Script extension, which replaces an existing one\'s settings; the only delivery for scale sets (a model extension reaches every instance, new ones too) and for Windows here.')
+@allowed([
+  'RunCommand'
+  'CustomScript'
+])
+param installWith string = (osType == 'Linux' && !empty(vmName)) ? 'RunCommand' : 'CustomScript'
+
 var recordsSink = 'eventhubs://${eventHubsNamespaceFqdn}/${eventsHubName}?credential=managed&client_id=${agentIdentityClientId}'
 var sinks = concat(publishToEventHubs ? [
   recordsSink
@@ -155,6 +164,19 @@ var linuxScript = join([
 // Windows: no secret on the command line (process-creation auditing records it); the installer reads
 // them from Key Vault (windowsSecretsUri) with the agents' identity.
 var windowsSecretsArgs = empty(windowsSecretsUri) ? '' : '-SecretsUri "${windowsSecretsUri}" -IdentityClientId ${agentIdentityClientId}'
+// The Linux installer as a managed Run Command (Linux VMs): the run-command handler sets each named
+// parameter as an environment variable of the script (protected ones from the encrypted protected
+// settings) and runs it with /bin/bash; install.sh reads its settings and secrets from those variables
+// and downloads the wheel itself with the agents' identity (--download-identity).
+var useRunCommand = installWith == 'RunCommand' && osType == 'Linux' && !empty(vmName)
+var runCommandPackageArgs = empty(wheelUri) ? '--package \'${packageRequirement}\'' : '--wheel \'${wheelUri}\' --download-identity ${agentIdentityClientId}'
+var runCommandScript = join([
+  '#!/bin/sh'
+  '# se-bridge installer, delivered as a managed Run Command by deploy/vm-extension.bicep'
+  'set -- --force-config --extras \'${packageExtras}\' ${runCommandPackageArgs}'
+  loadTextContent('linux/install.sh')
+], '\n')
+
 var windowsCommand = 'powershell.exe -NoProfile -NonInteractive -ExecutionPolicy Bypass -File install.ps1 -SettingsB64 ${settingsB64} ${windowsSecretsArgs} -ForceConfig -Extras "${packageExtras}" ${windowsPackageArgs}'
 
 var downloadIdentity = empty(downloads) ? {} : {
@@ -196,7 +218,37 @@ resource vmss 'Microsoft.Compute/virtualMachineScaleSets@2024-07-01' existing = 
   name: vmssName
 }
 
-resource vmExtension 'Microsoft.Compute/virtualMachines/extensions@2024-07-01' = if (!empty(vmName)) {
+resource vmRunCommand 'Microsoft.Compute/virtualMachines/runCommands@2024-07-01' = if (useRunCommand) {
+  parent: vm
+  name: 'se-bridge-install'
+  location: location
+  properties: {
+    source: {
+      script: runCommandScript
+    }
+    parameters: [
+      {
+        name: 'SE_BRIDGE_INSTALL_SETTINGS_B64'
+        value: settingsB64
+      }
+      {
+        name: 'SE_BRIDGE_INSTALL_RUN'
+        value: empty(forceUpdateTag) ? 'once' : forceUpdateTag
+      }
+    ]
+    protectedParameters: [
+      {
+        name: 'SE_BRIDGE_INSTALL_SECRETS_B64'
+        value: secretsB64
+      }
+    ]
+    timeoutInSeconds: 1800
+    asyncExecution: false
+    treatFailureAsDeploymentFailure: true
+  }
+}
+
+resource vmExtension 'Microsoft.Compute/virtualMachines/extensions@2024-07-01' = if (!empty(vmName) && !useRunCommand) {
   parent: vm
   name: 'se-bridge'
   location: location

@@ -45,6 +45,7 @@ API_VERSIONS = {
     "Microsoft.Authorization/roleAssignments": "2022-04-01",
     "Microsoft.Compute/virtualMachines": "2024-07-01",
     "Microsoft.Compute/virtualMachines/extensions": "2024-07-01",
+    "Microsoft.Compute/virtualMachines/runCommands": "2024-07-01",
     "Microsoft.Compute/virtualMachineScaleSets": "2024-07-01",
     "Microsoft.Compute/virtualMachineScaleSets/extensions": "2024-07-01",
     "Microsoft.Logic/workflows": "2019-05-01",
@@ -223,12 +224,13 @@ def test_secrets_reach_only_protected_settings(lint_report: dict[str, Any]) -> N
     flows = entry["secret_flows"]
     assert {f["parameter"] for f in flows} == set(entry["secure_params"])
     for flow in flows:
-        assert ".protectedSettings." in flow["to"], flow
+        assert ".protectedSettings." in flow["to"] or ".protectedParameters." in flow["to"], flow
     targets = {f["to"].split(" ")[1] for f in flows}
-    assert targets == {"vmExtension", "vmssExtension"}
+    assert targets == {"vmExtension", "vmssExtension", "vmRunCommand"}
     # Issue 13: never into a command line (Windows' commandToExecute is one: process-creation
     # auditing records it); Windows installs read their secrets from Key Vault (windowsSecretsUri).
-    assert all(f["to"].endswith("protectedSettings.script") for f in flows), flows
+    protected = ("protectedSettings.script", "protectedParameters.[].value")
+    assert all(f["to"].endswith(protected) for f in flows), flows
     text = (ROOT / "deploy" / "vm-extension.bicep").read_text()
     command = re.search(r"^var windowsCommand = (.*)$", text, re.M)
     assert command and "-SecretsB64" not in command.group(1) and "secretsB64" not in command.group(1)

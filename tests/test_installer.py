@@ -408,6 +408,51 @@ def test_bad_settings_are_refused_and_change_nothing(installed: Install, tmp_pat
     assert not list(installed.etc.glob(".config.toml*")), "no half-written config is left behind"
 
 
+def test_run_command_delivery_runs_the_installer(wheel: Path, tmp_path: Path) -> None:
+    """Issue 13: the default delivery on a Linux VM, a managed Run Command (it coexists with a Custom
+    Script extension). The Linux run-command handler (Azure/run-command-handler-linux,
+    internal/exec/exec.go) sets every named parameter, protected ones included, as an environment
+    variable and runs the script with /bin/bash -c: done here the same way with the script
+    deploy/vm-extension.bicep builds (`set --` arguments, then install.sh)."""
+    import base64
+
+    root = tmp_path / "root"
+    settings = {"agent": {"sink": [f"file://{root}/records.jsonl"], "poll_interval": 1.0}}
+    secrets = {"approverKeys": {}, "env": {}, "files": {"webhook.key": WEBHOOK_KEY}, "pipIndexUrl": ""}
+    bicep = (ROOT / "deploy" / "vm-extension.bicep").read_text()
+    assert "'set -- --force-config --extras \\'${packageExtras}\\' ${runCommandPackageArgs}'" in bicep
+    assert "name: 'SE_BRIDGE_INSTALL_SETTINGS_B64'" in bicep
+    assert "protectedParameters: [\n      {\n        name: 'SE_BRIDGE_INSTALL_SECRETS_B64'" in bicep
+    script = "\n".join(
+        [
+            "#!/bin/sh",
+            "# se-bridge installer, delivered as a managed Run Command by deploy/vm-extension.bicep",
+            f"set -- --force-config --extras '' --wheel '{wheel}' --find-links {wheel.parent}",
+            INSTALLER.read_text(),
+        ]
+    )
+    workdir = tmp_path / "download" / "se-bridge-install" / "0"
+    workdir.mkdir(parents=True)
+    (workdir / "script.sh").write_text(script)
+    (workdir / "script.sh").chmod(0o500)
+    env = {
+        **os.environ,
+        "SE_BRIDGE_ROOT": str(root),
+        "SE_BRIDGE_INSTALL_SETTINGS_B64": base64.b64encode(json.dumps(settings).encode()).decode(),
+        "SE_BRIDGE_INSTALL_SECRETS_B64": base64.b64encode(json.dumps(secrets).encode()).decode(),
+        "SE_BRIDGE_INSTALL_RUN": "once",
+    }
+    proc = subprocess.run(
+        ["/bin/bash", "-c", str(workdir / "script.sh")], cwd=workdir, env=env,
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    config = tomllib.loads((root / "etc" / "se-bridge" / "config.toml").read_text())
+    assert config["agent"]["sink"] == [f"file://{root}/records.jsonl"]
+    assert (root / "etc" / "se-bridge" / "webhook.key").read_text() == WEBHOOK_KEY
+    assert WEBHOOK_KEY not in proc.stdout + proc.stderr
+
+
 def test_extension_bootstrap_runs_the_installer(wheel: Path, tmp_path: Path) -> None:
     """What deploy/vm-extension.bicep hands to the Custom Script extension: settings and secrets in
     environment variables, the arguments set with `set --`, then install.sh itself, run by /bin/sh."""

@@ -465,6 +465,8 @@ def check_secrets(bicep: BicepFile, files: dict[Path, BicepFile]) -> list[dict[s
             flows.append({"parameter": name, "to": f"resource {symbol} ({resource_type}) {where}"})
             allowed = (
                 "protectedSettings" in path
+                # a managed Run Command's protected parameters (encrypted like protectedSettings)
+                or (resource_type.endswith("/runCommands") and path[:2] == ["properties", "protectedParameters"])
                 or (resource_type == "Microsoft.Logic/workflows" and path[:2] == ["properties", "parameters"])
                 # a Key Vault secret's value: where secrets are meant to be
                 or (resource_type == "Microsoft.KeyVault/vaults/secrets" and path == ["properties", "value"])
