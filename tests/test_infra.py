@@ -46,6 +46,8 @@ API_VERSIONS = {
     "Microsoft.Compute/virtualMachines": "2024-07-01",
     "Microsoft.Compute/virtualMachines/extensions": "2024-07-01",
     "Microsoft.Compute/virtualMachines/runCommands": "2024-07-01",
+    "Microsoft.Authorization/policyDefinitions": "2023-04-01",
+    "Microsoft.Authorization/policyAssignments": "2024-04-01",
     "Microsoft.Compute/virtualMachineScaleSets": "2024-07-01",
     "Microsoft.Compute/virtualMachineScaleSets/extensions": "2024-07-01",
     "Microsoft.Logic/workflows": "2019-05-01",
@@ -156,7 +158,9 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
             if not resource["type"].startswith("Microsoft.Authorization/roleAssignments@"):
                 continue
             assignments += 1
-            if path == ARM_ACKNOWLEDGE:  # the one resource-group grant, of the narrowest role there is
+            # The resource-group grants: the narrowest role there is (ARM acknowledge), and the policy
+            # remediation's Virtual Machine Contributor on the one group it is assigned to.
+            if path in (ARM_ACKNOWLEDGE, POLICY_ASSIGNMENT):
                 assert not resource["scope"], resource
                 continue
             assert resource["scope"], f"{resource['symbol']} has no scope"
@@ -165,6 +169,7 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
 
 
 ARM_ACKNOWLEDGE = "infra/modules/arm-acknowledge.bicep"
+POLICY_ASSIGNMENT = "deploy/policy/se-bridge-policy-assignment.bicep"
 SCHEDULED_EVENTS_CONTRIBUTOR = "b67fe603-310e-4889-b9ee-8257d09d353d"  # acknowledge + VM/VMSS/AvSet read
 
 
@@ -216,6 +221,31 @@ def test_scheduled_events_policy_is_one_block_for_templates_and_existing_vms(tmp
     for bad in (f"{rg}/disks/d-1", f"{rg}/virtualMachineScaleSets/set-1/virtualMachines/3"):
         refused = subprocess.run([str(script), vm, bad], env=env, capture_output=True, text=True, check=False)
         assert refused.returncode == 2 and not calls.exists(), refused.stderr
+
+
+def test_the_fleet_policy_deploys_the_extension_template_it_checks_for(lint_report: dict[str, Any]) -> None:
+    """Issue 13: the DeployIfNotExists policy deploys deploy/vm-extension.bicep (as a template spec)
+    with parameters that template declares, checks for the Run Command that template creates, and
+    carries no secret (policy parameters are readable)."""
+    policy = (ROOT / "deploy" / "policy" / "se-bridge-policy.bicep").read_text()
+    nested = policy[policy.index("templateLink: {") :]
+    given = set(re.findall(r"^ {24}(\w+): \{$", nested, re.M))
+    extension = lint_report["files"]["deploy/vm-extension.bicep"]
+    assert given == {"osType", "vmName", "location", "eventHubsNamespaceFqdn", "agentIdentityClientId",
+                     "wheelUri", "agentSettings", "installWith"}  # fmt: skip
+    assert given <= set(extension["params"])
+    assert {"eventHubsNamespaceFqdn", "agentIdentityClientId"} <= given  # its required ones
+    run_command = re.search(
+        r"resource vmRunCommand .*?name: '([^']+)'",
+        (ROOT / "deploy" / "vm-extension.bicep").read_text(),
+        re.S,
+    )
+    assert run_command and f"name: '{run_command.group(1)}'" in policy
+    assert "type: 'Microsoft.Compute/virtualMachines/runCommands'" in policy
+    for path in ("deploy/policy/se-bridge-policy.bicep", POLICY_ASSIGNMENT):
+        assert (
+            lint_report["files"][path]["secure_params"] == [] and lint_report["files"][path]["errors"] == []
+        )
 
 
 def test_secrets_reach_only_protected_settings(lint_report: dict[str, Any]) -> None:
