@@ -52,8 +52,8 @@ demo: $(VENV)/.installed
 	$(BIN)/se-bridge demo
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check bridge tests bench infra/signer
-	$(BIN)/ruff format --check bridge tests bench infra/signer
+	$(BIN)/ruff check bridge tests bench infra/signer infra/tools
+	$(BIN)/ruff format --check bridge tests bench infra/signer infra/tools
 	$(BIN)/lint-imports
 
 # The crash-consistency test reads the agent's syscalls with strace (Debian package; installed here

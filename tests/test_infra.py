@@ -346,8 +346,9 @@ def test_event_hubs_retention_and_partitions_respect_each_tier() -> None:
 
 
 def test_bicep_lint_knows_the_documented_limits(tmp_path: Path) -> None:
-    """Issue 13: inline code of a Consumption workflow over 1,024 characters, and two Custom Script
-    extensions for one VM, fail in Azure; the lint says so before anything is deployed."""
+    """Issue 13: inline code of a Consumption workflow over 1,024 characters, two Custom Script
+    extensions for one VM, and a Standard hub keeping messages longer than 7 days fail in Azure; the
+    lint says so before anything is deployed."""
     (tmp_path / "big.js").write_text("// " + "x" * 1100 + "\n")
     (tmp_path / "small.js").write_text("return 1;\n")
     (tmp_path / "main.bicep").write_text(
@@ -416,6 +417,44 @@ resource workflow 'Microsoft.Logic/workflows@2019-05-01' = {
     }
   }
 }
+
+@maxValue(90)
+param loose int = 7
+
+@maxValue(7)
+param tight int = 7
+
+resource ns 'Microsoft.EventHub/namespaces@2024-01-01' = {
+  name: 'ns'
+  location: location
+  sku: {
+    name: 'Standard'
+  }
+}
+
+resource literal 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' = {
+  parent: ns
+  name: 'literal'
+  properties: {
+    messageRetentionInDays: 30
+  }
+}
+
+resource viaLoose 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' = {
+  parent: ns
+  name: 'loose'
+  properties: {
+    messageRetentionInDays: loose
+  }
+}
+
+resource viaTight 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' = {
+  parent: ns
+  name: 'tight'
+  properties: {
+    messageRetentionInDays: tight
+  }
+}
 """
     )
     code, report = run_lint(tmp_path / "main.bicep")
@@ -429,6 +468,9 @@ resource workflow 'Microsoft.Logic/workflows@2019-05-01' = {
     assert [e for e in errors if "Custom Script" in e] == [
         "2 Custom Script extensions for vm (bootstrap, agent): a VM or scale set takes one"
     ]
+    retention = [e for e in errors if "messageRetentionInDays" in e]
+    assert [e.split(":")[0] for e in retention] == ["hub literal", "hub viaLoose"]  # viaTight is bounded
+    assert "may be 30, but its namespace's tier keeps messages at most 7 days" in retention[0]
 
 
 # -- checkov -----------------------------------------------------------------------------------------

@@ -306,7 +306,10 @@ def check_references(bicep: BicepFile, files: dict[Path, BicepFile]) -> None:
 #: Inline code of a Consumption (multitenant) Logic App: 1,024 characters (Standard: 100,000).
 CONSUMPTION_INLINE_CODE_CHARS = 1024
 CSE_TYPES = {"CustomScript", "CustomScriptExtension"}
-EXTENSION_TYPES = {"microsoft.compute/virtualmachines/extensions", "microsoft.compute/virtualmachinescalesets/extensions"}
+EXTENSION_TYPES = {
+    "microsoft.compute/virtualmachines/extensions",
+    "microsoft.compute/virtualmachinescalesets/extensions",
+}
 
 
 def _resource_type(element: Tree[Token]) -> str:
@@ -320,7 +323,9 @@ def _literal_text(node: Any) -> str | None:
     return None
 
 
-def _walk_following_variables(bicep: BicepFile, node: Any, seen: frozenset[str] = frozenset()) -> Iterator[Tree[Token]]:
+def _walk_following_variables(
+    bicep: BicepFile, node: Any, seen: frozenset[str] = frozenset()
+) -> Iterator[Tree[Token]]:
     """Every subtree of ``node`` and of the variables it uses (a workflow definition is often one)."""
     yield from walk(node)
     for name, _ in references(node):
@@ -372,6 +377,51 @@ def check_one_custom_script(bicep: BicepFile) -> None:
             bicep.errors.append(
                 f"{len(symbols)} Custom Script extensions for {parent} ({', '.join(symbols)}): a VM or "
                 "scale set takes one"
+            )
+
+
+#: Days an Event Hubs tier keeps messages at most (Basic 1, Standard 7; Premium and Dedicated 90).
+RETENTION_DAYS = {"basic": 1, "standard": 7, "premium": 90}
+
+
+def _max_value(element: Tree[Token]) -> int | None:
+    decorator = element.children[0]
+    for d in decorator.children if isinstance(decorator, Tree) else []:
+        if isinstance(d, Tree) and d.data == "deco_max_val":
+            return int(str(d.children[0]))
+    return None
+
+
+def check_retention(bicep: BicepFile) -> None:
+    """A hub of a namespace whose tier is written in the file keeps messages no longer than that tier
+    allows: a literal, or a parameter whose @maxValue says so (a larger value fails the deployment)."""
+    tiers = {
+        symbol: _literal_text(pairs(body_object(pairs(body_object(e.children[-1])).get("sku"))).get("name"))
+        for symbol, e in bicep.resources.items()
+        if _resource_type(e) == "microsoft.eventhub/namespaces"
+    }
+    for symbol, element in bicep.resources.items():
+        if _resource_type(element) != "microsoft.eventhub/namespaces/eventhubs":
+            continue
+        body = pairs(body_object(element.children[-1]))
+        parent = access_path(body.get("parent"))[:1]
+        limit = RETENTION_DAYS.get(str(tiers.get(parent[0]) if parent else "").lower())
+        value = pairs(body_object(body.get("properties"))).get("messageRetentionInDays")
+        if limit is None or value is None:
+            continue
+        if isinstance(value, Tree) and value.data == "int":
+            days: int | None = int(str(value.children[0]))
+        else:
+            names = [n for n, _ in references(value)]
+            days = (
+                _max_value(bicep.params[names[0]]) if len(names) == 1 and names[0] in bicep.params else None
+            )
+            days = days if days is not None else 10**9  # unbounded: the tier's limit is not enforced
+        if days > limit:
+            shown = days if days < 10**9 else "unbounded"
+            bicep.errors.append(
+                f"hub {symbol}: messageRetentionInDays may be {shown}, but its namespace's tier keeps "
+                f"messages at most {limit} days (bound the parameter with @maxValue)"
             )
 
 
@@ -466,7 +516,10 @@ def check_secrets(bicep: BicepFile, files: dict[Path, BicepFile]) -> list[dict[s
             allowed = (
                 "protectedSettings" in path
                 # a managed Run Command's protected parameters (encrypted like protectedSettings)
-                or (resource_type.endswith("/runCommands") and path[:2] == ["properties", "protectedParameters"])
+                or (
+                    resource_type.endswith("/runCommands")
+                    and path[:2] == ["properties", "protectedParameters"]
+                )
                 or (resource_type == "Microsoft.Logic/workflows" and path[:2] == ["properties", "parameters"])
                 # a Key Vault secret's value: where secrets are meant to be
                 or (resource_type == "Microsoft.KeyVault/vaults/secrets" and path == ["properties", "value"])
@@ -505,6 +558,7 @@ def lint(paths: list[Path]) -> dict[str, Any]:
         check_modules(bicep, files)
         check_inline_code(bicep)
         check_one_custom_script(bicep)
+        check_retention(bicep)
         flows = check_secrets(bicep, files)
         report["files"][str(bicep.path)] = {
             "errors": bicep.errors,
