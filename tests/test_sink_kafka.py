@@ -551,7 +551,9 @@ def test_kafka_down_file_sink_keeps_up_then_kafka_catches_up(
     tansu.stop(kill=True)  # the broker crashes
     for n, event_type in enumerate(("Freeze", "Reboot", "Redeploy", "Freeze"), start=1):
         new_record(agent, emulator, event_type)  # in the file as it happens
-        assert agent.metric("se_bridge_sink_queue_depth", sink=file) == 0
+        # The line is in the file before the file sink's confirmation moves its cursor (and the gauge):
+        # wait for that, briefly; the Kafka queue meanwhile only grows.
+        wait_until(lambda: agent.metric("se_bridge_sink_queue_depth", sink=file) == 0, 5, what="file acked")
         wait_until(
             lambda n=n: agent.metric("se_bridge_sink_queue_depth", sink=kafka) == n, 10, what="kafka queue"
         )
