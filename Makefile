@@ -29,6 +29,7 @@ INFRA_VENV ?= .venv-infra
 $(INFRA_VENV)/.installed: infra/requirements.txt
 	$(PYTHON) -m venv $(INFRA_VENV)
 	$(INFRA_VENV)/bin/python -m pip --disable-pip-version-check -q install -r infra/requirements.txt
+	$(INFRA_VENV)/bin/python infra/tools/bicep_lint.py infra/modules/arm-acknowledge.bicep > /dev/null  # pycep's parser tables, once
 	@echo '*' > $(INFRA_VENV)/.gitignore
 	@touch $@
 

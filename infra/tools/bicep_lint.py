@@ -39,7 +39,10 @@ from typing import Any
 from lark import Token, Tree
 from pycep import BicepParser
 
-PARSER = BicepParser(cache=False)
+# Building pycep's LALR tables takes ~30 s, loading them ~0.7 s: they are cached, but in the tools'
+# virtual environment, not lark's default (a pickle in the world-writable temp directory, where
+# another user's file would be loaded, and run, as ours). lark checks the grammar's hash on load.
+PARSER = BicepParser(cache=str(Path(sys.prefix) / "pycep-lark.cache"))  # type: ignore[arg-type]
 LOAD_FUNCTIONS = {"load_text_content", "load_json_content", "load_yaml_content", "load_file_as_base64"}
 # Functions whose result is built from their arguments' structure: a secret inside an argument object
 # stays at the same place in the result (union merges objects, the others choose one argument).

@@ -89,7 +89,9 @@ class Evaluator:
 
 def main() -> int:
     path, output, params = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    tree = BicepParser().parse(text=Path(path).read_text())
+    # The LALR tables cached in the tools' environment (infra/tools/bicep_lint.py says why not /tmp).
+    parser = BicepParser(cache=str(Path(sys.prefix) / "pycep-lark.cache"))  # type: ignore[arg-type]
+    tree = parser.parse(text=Path(path).read_text())
     value = Evaluator(tree, params).eval(tree["outputs"][output]["value"])
     print(json.dumps(value))
     return 0
