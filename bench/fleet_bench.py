@@ -363,14 +363,35 @@ def burst(fleet: Fleet, ledger: Ledger, reader: StreamReader, sets: list[list[st
     return ids
 
 
-def audits(fleet: Fleet) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
+def audits(fleet: Fleet) -> dict[str, list[tuple[str, str]]]:
+    """Each decision's audit records of both approvers, oldest first: (outcome, reason)."""
+    found: dict[str, list[tuple[str, str, str]]] = {}
     for index in (0, 1):
         path = fleet.workdir / f"approver-{index}" / "audit.jsonl"
         for line in path.read_bytes().splitlines() if path.exists() else []:
             record = orjson.loads(line)
-            out.setdefault(record.get("decisionId", ""), []).append(record.get("outcome", ""))
-    return out
+            entry = (record.get("observedAt", ""), record.get("outcome", ""), record.get("reason") or "")
+            found.setdefault(record.get("decisionId", ""), []).append(entry)
+    return {d: [(outcome, reason) for _, outcome, reason in sorted(rows)] for d, rows in found.items()}
+
+
+def audit_figures(decision_ids: set[str], decided: dict[str, list[tuple[str, str]]]) -> dict[str, Any]:
+    """At least once: a decision read again after a takeover is audited again. It counts as approved
+    when one record says so (its event got exactly one StartRequest: ``doubled``); a later record that
+    says otherwise (the event had left the document by then: ``notFound``) is listed apart."""
+    outcomes = {d: [o for o, _ in decided.get(d, [])] for d in decision_ids}
+    return {
+        "missing": len(decision_ids - set(decided)),
+        "notApproved": sum(1 for d in decision_ids if d in decided and "approved" not in outcomes[d]),
+        "recordedTwice": sum(1 for d in decision_ids if len(decided.get(d, [])) > 1),
+        "laterNotApproved": sorted(
+            f"{d}: {o}/{r}"
+            for d in decision_ids
+            if outcomes[d][:1] == ["approved"]
+            for o, r in decided[d][1:]
+            if o != "approved"
+        ),
+    }
 
 
 def ms(values: list[float], q: float) -> float | None:
@@ -477,11 +498,7 @@ def figures(
         },
         "lost": sum(1 for e in ledger.published if not events.get(e, {}).get("firstStartRequestAt")),
         "doubled": sum(1 for e in ledger.published if events.get(e, {}).get("startRequests", 0) > 1),
-        "audit": {
-            "missing": len(decision_ids - set(decided)),
-            "notApproved": sum(1 for d in decision_ids if d in decided and set(decided[d]) != {"approved"}),
-            "recordedTwice": sum(1 for d in decision_ids if len(decided.get(d, [])) > 1),
-        },
+        "audit": audit_figures(decision_ids, decided),
         "imds429": state["requests"]["rejected"].get("429", 0),
         "decisionDetail": sorted(detail, key=lambda row: row[1]),
         "takeoverSeconds": None if "takeoverAt" not in window else round(taken - killed, 1),

@@ -32,11 +32,11 @@ def test_a_small_fleet_loses_and_doubles_nothing_through_two_kills(tmp_path: Pat
     result = orjson.loads(out.read_bytes())
     assert result["decisions"] == 16 + 12
     assert result["lost"] == 0 and result["doubled"] == 0, result
-    assert result["audit"] == {
-        "missing": 0,
-        "notApproved": 0,
-        "recordedTwice": result["audit"]["recordedTwice"],
-    }
+    audit = result["audit"]
+    assert audit["missing"] == audit["notApproved"] == 0, audit
+    # A decision read again after the takeover may be audited again, and, when its event already
+    # left the documents, not as approved: only ever after an approved record of it (at least once).
+    assert len(audit["laterNotApproved"]) <= audit["recordedTwice"], audit
     assert result["takeoverSeconds"] is not None  # the survivor owned both partitions
     trips = result["decisionDetail"]
     assert len(trips) == result["decisions"]
