@@ -30,8 +30,6 @@ from typing import Any, Literal
 
 PREPARED = "prepared"
 PREPARE_FAILED = "prepareFailed"
-#: What a VM that runs the agent but has not reported yet counts as.
-PREPARING = "preparing"
 DEADLINE_POLICIES = ("approve", "platform")
 #: The decision id of a coordinated approval: one per event, so every coordinator (a takeover, a
 #: second fleet approver instance) asks for the *same* decision and the agents' ledgers and the
@@ -63,17 +61,22 @@ class Verdict:
     failed: tuple[str, ...]  # reported prepareFailed
     without_agent: tuple[str, ...]  # members nobody knows an agent of: not waited for
 
-    def to_json(self, coordinator: str) -> dict[str, Any]:
+    def to_json(self, coordinator: str, on_deadline: str) -> dict[str, Any]:
         """The audit record's ``coordination`` block: who waited for whom, and why it ended."""
         return {
             "coordinator": coordinator,
             "why": self.why,
+            "onDeadline": on_deadline,
             "waitedFor": list(self.waited_for),
             "prepared": list(self.prepared),
             "pending": list(self.pending),
             "prepareFailed": list(self.failed),
             "withoutAgent": list(self.without_agent),
         }
+
+    def left_detail(self) -> str:
+        """The audit detail of a verdict that leaves the event to the platform."""
+        return f"not approved: {', '.join(self.pending)} not prepared at the deadline"[:500]
 
 
 def members(resources: Sequence[str]) -> list[str]:

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import random
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,96 @@ def test_the_rule_waits_for_every_vm_that_runs_the_agent_and_applies_the_deadlin
     assert assess(names, reports, None, at_nb, approve).action == "wait"  # no NotBefore, no deadline
     with pytest.raises(ValueError):
         CoordinationPolicy(60, "sometimes")  # type: ignore[arg-type]
+
+
+def test_the_relay_takes_a_coordination_account_only_in_the_shape_audit_records_admit() -> None:
+    """A caller's account is copied into the agent's audit record: a malformed one is a 400, so no
+    caller can make the agent write a record its own schema refuses."""
+    from bridge.agent.relay import RelayRequestError, _parse_request
+    from bridge.records import approval_record
+
+    verdict = assess(
+        ["vm-a", "vm-b"], {"vm-a": "prepared", "vm-b": "prepared"}, None, 0, CoordinationPolicy()
+    )
+    body = {
+        "decisionId": "coordinated-E1",
+        "eventIds": ["E1"],
+        "target": "vm-a",
+        "issuedBy": "coordinator:vm-a",
+    }
+    good = verdict.to_json("vm-a", "platform")
+    _, _, meta = _parse_request({**body, "coordination": good})
+    record = approval_record(
+        "coordinator", decision_id="coordinated-E1", event_ids=["E1"], outcome="approved", reason=None,
+        results=[], coordination=meta["coordination"],
+    )  # fmt: skip
+    assert validate_record(record) == []
+    missing = {k: v for k, v in good.items() if k != "pending"}
+    bad_ones = [{**good, "extra": 1}, {**good, "why": "because"}, {**good, "prepared": [1]}, missing, "text"]
+    for bad in [*bad_ones, {**good, "withoutAgent": ["x" * 100] * 200}]:  # the last: too large
+        with pytest.raises(RelayRequestError):
+            _parse_request({**body, "coordination": bad})
+
+
+def test_a_peer_is_asked_with_a_bounded_answer_and_only_until_the_coordinator_answers() -> None:
+    """A hostile or broken peer cannot make an agent buffer an unbounded answer (10 MB here: not an
+    answer, so not live); a VM asks the VMs before it only until one answers, and only the coordinator
+    asks everyone. Each peer is a real HTTP server of its own."""
+    from bridge.agent.coordinator import MAX_ANSWER, PeerCoordinator
+    from bridge.signing import KeyRing
+
+    asked: list[str] = []
+    servers = []
+
+    def peer_server(name: str) -> str:
+        class Peer(BaseHTTPRequestHandler):
+            def log_message(self, *_: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                asked.append(name)
+                if name == "vm-huge":
+                    body = b'{"preparations": {}, "pad": "' + b"x" * (10 << 20) + b'"}'
+                else:
+                    body = b'{"vm": "%s", "preparations": {"E1": {"result": "prepared"}}}' % name.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Peer)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    try:
+        names = ["vm-a", "vm-huge", "vm-m", "vm-z"]
+        peers = {n: peer_server(n) for n in names}
+
+        def coordinator(me: str) -> PeerCoordinator:
+            return PeerCoordinator(
+                CoordinationPolicy(), this_vm=lambda: me, event=lambda _: None, own_report=lambda _: None,
+                approve=lambda *_: None, leave=lambda *_: None, keys=KeyRing({"relay": b"r" * 40}),
+                peers=peers, template="http://{name}:1", stop=threading.Event(), takeover=10,
+            )  # fmt: skip
+
+        assert MAX_ANSWER < 10 << 20
+        reports: dict[str, str | None] = {}
+        seen: dict[str, float] = {}
+        middle = coordinator("vm-m")
+        middle._ask("vm-huge", "E1", seen, reports)
+        assert "vm-huge" not in seen and "vm-huge" not in reports  # oversized: not an answer
+        asked.clear()
+        started = time.monotonic()
+        assert middle._round(names, "vm-m", "E1", seen, reports, started) == "vm-a"
+        assert asked == ["vm-a"] and reports["vm-a"] == "prepared"  # stopped at the first live VM
+        asked.clear()
+        assert coordinator("vm-a")._round(names, "vm-a", "E1", {}, {}, started) == "vm-a"
+        assert asked == ["vm-huge", "vm-m", "vm-z"]  # the coordinator asks everyone after it
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
 
 
 # -- three agents of one availability set ------------------------------------------------------------
@@ -172,15 +265,17 @@ def test_at_the_deadline_the_coordinator_approves_anyway_by_policy(aset: Availab
         "--coordinate-deadline", "30", "--coordinate-on-deadline", "approve",
     )  # fmt: skip
     event_id = aset.add_event(notice=40)
-    added = time.time()
     aset.prepare("fleet-vm-000")
     aset.prepare("fleet-vm-001")
     aset.prepare("fleet-vm-002", "fail")
     wait_until(lambda: aset.preparations("fleet-vm-002", event_id), 20, what="fleet-vm-002's report")
     assert aset.preparations("fleet-vm-002", event_id)[0]["result"] == "prepareFailed"
     wait_until(lambda: aset.coordinated("fleet-vm-000", event_id), 30, what="the deadline approval")
-    assert time.time() - added >= 8  # not before the deadline (NotBefore has whole seconds)
     (audit,) = aset.coordinated("fleet-vm-000", event_id)
+    # Not before the deadline: the approval's own stamp against the NotBefore the VMs were told.
+    not_before = aset.preparations("fleet-vm-002", event_id)[0]["notBefore"]
+    deadline = datetime.fromisoformat(not_before).timestamp() - 30
+    assert datetime.fromisoformat(audit["observedAt"].replace("Z", "+00:00")).timestamp() >= deadline
     account = audit["coordination"]
     assert (audit["outcome"], account["why"], account["onDeadline"]) == ("approved", "deadline", "approve")
     assert account["pending"] == account["prepareFailed"] == ["fleet-vm-002"]

@@ -243,3 +243,35 @@ def test_state_files_and_directories_are_private(emulator: Emulator, make_agent)
     for path in [agent.state_dir, *agent.state_dir.rglob("*")]:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+
+
+def test_a_preparation_record_waits_for_a_full_disk_and_is_published_once_there_is_room(
+    emulator: Emulator, make_agent, tmp_path: Path
+) -> None:
+    """Issue 12: a coordinated agent's `prepared` record is what its coordinator waits for. The
+    prepare hook ends while the state directory's tmpfs is full: the record is not lost (the hook
+    thread waits for room, logging why) and goes out, valid, once the disk has room."""
+    go = tmp_path / "go"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\nwhile [ ! -e {go} ]; do sleep 0.1; done\n")
+    hook.chmod(0o755)
+    with tmpfs(tmp_path / "state") as state:
+        agent = make_agent(emulator.url, "--coordinate", "fleet", "--prepare-hook", str(hook))
+        agent.state_dir = state
+        agent.start()
+        event_id = emulator.add_event(eventType="Reboot")
+        agent.wait_for_change(event_id, "scheduled")  # durable: the hook runs now
+        filler = fill(state)
+        go.touch()  # the hook ends while the disk is full
+        wait_until(lambda: any(e.get("msg") == "record waits for the outbox" for e in agent.logs()), 20,
+                   what="the preparation record waiting for room")  # fmt: skip
+        assert not [r for r in agent.records("preparation") if r["eventId"] == event_id]
+        filler.unlink()
+        (record,) = wait_until(
+            lambda: [r for r in agent.records("preparation") if r["eventId"] == event_id],
+            30,
+            what="the preparation record once there is room",
+        )
+        assert record["result"] == "prepared" and record["hook"]["result"] == "ok"
+        assert validate_record(record) == []
+        agent.stop()

@@ -3,8 +3,9 @@
 The documentation advises choosing one VM of an event to coordinate it. Here every agent of the
 event runs the same loop and the same rule picks the coordinator: **the first live VM** in the
 event's ``Resources`` (lower-cased, sorted; :func:`bridge.coordination.members`). Each round
-(``interval`` seconds) an agent asks every other VM's agent ``GET /v1/preparations`` (signed with
-the relay key; Azure DNS resolves VM names inside a VNet, ``--peer`` names others), so it knows:
+(``interval`` seconds) an agent asks the VMs before it ``GET /v1/preparations`` (signed with the
+relay key; Azure DNS resolves VM names inside a VNet, ``--peer`` names others) until one answers,
+and the coordinator asks every VM of the event, so it knows:
 
 * who runs the agent (answered at least once during this event) and what each reported;
 * who is live: answered within the last ``takeover`` seconds. Every peer counts as live when the
@@ -82,7 +83,15 @@ class PeerCoordinator:
 
     def coordinate(self, event_id: str) -> None:
         """Wait for the event's verdict, acting on it when this VM coordinates; returns when the
-        event left the Scheduled state, a verdict was acted on, or the agent stops."""
+        event left the Scheduled state, a verdict was acted on, or the agent stops. It runs on a
+        hook thread, whose pool would swallow an exception: one is logged (the platform then starts
+        the event at NotBefore)."""
+        try:
+            self._coordinate(event_id)
+        except Exception:
+            log.exception("coordination failed", extra={"eventId": event_id})
+
+    def _coordinate(self, event_id: str) -> None:
         me = self._this_vm().lower()
         started = time.monotonic()
         last_seen: dict[str, float] = {}  # peer -> when it last answered (monotonic)
@@ -95,10 +104,7 @@ class PeerCoordinator:
                 return
             names = coordination.members(event.resources)
             reports[me] = self._own_report(event_id)
-            for name in names:
-                if name != me:
-                    self._ask(name, event_id, last_seen, reports)
-            coordinator = self._coordinator(names, me, last_seen, started)
+            coordinator = self._round(names, me, event_id, last_seen, reports, started)
             if coordinator == me:
                 verdict = coordination.assess(
                     event.resources, reports, event.not_before, time.time(), self.policy
@@ -115,17 +121,31 @@ class PeerCoordinator:
             if self._stop.wait(self.interval):
                 return
 
-    def _coordinator(self, names: list[str], me: str, last_seen: dict[str, float], started: float) -> str:
-        """The first live member (this VM is always live). A peer that never answered counts as live
-        until ``takeover`` seconds after the wait began."""
-        now = time.monotonic()
-        for name in names:
-            if name == me or now - last_seen.get(name, started) < self.takeover:
+    def _round(
+        self,
+        names: list[str],
+        me: str,
+        event_id: str,
+        last_seen: dict[str, float],
+        reports: dict[str, str | None],
+        started: float,
+    ) -> str:
+        """Ask the peers in the members' order and return the coordinator: the first live member
+        (this VM is always live; a peer that never answered counts as live until ``takeover`` seconds
+        after the wait began). A VM stops asking at the first live peer before it, so only the
+        coordinator asks everyone: one question per VM and round, not one per pair of VMs."""
+        for position, name in enumerate(names):
+            if name == me:
+                for later in names[position + 1 :]:
+                    self._ask(later, event_id, last_seen, reports)
+                return me
+            self._ask(name, event_id, last_seen, reports)
+            if time.monotonic() - last_seen.get(name, started) < self.takeover:
                 return name
-        return me
+        return me  # this VM is not named (its document said otherwise a moment ago): act alone
 
     def _act(self, event: ScheduledEvent, verdict: Verdict, me: str, *, takeover: bool) -> None:
-        account = {**verdict.to_json(me), "onDeadline": self.policy.on_deadline}
+        account = verdict.to_json(me, self.policy.on_deadline)
         log.info(
             "coordination verdict",
             extra={
@@ -158,10 +178,13 @@ class PeerCoordinator:
         if signer is not None:
             headers = sign_request(signer[0], signer[1], "GET", PREPARATIONS_PATH)
         try:
-            resp = self._session.get(
-                url.rstrip("/") + PREPARATIONS_PATH, headers=headers, timeout=self._timeout
-            )
-            answer = orjson.loads(resp.content[:MAX_ANSWER]) if resp.status_code == 200 else None
+            # At most MAX_ANSWER bytes are read: a hostile or broken peer cannot make this agent
+            # buffer an unbounded answer (an oversized one is not JSON, so not an answer).
+            with self._session.get(
+                url.rstrip("/") + PREPARATIONS_PATH, headers=headers, timeout=self._timeout, stream=True
+            ) as resp:
+                body = resp.raw.read(MAX_ANSWER + 1, decode_content=True) if resp.status_code == 200 else b""
+            answer = orjson.loads(body) if body and len(body) <= MAX_ANSWER else None
         except Exception as exc:  # unreachable, refused, not JSON: not live this round
             log.debug("peer did not answer", extra={"peer": name, "error": type(exc).__name__})
             return

@@ -377,11 +377,28 @@ def _parse_request(body: Any) -> tuple[str, list[str], dict[str, Any]]:
     account = body.get("coordination")
     if account is not None:
         # A coordinator's account of whom it waited for (bridge.coordination), copied to the audit
-        # record as it came: bounded, and only from an authenticated caller (the access policy).
-        if not isinstance(account, dict) or len(orjson.dumps(account)) > MAX_COORDINATION_BYTES:
-            raise RelayRequestError(f"coordination: an object of at most {MAX_COORDINATION_BYTES} bytes")
+        # record: only from an authenticated caller (the access policy), bounded, and only in the
+        # shape the approval schema admits (an audit record is never made invalid by a caller).
+        if not _is_account(account) or len(orjson.dumps(account)) > MAX_COORDINATION_BYTES:
+            raise RelayRequestError(
+                f"coordination: the account of bridge.coordination, at most {MAX_COORDINATION_BYTES} bytes"
+            )
         meta["coordination"] = account
     return decision_id, list(dict.fromkeys(event_ids)), meta
+
+
+def _is_account(account: Any) -> bool:
+    lists = ("waitedFor", "prepared", "pending", "prepareFailed", "withoutAgent")
+    return (
+        isinstance(account, dict)
+        and set(account) <= {"coordinator", "why", "onDeadline", *lists}
+        and isinstance(account.get("coordinator"), str)
+        and account.get("why") in ("allPrepared", "deadline")
+        and account.get("onDeadline", "approve") in ("approve", "platform")
+        and all(k in account for k in ("waitedFor", "prepared", "pending"))
+        and all(isinstance(account.get(k, []), list) for k in lists)
+        and all(isinstance(v, str) for k in lists for v in account.get(k, []))
+    )
 
 
 def _names_target(target: str, names: Any, resources: list[str]) -> bool:

@@ -179,7 +179,6 @@ class Agent:
 
     def _audit_left_to_platform(self, event_id: str, verdict: Verdict, coordinator: str) -> None:
         """The deadline came with VMs not prepared and the policy approves nothing: say so."""
-        detail = f"not approved: {', '.join(verdict.pending)} not prepared at the deadline"
         record = records.approval_record(
             "coordinator",
             vm=self.identity.current,
@@ -191,10 +190,10 @@ class Agent:
             requester=f"coordinator:{coordinator}",
             outcome="refused",
             reason="leftToPlatform",
-            detail=detail[:500],
+            detail=verdict.left_detail(),
             results=[{"eventId": event_id, "result": "refused", "detail": "left to the platform"}],
             start_requests_posted=0,
-            coordination={**verdict.to_json(coordinator), "onDeadline": "platform"},
+            coordination=verdict.to_json(coordinator, "platform"),
         )
         self._publish(record)
 

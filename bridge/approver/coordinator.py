@@ -148,11 +148,6 @@ class FleetCoordinator:
                     del self._done[event_id]
         return due
 
-    def pending(self) -> int:
-        """Events waiting for a verdict (``/metrics``)."""
-        with self._lock:
-            return sum(1 for e in self._events if e not in self._done)
-
 
 def _last_useful(event: _Event) -> float:
     due = coordination.deadline_at(event.not_before, CoordinationPolicy(deadline=0.0))

@@ -22,6 +22,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -396,17 +397,10 @@ class Approver:
             "target": (verdict.prepared or verdict.waited_for or tuple(members) or ("",))[0],
             "issuedBy": f"coordinator:{coordinator}",
         }
-        account = {**verdict.to_json(coordinator), "onDeadline": self.coordinator.policy.on_deadline}
+        account = verdict.to_json(coordinator, self.coordinator.policy.on_deadline)
         message = Message(b"", f"coordinator:{event_id}")
         self.metrics.coordinated.labels(verdict.action, verdict.why).inc()
-        backoff = Backoff(base=1.0, cap=30.0)
-        while not self.stop_event.is_set():
-            try:
-                self._act_on_verdict(decision, message, verdict, account)
-                return
-            except (OutboxFull, OSError) as exc:
-                self._outbox_streak.failure("outbox", f"coordinated approval waits: {exc}", eventId=event_id)
-            self.stop_event.wait(backoff.next_delay())
+        self._until_stored(lambda: self._act_on_verdict(decision, message, verdict, account), message)
 
     def _act_on_verdict(
         self, decision: dict[str, Any], message: Message, verdict: Verdict, account: dict[str, Any]
@@ -415,10 +409,8 @@ class Approver:
         if earlier is not None and earlier["state"] == "final":
             return  # acted on already (the stream was read again after a restart)
         if verdict.action == "leave":
-            detail = f"not approved: {', '.join(verdict.pending)} not prepared at the deadline"
-            self._finish(
-                decision, message, "refused", "leftToPlatform", detail[:500], [], coordination=account
-            )
+            detail = verdict.left_detail()
+            self._finish(decision, message, "refused", "leftToPlatform", detail, [], coordination=account)
             return
         self.store.started(decision["decisionId"], message.position)
         body = {k: decision[k] for k in ("decisionId", "target", "issuedBy")}
@@ -488,20 +480,25 @@ class Approver:
             return True
         except OutboxWriteError as exc:
             log.error("audit records cannot be synced; writing them again", extra={"error": str(exc)})
-        backoff = Backoff(base=1.0, cap=30.0)
         for slot, audit in done:
-            while True:
-                try:
-                    self.outbox.append(RecordMeta.of(audit), records.encode(audit))
-                    self._outbox_streak.success()
-                    break
-                except (OutboxFull, OutboxWriteError) as exc:
-                    self._outbox_streak.failure(
-                        "outbox", f"audit record not admitted: {exc}", position=slot.message.position
-                    )
-                if self.stop_event.wait(backoff.next_delay()):
-                    return False  # nothing committed: read again after the restart
+            append = lambda a=audit: self.outbox.append(RecordMeta.of(a), records.encode(a))  # noqa: E731
+            if not self._until_stored(append, slot.message):
+                return False  # nothing committed: read again after the restart
         return True
+
+    def _until_stored(self, store: Callable[[], Any], message: Message) -> bool:
+        """Run ``store`` until the disk takes it (full, quota, failing: waited out with backoff, as
+        :meth:`_handle` does); False when the approver stops first."""
+        backoff = Backoff(base=1.0, cap=30.0)
+        while not self.stop_event.is_set():
+            try:
+                store()
+                self._outbox_streak.success()
+                return True
+            except (OutboxFull, OSError) as exc:
+                self._outbox_streak.failure("outbox", f"not stored yet: {exc}", position=message.position)
+            self.stop_event.wait(backoff.next_delay())
+        return False
 
     def _synced(self, slots: list[Slot]) -> bool:
         """Sync the decision store for a lane's batch. When the disk refuses (EIO, ENOSPC), each
