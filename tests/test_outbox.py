@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import zlib
 from pathlib import Path
 
@@ -308,6 +309,51 @@ def test_a_failed_batch_sync_is_an_error_and_a_roll_syncs_the_batch_first(tmp_pa
     for i in range(1, 8):  # past segment_bytes: the roll must sync the unsynced frames it leaves
         box.append(meta(i), payload(i), sync=False)
     assert len(list(tmp_path.glob("seg-*.log"))) > 1 and syncs.calls > 2
+
+
+def test_batch_syncs_run_outside_the_append_lock_and_share_fsyncs(tmp_path: Path) -> None:
+    """The approver's lanes: while one lane's fsync is on the disk, other lanes keep appending (they
+    do not queue behind it), a lane whose frames that fsync covered needs none of its own, and a
+    roll meanwhile (the fsync runs on a duplicate descriptor) changes nothing."""
+    box = Outbox(tmp_path, ["a"], segment_bytes=2_000)
+    in_fsync, release = threading.Event(), threading.Event()
+    real = box._sync
+    calls: list[int] = []
+
+    def slow_sync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:  # the first batch sync stays on the "disk" until released
+            in_fsync.set()
+            assert release.wait(10)
+        real(fd)
+
+    box._sync = slow_sync
+    box.append(meta(0), payload(0), sync=False)
+    first = threading.Thread(target=box.sync)
+    first.start()
+    assert in_fsync.wait(10)
+    appender = threading.Thread(  # appends (and the rolls they cause) go on during that fsync
+        target=lambda: [box.append(meta(i), payload(i), sync=False) for i in range(1, 30)]
+    )
+    appender.start()
+    appender.join(5)
+    blocked = appender.is_alive()
+    if blocked:
+        release.set()  # let the test end instead of hanging
+    assert not blocked, "appends waited for another lane's fsync"
+    assert len(list(tmp_path.glob("seg-*.log"))) > 1
+    rolled = len(calls) - 1  # each roll synced what it left behind
+    waiting = threading.Thread(target=box.sync)  # needs an fsync of its own: its frames came later
+    waiting.start()
+    release.set()
+    first.join(10)
+    waiting.join(10)
+    assert not first.is_alive() and not waiting.is_alive()
+    assert len(calls) == rolled + 2
+    box.sync()  # everything covered: no fsync
+    assert len(calls) == rolled + 2
+    box.close()
+    assert [e.seq for e in Outbox(tmp_path, ["a"]).read(0, limit=100)] == list(range(1, 31))
 
 
 def test_a_cursor_that_cannot_be_written_is_kept_and_written_later(tmp_path: Path) -> None:

@@ -176,7 +176,12 @@ class Outbox:
         self._append_fd: int | None = None
         self._active_size = 0
         self._tail_dirty = False  # a failed append left bytes past _active_size that are not cut yet
-        self._unsynced = False  # frames appended with sync=False that no fsync has covered yet
+        # Frames appended with sync=False wait for a sync: every seq up to _synced_seq is durable,
+        # _unsynced_seq is the newest one appended without an fsync.
+        self._unsynced_seq = 0
+        self._synced_seq = 0
+        self._sync_lock = threading.Lock()  # one fsync of a batch at a time, outside _lock
+        self._cursor_lock = threading.Lock()  # cursor files are written outside _lock
         self._cursors: dict[str, int] = {}
         self._cursor_paths = {sid: self.dir / "cursors" / sid for sid in sink_ids}
         self._unsaved_cursors: set[str] = set()
@@ -310,7 +315,8 @@ class Outbox:
             except OSError as err:
                 self._cut_back(start)
                 raise self._write_failed(err) from None
-            self._unsynced = self._unsynced or not sync
+            if not sync:
+                self._unsynced_seq = seq
             self._active_size += len(frame)
             self._next_seq = seq + 1
             self._index.add(loc)
@@ -329,15 +335,37 @@ class Outbox:
     def sync(self) -> None:
         """Make every frame appended so far durable. Raises :class:`OutboxWriteError` when the disk
         refuses; the frames stay readable, and the caller treats them as not durable (appends
-        them again, with their ids, the durable way)."""
+        them again, with their ids, the durable way).
+
+        The fsync runs outside the append lock, on a duplicate of the segment's descriptor (a roll
+        meanwhile syncs and closes the original): the approver's lanes append and sync concurrently,
+        and with the sync under the lock each lane's appends queued behind every other lane's fsync.
+        Concurrent callers share one fsync: a caller whose frames an earlier fsync already covered
+        returns at once (group commit)."""
         with self._lock:
-            if not self._unsynced or self._append_fd is None:
+            upto = self._unsynced_seq
+            if upto <= self._synced_seq or self._append_fd is None:
                 return
             try:
-                self._sync(self._append_fd)
-            except OSError as err:
+                fd = os.dup(self._append_fd)
+            except OSError as err:  # EMFILE: the caller appends its frames again, durably
                 raise self._write_failed(err) from None
-            self._unsynced = False
+        try:
+            with self._sync_lock:
+                if self._synced_seq >= upto:
+                    return
+                try:
+                    self._sync(fd)
+                except OSError as err:
+                    raise self._write_failed(err) from None
+                with self._lock:
+                    self._synced_seq = max(self._synced_seq, upto)
+        finally:
+            os.close(fd)
+
+    def _mark_synced(self) -> None:
+        """An fsync of the active segment just covered every frame appended so far."""
+        self._synced_seq = max(self._synced_seq, self._next_seq - 1)
 
     def _write_frame(self, frame: bytes, sync: bool = True) -> None:
         """Write all of ``frame`` and fsync it (unless ``sync`` is false); a short write is continued,
@@ -351,7 +379,7 @@ class Outbox:
             view = view[written:]
         if sync:
             self._sync(self._append_fd)
-            self._unsynced = False
+            self._synced_seq = self._next_seq  # this frame's seq (counted up after the write)
 
     def _cut_back(self, size: int) -> None:
         """Truncate the active segment to ``size`` (the end of the last whole frame)."""
@@ -399,13 +427,13 @@ class Outbox:
         (no inode, EMFILE) leaves the outbox exactly as it was."""
         fd, size = self._open_segment(self._next_seq)
         assert self._append_fd is not None
-        if self._unsynced:  # a batch's earlier frames must not lose their fsync with the segment
+        if self._unsynced_seq > self._synced_seq:  # a batch's frames keep their fsync across the roll
             try:
                 self._sync(self._append_fd)
             except OSError:
                 os.close(fd)
                 raise
-            self._unsynced = False
+            self._mark_synced()
         os.close(self._append_fd)
         self._segments.append(self._next_seq)
         self._append_fd, self._active_size = fd, size
@@ -502,24 +530,35 @@ class Outbox:
                 return
             self._cursors[sink_id] = seq
             self._unsaved_cursors.add(sink_id)
-            self._save_cursors()
             floor = min(self._cursors.values())
             self._index.drop_through(floor)
             self._trim_segments(floor)
+        # Written after the lock is let go: appends do not wait for a file replace per delivery.
+        # A segment may already be gone while its cursor file still names an older seq; a restart
+        # then starts at the oldest frame left, which every sink had confirmed anyway.
+        self._save_cursors()
         self._publish_gauges()
 
     def _save_cursors(self) -> None:
-        """Write the cursors not yet on disk; one that fails stays pending for the next call."""
-        for sid in list(self._unsaved_cursors):
-            try:
-                write_atomic(self._cursor_paths[sid], b"%d\n" % self._cursors[sid], durable=False)
-            except OSError as err:
-                if self._metrics is not None:
-                    self._metrics.outbox_write_errors.labels("cursor").inc()
-                self._cursor_streak.failure(err.__class__.__name__, f"{sid}: {err}", sink=sid)
-                return
-            self._unsaved_cursors.discard(sid)
-        self._cursor_streak.success()
+        """Write the cursors not yet on disk; one that fails stays pending for the next call. Called
+        without ``_lock``; ``_cursor_lock`` keeps the writes in order (a newer value never replaced
+        by an older one)."""
+        with self._cursor_lock:
+            with self._lock:
+                pending = {sid: self._cursors[sid] for sid in self._unsaved_cursors}
+                self._unsaved_cursors.clear()
+            for sid, value in list(pending.items()):
+                try:
+                    write_atomic(self._cursor_paths[sid], b"%d\n" % value, durable=False)
+                except OSError as err:
+                    with self._lock:
+                        self._unsaved_cursors.update(pending)
+                    if self._metrics is not None:
+                        self._metrics.outbox_write_errors.labels("cursor").inc()
+                    self._cursor_streak.failure(err.__class__.__name__, f"{sid}: {err}", sink=sid)
+                    return
+                del pending[sid]
+            self._cursor_streak.success()
 
     def oldest_unconfirmed(self, sink_id: str) -> float | None:
         """Unix time the oldest record ``sink_id`` has not confirmed became durable, if any."""
@@ -557,10 +596,10 @@ class Outbox:
             return len(self._index), self._index.bytes
 
     def close(self) -> None:
+        self._save_cursors()
         with self._lock:
-            self._save_cursors()
             if self._append_fd is not None:
-                if self._unsynced:
+                if self._unsynced_seq > self._synced_seq:
                     try:
                         self._sync(self._append_fd)
                     except OSError as err:

@@ -80,7 +80,7 @@ def setup(emulator: Emulator, make_agent, tmp_path: Path):
 def test_the_date_time_format_is_checked() -> None:
     """Issue 9: ``rfc3339-validator`` was missing, so the schema's date-time format was never checked."""
     decision = signed("E", expiresAt="2026-02-30T10:00:00Z")
-    assert any("is not a 'date-time'" in e for e in validate_document(decision, "decision.v1.schema.json"))
+    assert any('is not a "date-time"' in e for e in validate_document(decision, "decision.v1.schema.json"))
 
 
 def test_an_impossible_date_is_refused_and_does_not_wedge_the_approver(setup: Setup) -> None:
