@@ -53,8 +53,8 @@ demo: $(VENV)/.installed
 	$(BIN)/se-bridge demo
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check bridge tests bench infra/signer infra/tools
-	$(BIN)/ruff format --check bridge tests bench infra/signer infra/tools
+	$(BIN)/ruff check bridge tests bench infra/signer infra/tools deploy/vmapp deploy/enable_vm_application.py
+	$(BIN)/ruff format --check bridge tests bench infra/signer infra/tools deploy/vmapp deploy/enable_vm_application.py
 	$(BIN)/lint-imports
 
 # The crash-consistency test reads the agent's syscalls with strace (Debian package; installed here

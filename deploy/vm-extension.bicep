@@ -105,7 +105,7 @@ param windowsSecretsUri string = ''
 @description('Change this value (e.g. a timestamp) to run the installer again with unchanged settings, e.g. to pick up a new wheel at the same URL.')
 param forceUpdateTag string = ''
 
-@description('How the installer reaches the machine. RunCommand (the default on a Linux VM): a managed Run Command, which coexists with a Custom Script extension the VM may already have (a VM takes only one of those). CustomScript: the Custom Script extension, which replaces an existing one\'s settings; the only delivery for scale sets (a model extension reaches every instance, new ones too) and for Windows here.')
+@description('How the installer reaches the machine. RunCommand (the default on a Linux VM): a managed Run Command, which coexists with a Custom Script extension the VM may already have (a VM takes only one of those). CustomScript: the Custom Script extension, which replaces an existing one\'s settings; the delivery for scale sets and Windows in this template (a model extension reaches every instance, new ones too). Scale sets without a Custom Script slot to spare: the VM Application (infra/modules/vm-application.bicep, docs/deploy.md).')
 @allowed([
   'RunCommand'
   'CustomScript'

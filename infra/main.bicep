@@ -124,6 +124,18 @@ param logicAppDecisionKey string = ''
 @maxValue(86400)
 param logicAppDecisionTtlSeconds int = 900
 
+@description('Publish the agent as a VM Application (Azure Compute Gallery) with this version, Major.Minor.Patch: the delivery for scale sets and large fleets (docs/deploy.md). Empty: no gallery.')
+param vmApplicationVersion string = ''
+
+@description('Blob name, in the artifacts container, of the VM Application package (python deploy/vmapp/build_package.py se-bridge.tar.gz).')
+param vmApplicationPackageBlob string = 'se-bridge.tar.gz'
+
+@description('Blob name, in the artifacts container, of the VM Application settings JSON (the installer\'s --settings; no secrets: keys as Key Vault URLs).')
+param vmApplicationSettingsBlob string = 'se-bridge-settings.json'
+
+@description('Regions the VM Application version is replicated to (those of the VMs); empty: this deployment\'s region.')
+param vmApplicationRegions array = []
+
 @description('Deploy Azure Data Explorer (cluster, database, table, mapping, data connection) for the ops dashboard.')
 param deployDataExplorer bool = false
 
@@ -306,6 +318,25 @@ module dataExplorer 'modules/dataexplorer.bicep' = if (deployDataExplorer) {
   }
 }
 
+// The agent as a VM Application: the gallery reads the package and settings from the artifacts
+// container with its own identity at publish time (no SAS stored anywhere).
+module vmApplication 'modules/vm-application.bicep' = if (!empty(vmApplicationVersion)) {
+  name: 'se-bridge-vm-application'
+  params: {
+    location: location
+    galleryName: '${compactPrefix}gallery${suffix}'
+    version: vmApplicationVersion
+    artifactsStorageAccountName: storage.outputs.accountName
+    artifactsContainerName: storage.outputs.containers.artifacts
+    packageBlobName: vmApplicationPackageBlob
+    settingsBlobName: vmApplicationSettingsBlob
+    targetRegions: empty(vmApplicationRegions) ? [
+      location
+    ] : vmApplicationRegions
+    tags: tags
+  }
+}
+
 @description('Event Hubs host name for the sink and source specs (vm-extension.bicep eventHubsNamespaceFqdn).')
 output eventHubsNamespaceFqdn string = eventHubs.outputs.namespaceFqdn
 
@@ -353,3 +384,6 @@ output dataExplorerUri string = deployDataExplorer ? dataExplorer.outputs.cluste
 
 @description('Logic App workflow id (empty when not deployed); its webhook URL comes from listCallbackUrl.')
 output logicAppWorkflowId string = deployLogicApp ? logicApp.outputs.workflowId : ''
+
+@description('Resource id of the published VM Application version (deploy/enable_vm_application.py --version-id; applicationProfile.galleryApplications[].packageReferenceId); empty when none was published.')
+output vmApplicationVersionId string = empty(vmApplicationVersion) ? '' : vmApplication.outputs.applicationVersionId

@@ -65,6 +65,11 @@ API_VERSIONS = {
     "Microsoft.Network/privateEndpoints/privateDnsZoneGroups": "2023-11-01",
     "Microsoft.Insights/diagnosticSettings": "2021-05-01-preview",
     "Microsoft.Kusto/clusters/databases/principalAssignments": "2023-08-15",
+    # A gallery's user-assigned identity (publishing from private blobs without a SAS): the version
+    # Microsoft's "Publish VM applications using managed identity" uses.
+    "Microsoft.Compute/galleries": "2025-04-01",
+    "Microsoft.Compute/galleries/applications": "2025-04-01",
+    "Microsoft.Compute/galleries/applications/versions": "2025-04-01",
 }
 
 # Every checkov skip, per scanned directory: a new skip must be justified inline and listed here.
@@ -160,7 +165,7 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
             assignments += 1
             # The resource-group grants: the narrowest role there is (ARM acknowledge), and the policy
             # remediation's Virtual Machine Contributor on the one group it is assigned to.
-            if path in (ARM_ACKNOWLEDGE, POLICY_ASSIGNMENT):
+            if path in (ARM_ACKNOWLEDGE, POLICY_ASSIGNMENT, VMAPP_POLICY_ASSIGNMENT):
                 assert not resource["scope"], resource
                 continue
             assert resource["scope"], f"{resource['symbol']} has no scope"
@@ -170,6 +175,7 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
 
 ARM_ACKNOWLEDGE = "infra/modules/arm-acknowledge.bicep"
 POLICY_ASSIGNMENT = "deploy/policy/se-bridge-policy-assignment.bicep"
+VMAPP_POLICY_ASSIGNMENT = "deploy/policy/se-bridge-vmapp-policy-assignment.bicep"
 SCHEDULED_EVENTS_CONTRIBUTOR = "b67fe603-310e-4889-b9ee-8257d09d353d"  # acknowledge + VM/VMSS/AvSet read
 
 
@@ -223,6 +229,72 @@ def test_scheduled_events_policy_is_one_block_for_templates_and_existing_vms(tmp
         assert refused.returncode == 2 and not calls.exists(), refused.stderr
 
 
+FAKE_AZ = """#!{python}
+import json, sys
+args = sys.argv[1:]
+with open({calls!r}, "a") as f:
+    f.write(json.dumps(args) + "\\n")
+if args[1] == "show":
+    profile = json.load(open({state!r})).get(args[args.index("--ids") + 1])
+    print("" if profile is None else json.dumps(profile))
+"""
+
+
+def test_vm_application_is_added_to_existing_vms_keeping_their_other_applications(tmp_path: Path) -> None:
+    """Issue 13: deploy/enable_vm_application.py adds the application version to VMs and scale sets
+    deployed from elsewhere: their other applications stay, an older version of ours is replaced, a
+    model without an applicationProfile gets the whole block, and one wrong id stops everything before
+    the first change. Run against a stand-in `az` that answers `show` from a file and records every
+    call (the Azure CLI cannot reach Azure from this machine)."""
+    script = ROOT / "deploy" / "enable_vm_application.py"
+    sub = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg/providers/Microsoft.Compute"
+    app = f"{sub}/galleries/g1/applications/se-bridge"
+    other = {"packageReferenceId": f"{sub}/galleries/g1/applications/monitoring/versions/2.0.0", "order": 1}
+    vm, vm_bare, vmss = (
+        f"{sub}/virtualMachines/vm-1",
+        f"{sub}/virtualMachines/vm-2",
+        f"{sub}/virtualMachineScaleSets/s-1",
+    )
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({
+        vm: {"galleryApplications": [other, {"packageReferenceId": f"{app}/versions/0.9.0"}]},
+        vm_bare: None,
+        vmss: {"galleryApplications": []},
+    }))  # fmt: skip
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "az"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_AZ.format(python=sys.executable, calls=str(calls), state=str(state)))
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    version = f"{app}/versions/1.0.0"
+    run = [sys.executable, str(script), "--version-id", version, "--update-instances"]
+    done = subprocess.run([*run, vm, vm_bare, vmss], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    updates = [json.loads(line) for line in calls.read_text().splitlines()]
+    updates = [c for c in updates if c[1] != "show"]
+    ours = {"packageReferenceId": version, "treatFailureAsDeploymentFailure": True}
+    sets = {c[3]: c[c.index("--set") + 1] for c in updates if c[1] == "update"}
+    assert sets[vm] == "applicationProfile.galleryApplications=" + json.dumps([other, ours])
+    assert sets[vm_bare] == "applicationProfile=" + json.dumps({"galleryApplications": [ours]})
+    assert sets[vmss] == "virtualMachineProfile.applicationProfile.galleryApplications=" + json.dumps([ours])
+    assert ["vmss", "update-instances", "--ids", vmss, "--instance-ids", "*", "--output", "none"] in updates
+    # Already there: nothing is written.
+    state.write_text(json.dumps({vm: {"galleryApplications": [other, ours]}}))
+    calls.unlink()
+    done = subprocess.run([*run, vm], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "already set" in done.stdout
+    assert [json.loads(line)[1] for line in calls.read_text().splitlines()] == ["show"]
+    # A wrong id anywhere, or a version that is not one, stops everything before the first call.
+    calls.unlink()
+    for bad in ([vm, f"{sub}/virtualMachineScaleSets/s-1/virtualMachines/3"], [vm, f"{sub}/disks/d-1"]):
+        refused = subprocess.run([*run, *bad], env=env, capture_output=True, text=True, check=False)
+        assert refused.returncode == 2 and not calls.exists(), refused.stderr
+    wrong_version = [sys.executable, str(script), "--version-id", f"{app}/versions/latest", vm]
+    refused = subprocess.run(wrong_version, env=env, capture_output=True, text=True, check=False)
+    assert refused.returncode == 2 and not calls.exists()
+
+
 def test_the_fleet_policy_deploys_the_extension_template_it_checks_for(lint_report: dict[str, Any]) -> None:
     """Issue 13: the DeployIfNotExists policy deploys deploy/vm-extension.bicep (as a template spec)
     with parameters that template declares, checks for the Run Command that template creates, and
@@ -243,6 +315,42 @@ def test_the_fleet_policy_deploys_the_extension_template_it_checks_for(lint_repo
     assert run_command and f"name: '{run_command.group(1)}'" in policy
     assert "type: 'Microsoft.Compute/virtualMachines/runCommands'" in policy
     for path in ("deploy/policy/se-bridge-policy.bicep", POLICY_ASSIGNMENT):
+        assert (
+            lint_report["files"][path]["secure_params"] == [] and lint_report["files"][path]["errors"] == []
+        )
+
+
+def test_the_vm_application_policy_adds_the_version_it_is_given(lint_report: dict[str, Any]) -> None:
+    """Issue 13: the `modify` policies (VMs, scale sets; Microsoft's "Govern and enforce compliance
+    for VM Applications with Azure Policy") rebuild the version id they are assigned from its parts
+    and count a VM that has any version of the application as compliant; what they add is the
+    entry deploy/enable_vm_application.py writes. The Bicep's split of the id is replayed here."""
+    policy = (ROOT / "deploy" / "policy" / "se-bridge-vmapp-policy.bicep").read_text()
+    version_id = (
+        "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg-platform/providers/"
+        "Microsoft.Compute/galleries/sebridgegallery1/applications/se-bridge/versions/1.2.3"
+    )
+    parts = version_id.split("/")
+    given = {name: parts[int(i)] for name, i in re.findall(r"(\w+): \{\n\s+value: idParts\[(\d+)\]", policy)}
+    assert set(given) == {
+        "subscriptionId",
+        "resourceGroup",
+        "galleryName",
+        "applicationName",
+        "applicationVersion",
+    }
+    concat = re.search(r"packageReferenceId: '\[concat\((.*)\)\]'", policy).group(1)  # type: ignore[union-attr]
+    rebuilt = "".join(
+        given[re.match(r"parameters\(\\'(\w+)\\'\)", piece).group(1)]
+        if piece.startswith("parameters")  # type: ignore[union-attr]
+        else piece.strip("\\'")
+        for piece in (p.strip() for p in concat.split(", "))
+    )
+    assert rebuilt == version_id
+    assert "treatFailureAsDeploymentFailure: true" in policy and "operation: 'add'" in policy
+    where = "contains: '[concat(\\'/galleries/\\', parameters(\\'galleryName\\'), \\'/applications/\\', "
+    assert where + "parameters(\\'applicationName\\'), \\'/\\')]'" in policy  # any version: compliant
+    for path in ("deploy/policy/se-bridge-vmapp-policy.bicep", VMAPP_POLICY_ASSIGNMENT):
         assert (
             lint_report["files"][path]["secure_params"] == [] and lint_report["files"][path]["errors"] == []
         )
@@ -471,6 +579,25 @@ resource viaTight 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' = {
     retention = [e for e in errors if "messageRetentionInDays" in e]
     assert [e.split(":")[0] for e in retention] == ["hub literal", "hub viaLoose"]  # viaTight is bounded
     assert "may be 30, but its namespace's tier keeps messages at most 7 days" in retention[0]
+
+
+def test_bicep_lint_knows_the_vm_application_limits(tmp_path: Path) -> None:
+    """A gallery application version's commands are at most 4,096 characters and its name is
+    Major.Minor.Patch (Azure Compute Gallery "VM Applications overview"); a command built from
+    variables is measured as the platform gets it. infra/modules/vm-application.bicep passes."""
+    module = (ROOT / "infra" / "modules" / "vm-application.bicep").read_text()
+    bad = module.replace("param version string\n", "var version = '1.0'\n").replace(
+        "var removeCommand = 'tar", "var removeCommand = '" + "x" * 4100 + " tar"
+    )
+    (tmp_path / "vm-application.bicep").write_text(bad)
+    code, report = run_lint(tmp_path / "vm-application.bicep")
+    errors = report["files"][str(tmp_path / "vm-application.bicep")]["errors"]
+    assert code == 1 and len(errors) == 2, errors
+    assert errors[0] == "version applicationVersion: name 1.0 is not Major.Minor.Patch"
+    assert errors[1].endswith("remove command of 4159 characters in applicationVersion: a VM Application "
+                              "takes at most 4096")  # fmt: skip
+    code, report = run_lint(ROOT / "infra" / "modules" / "vm-application.bicep")
+    assert report["files"][str(ROOT / "infra" / "modules" / "vm-application.bicep")]["errors"] == []
 
 
 # -- checkov -----------------------------------------------------------------------------------------

@@ -494,3 +494,72 @@ def test_extension_bootstrap_runs_the_installer(wheel: Path, tmp_path: Path) -> 
     assert "approver" not in config
     assert (root / "etc" / "se-bridge" / "webhook.key").read_text() == WEBHOOK_KEY
     assert WEBHOOK_KEY not in proc.stdout + proc.stderr
+
+
+def _vm_app_commands() -> dict[str, str]:
+    """The install, update and remove commands as infra/modules/vm-application.bicep publishes them
+    (its variables resolved)."""
+    import re
+
+    bicep = (ROOT / "infra" / "modules" / "vm-application.bicep").read_text()
+    names = dict(re.findall(r"^var (\w+) = '([^']*)'$", bicep, re.M))
+    resolve = lambda text: re.sub(r"\$\{(\w+)\}", lambda m: names[m.group(1)], text)  # noqa: E731
+    return {action: resolve(names[f"{action}Command"]) for action in ("install", "update", "remove")}
+
+
+def test_vm_application_installs_offline_updates_and_removes(tmp_path: Path) -> None:
+    """Issue 13: the VM Application delivery (scale sets, fleets). The package deploy/vmapp/build_package.py
+    builds carries every wheel, so a VM without a package index installs it: here pip's only way out is
+    a dead proxy. The VM Application manager downloads the package and the settings into the version's
+    directory under the names the version's settings give, and runs the version's commands there with
+    /bin/bash as root: done the same way with the commands the Bicep module publishes. Then the update
+    command upgrades in place, and remove takes the services and the virtual environment away but
+    keeps the configuration and the state (an outbox may hold records not yet delivered)."""
+    package = tmp_path / "dist" / "se-bridge.tar.gz"
+    builder = ROOT / "deploy" / "vmapp" / "build_package.py"
+    built = subprocess.run(
+        [sys.executable, str(builder), str(package), "--extras", "", "--here"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    commands = _vm_app_commands()
+    assert all(len(command) <= 4096 for command in commands.values())
+    root = tmp_path / "root"
+    workdir = tmp_path / "waagent" / "Microsoft.CPlat.Core.VMApplicationManagerLinux" / "se-bridge" / "1.0.0"
+    workdir.mkdir(parents=True)
+    shutil.copy(package, workdir / "se-bridge.tar.gz")
+    env = {**os.environ, "SE_BRIDGE_ROOT": str(root), "HTTPS_PROXY": "http://127.0.0.1:9",
+           "HTTP_PROXY": "http://127.0.0.1:9", "PIP_INDEX_URL": "http://127.0.0.1:9/simple"}  # fmt: skip
+
+    def run(action: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["/bin/bash", "-c", commands[action]], cwd=workdir, env=env,
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+
+    missing = run("install")  # no settings: a clear refusal, not an agent with defaults
+    assert missing.returncode != 0 and "defaultConfigurationLink" in missing.stderr
+    settings = {"agent": {"sink": [f"file://{root}/records.jsonl"], "poll_interval": 1.0}}
+    (workdir / "se-bridge-settings.json").write_text(json.dumps(settings))
+    installed = run("install")
+    assert installed.returncode == 0, installed.stderr
+    config = tomllib.loads((root / "etc" / "se-bridge" / "config.toml").read_text())
+    assert config["agent"]["sink"] == [f"file://{root}/records.jsonl"]
+    venv = root / "opt" / "se-bridge" / "venv"
+    version = subprocess.run([str(venv / "bin" / "se-bridge"), "--version"], capture_output=True, text=True)
+    assert version.returncode == 0, version.stderr
+    settings["agent"]["poll_interval"] = 2.0
+    (workdir / "se-bridge-settings.json").write_text(json.dumps(settings))
+    updated = run("update")
+    assert updated.returncode == 0, updated.stderr
+    assert (
+        tomllib.loads((root / "etc" / "se-bridge" / "config.toml").read_text())["agent"]["poll_interval"]
+        == 2.0
+    )
+    (root / "var" / "lib" / "se-bridge" / "outbox").mkdir(parents=True, exist_ok=True)
+    removed = run("remove")
+    assert removed.returncode == 0, removed.stderr
+    assert not (root / "opt" / "se-bridge").exists()
+    assert not list((root / "etc" / "systemd" / "system").glob("se-bridge-*.service"))
+    assert (root / "etc" / "se-bridge" / "config.toml").exists()
+    assert (root / "var" / "lib" / "se-bridge" / "outbox").is_dir()

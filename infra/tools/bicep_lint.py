@@ -30,6 +30,7 @@ when any file has an error.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -383,6 +384,58 @@ def check_one_custom_script(bicep: BicepFile) -> None:
             )
 
 
+#: A VM Application version's install, update and remove commands: 4,096 characters each; its name
+#: Major.Minor.Patch (Azure Compute Gallery "VM Applications overview" and its error messages).
+VM_APP_COMMAND_CHARS = 4096
+VM_APP_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+
+
+def _literal_following_variables(
+    bicep: BicepFile, node: Any, seen: frozenset[str] = frozenset()
+) -> str | None:
+    """The text of ``node``: a literal, an interpolation of literal variables (``${name}``), or a
+    variable holding either (None when any part is only known at deployment)."""
+    if isinstance(node, Tree) and node.data == "string" and str(node.children[0]).startswith("'"):
+        text = str(node.children[0])[1:-1]
+        for name in set(re.findall(r"\$\{(\w+)\}", text)):
+            if name not in bicep.variables or name in seen:
+                return None
+            value = _literal_following_variables(bicep, bicep.variables[name], seen | {name})
+            if value is None:
+                return None
+            text = text.replace("${" + name + "}", value)
+        return None if "${" in text else text
+    names = access_path(node)
+    if len(names) == 1 and names[0] in bicep.variables and names[0] not in seen:
+        return _literal_following_variables(bicep, bicep.variables[names[0]], seen | {names[0]})
+    return None
+
+
+def check_vm_application(bicep: BicepFile) -> None:
+    """A gallery application version whose commands are longer than the platform takes, or whose
+    name is not Major.Minor.Patch, fails the deployment: say so here."""
+    for symbol, element in bicep.resources.items():
+        if _resource_type(element) != "microsoft.compute/galleries/applications/versions":
+            continue
+        body = pairs(body_object(element.children[-1]))
+        name = _literal_following_variables(bicep, body.get("name"))
+        if name is not None and not VM_APP_VERSION.match(name):
+            bicep.errors.append(f"version {symbol}: name {name} is not Major.Minor.Patch")
+        for node in walk(element.children[-1]):
+            if node.data != "pair" or _name(node.children[0].children[0]) not in (
+                "install",
+                "update",
+                "remove",
+            ):
+                continue
+            text = _literal_following_variables(bicep, node.children[1])
+            if text is not None and len(text) > VM_APP_COMMAND_CHARS:
+                bicep.errors.append(
+                    f"line {bicep.line(node)}: {_name(node.children[0].children[0])} command of {len(text)} "
+                    f"characters in {symbol}: a VM Application takes at most {VM_APP_COMMAND_CHARS}"
+                )
+
+
 #: Days an Event Hubs tier keeps messages at most (Basic 1, Standard 7; Premium and Dedicated 90).
 RETENTION_DAYS = {"basic": 1, "standard": 7, "premium": 90}
 
@@ -562,6 +615,7 @@ def lint(paths: list[Path]) -> dict[str, Any]:
         check_inline_code(bicep)
         check_one_custom_script(bicep)
         check_retention(bicep)
+        check_vm_application(bicep)
         flows = check_secrets(bicep, files)
         report["files"][str(bicep.path)] = {
             "errors": bicep.errors,

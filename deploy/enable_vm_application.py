@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Add the se-bridge VM Application version to VMs and scale sets that already exist.
+
+    deploy/enable_vm_application.py [--dry-run] [--update-instances] --version-id VERSION_ID RESOURCE_ID...
+
+VERSION_ID is infra/modules/vm-application.bicep's ``applicationVersionId`` output; each RESOURCE_ID
+a VM (.../virtualMachines/NAME) or a scale set (.../virtualMachineScaleSets/NAME).
+
+Why a script: a template that defines the VM or scale set puts the module's ``galleryApplication``
+output in its ``applicationProfile``; one deployed from elsewhere cannot be patched by a Bicep file
+without redeclaring its whole model. ``az vm update`` / ``az vmss update`` read the model, change one
+property and write it back. The VM's other applications are kept: the script reads the current
+``galleryApplications`` list and writes it back with this application's entry added, or replacing an
+older version of the same application (a VM takes one version of an application). Every id is checked
+before anything changes. A scale set whose upgrade policy is Manual gives its instances the change with
+``az vmss update-instances`` (``--update-instances``). Needs the Azure CLI, signed in with rights to
+update the resources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from typing import Any
+
+VM = re.compile(
+    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/virtualMachines/[^/]+$", re.I
+)
+VMSS = re.compile(
+    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/virtualMachineScaleSets/[^/]+$",
+    re.I,
+)
+VERSION = re.compile(
+    r"^(/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/galleries/[^/]+/applications/[^/]+)"
+    r"/versions/\d+\.\d+\.\d+$",
+    re.I,
+)
+
+
+class Refused(Exception):
+    """An argument that would change the wrong thing: nothing is changed."""
+
+
+def profile_path(resource_id: str) -> str:
+    return "virtualMachineProfile.applicationProfile" if VMSS.match(resource_id) else "applicationProfile"
+
+
+def merged(
+    current: list[dict[str, Any]] | None, version_id: str, fail_deployment: bool
+) -> list[dict[str, Any]]:
+    """``current`` with this application's entry added or replacing another version of it."""
+    application = VERSION.match(version_id).group(1).lower() + "/versions/"  # type: ignore[union-attr]
+    keep = [
+        a for a in current or [] if not str(a.get("packageReferenceId", "")).lower().startswith(application)
+    ]
+    return [*keep, {"packageReferenceId": version_id, "treatFailureAsDeploymentFailure": fail_deployment}]
+
+
+def az(*args: str) -> str:
+    done = subprocess.run(["az", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"az {' '.join(args[:2])} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def enable(
+    resource_id: str, version_id: str, *, fail_deployment: bool, dry_run: bool, update_instances: bool
+) -> str:
+    group = "vmss" if VMSS.match(resource_id) else "vm"
+    path = profile_path(resource_id)
+    shown = az(group, "show", "--ids", resource_id, "--query", path, "--output", "json").strip()
+    profile = json.loads(shown) if shown else None
+    current = (profile or {}).get("galleryApplications")
+    wanted = merged(current, version_id, fail_deployment)
+    if current == wanted:
+        return f"already set: {resource_id}"
+    # A model without an applicationProfile gets the whole block (a generic --set cannot reach into a
+    # property that is null); otherwise only its list, so other applicationProfile settings stay.
+    if profile is None:
+        assignment = f"{path}={json.dumps({'galleryApplications': wanted})}"
+    else:
+        assignment = f"{path}.galleryApplications={json.dumps(wanted)}"
+    command = [group, "update", "--ids", resource_id, "--set", assignment, "--output", "none"]
+    if dry_run:
+        return "az " + " ".join(command)
+    az(*command)
+    if group == "vmss" and update_instances:
+        az("vmss", "update-instances", "--ids", resource_id, "--instance-ids", "*", "--output", "none")
+    return f"application set: {resource_id}"
+
+
+def check(resource_ids: list[str], version_id: str) -> None:
+    if not VERSION.match(version_id):
+        raise Refused(
+            f"not a gallery application version id (.../applications/NAME/versions/X.Y.Z): {version_id}"
+        )
+    for resource_id in resource_ids:
+        if not (VM.match(resource_id) or VMSS.match(resource_id)):
+            raise Refused(
+                f"not a VM or scale set resource id (a scale-set instance: use its scale set): {resource_id}"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--version-id", required=True, help="the application version's resource id")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the az commands instead of running them"
+    )
+    parser.add_argument(
+        "--update-instances", action="store_true", help="scale sets: update every instance now"
+    )
+    parser.add_argument(
+        "--no-fail-deployment", dest="fail_deployment", action="store_false",
+        help="do not mark the VM's deployment failed when the install fails (the platform's default)",
+    )  # fmt: skip
+    parser.add_argument("resource_ids", nargs="+", metavar="RESOURCE_ID")
+    args = parser.parse_args(argv)
+    try:
+        check(args.resource_ids, args.version_id)  # every id before the first change
+        for resource_id in args.resource_ids:
+            print(enable(resource_id, args.version_id, fail_deployment=args.fail_deployment,
+                         dry_run=args.dry_run, update_instances=args.update_instances))  # fmt: skip
+    except Refused as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+// Azure Policy for a fleet by VM Application: every Linux VM and scale set in scope tagged
+// se-bridge=enabled gets the se-bridge application version in its applicationProfile (effect
+// `modify`, as Microsoft's "Govern and enforce compliance for VM Applications with Azure Policy"
+// shows it): new VMs and scale sets at creation, existing ones by a remediation task. One definition
+// per resource type, as that page advises.
+//
+//   az deployment sub create -l westeurope -f deploy/policy/se-bridge-vmapp-policy.bicep \
+//     -p applicationVersionId=<infra output vmApplicationVersionId> assignmentResourceGroup=rg-app
+//   az policy remediation create -g rg-app -n se-bridge-vm --policy-assignment se-bridge-vmapp-vm
+//   az policy remediation create -g rg-app -n se-bridge-vmss --policy-assignment se-bridge-vmapp-vmss
+//
+// Remediate in waves (a remediation task per region or resource group). A scale set with a Manual
+// upgrade policy gives its instances the application on `az vmss update-instances`. A VM that
+// already has another version of the application is compliant (one version per VM): upgrades are
+// deploy/enable_vm_application.py with the new version id, or a new assignment with it. No secret goes
+// through the policy. The agents' identity must be on the VMs too: the built-in policies "Assign
+// Built-In User-Assigned Managed Identity to Virtual Machines" (d367bd60-64ca-4364-98ea-276775bddd94)
+// and "... to Virtual Machine Scale Sets" (516187d4-ef64-4a1b-ad6b-a7348502976c) assign a pre-created
+// identity with bringYourOwnUserAssignedManagedIdentity=true, userAssignedIdentityName and
+// identityResourceGroup (docs/deploy.md).
+targetScope = 'subscription'
+
+@description('The VM Application version to install (infra output vmApplicationVersionId: .../galleries/G/applications/A/versions/X.Y.Z).')
+param applicationVersionId string
+
+@description('Resource group whose VMs and scale sets the assignments cover (one per group: repeat, or assign the definitions at a management group).')
+param assignmentResourceGroup string
+
+@description('Region of the assignments\' managed identities.')
+param location string = deployment().location
+
+@description('Modify, or Disabled.')
+@allowed([
+  'Modify'
+  'Disabled'
+])
+param effect string = 'Modify'
+
+// Virtual Machine Contributor: what a remediation needs to change a VM's or scale set's model.
+var virtualMachineContributor = '9980e02c-c2be-4d73-94e8-173b1dc7cf3c'
+// .../subscriptions/S/resourceGroups/R/providers/Microsoft.Compute/galleries/G/applications/A/versions/V
+var idParts = split(applicationVersionId, '/')
+var kinds = [
+  {
+    key: 'vm'
+    type: 'Microsoft.Compute/virtualMachines'
+    fields: 'Microsoft.Compute/virtualMachines/'
+    what: 'Linux VMs'
+  }
+  {
+    key: 'vmss'
+    type: 'Microsoft.Compute/virtualMachineScaleSets'
+    fields: 'Microsoft.Compute/virtualMachineScaleSets/virtualMachineProfile.'
+    what: 'Linux scale sets'
+  }
+]
+
+resource definitions 'Microsoft.Authorization/policyDefinitions@2023-04-01' = [for kind in kinds: {
+  name: 'se-bridge-vmapp-${kind.key}'
+  properties: {
+    policyType: 'Custom'
+    mode: 'Indexed'
+    displayName: 'Add the Scheduled Events bridge VM Application to tagged ${kind.what}'
+    description: 'Adds the se-bridge VM Application version to applicationProfile.galleryApplications of ${kind.what} tagged se-bridge=enabled that have no version of it.'
+    metadata: {
+      category: 'Compute'
+    }
+    parameters: {
+      effect: {
+        type: 'String'
+        allowedValues: [
+          'Modify'
+          'Disabled'
+        ]
+        defaultValue: 'Modify'
+      }
+      subscriptionId: {
+        type: 'String'
+      }
+      resourceGroup: {
+        type: 'String'
+      }
+      galleryName: {
+        type: 'String'
+      }
+      applicationName: {
+        type: 'String'
+      }
+      applicationVersion: {
+        type: 'String'
+      }
+    }
+    policyRule: {
+      if: {
+        allOf: [
+          {
+            field: 'type'
+            equals: kind.type
+          }
+          {
+            field: '${kind.fields}storageProfile.osDisk.osType'
+            equals: 'Linux'
+          }
+          {
+            field: 'tags[se-bridge]'
+            equals: 'enabled'
+          }
+          {
+            count: {
+              field: '${kind.fields}applicationProfile.galleryApplications[*]'
+              where: {
+                field: '${kind.fields}applicationProfile.galleryApplications[*].packageReferenceId'
+                contains: '[concat(\'/galleries/\', parameters(\'galleryName\'), \'/applications/\', parameters(\'applicationName\'), \'/\')]'
+              }
+            }
+            equals: 0
+          }
+        ]
+      }
+      then: {
+        effect: '[parameters(\'effect\')]'
+        details: {
+          roleDefinitionIds: [
+            '/providers/Microsoft.Authorization/roleDefinitions/${virtualMachineContributor}'
+          ]
+          operations: [
+            {
+              operation: 'add'
+              field: '${kind.fields}applicationProfile.galleryApplications'
+              value: {
+                packageReferenceId: '[concat(\'/subscriptions/\', parameters(\'subscriptionId\'), \'/resourceGroups/\', parameters(\'resourceGroup\'), \'/providers/Microsoft.Compute/galleries/\', parameters(\'galleryName\'), \'/applications/\', parameters(\'applicationName\'), \'/versions/\', parameters(\'applicationVersion\'))]'
+                treatFailureAsDeploymentFailure: true
+              }
+            }
+          ]
+        }
+      }
+    }
+  }
+}]
+
+module assignments 'se-bridge-vmapp-policy-assignment.bicep' = [for (kind, i) in kinds: {
+  name: 'se-bridge-vmapp-${kind.key}-assignment'
+  scope: resourceGroup(assignmentResourceGroup)
+  params: {
+    name: 'se-bridge-vmapp-${kind.key}'
+    displayName: definitions[i].properties.displayName
+    definitionId: definitions[i].id
+    location: location
+    parameters: {
+      effect: {
+        value: effect
+      }
+      subscriptionId: {
+        value: idParts[2]
+      }
+      resourceGroup: {
+        value: idParts[4]
+      }
+      galleryName: {
+        value: idParts[8]
+      }
+      applicationName: {
+        value: idParts[10]
+      }
+      applicationVersion: {
+        value: idParts[12]
+      }
+    }
+    roleDefinitionId: virtualMachineContributor
+  }
+}]
+
+@description('The policy definitions, VMs then scale sets (assign them elsewhere too: a management group covers a fleet).')
+output definitionIds array = [for (kind, i) in kinds: definitions[i].id]
