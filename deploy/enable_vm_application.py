@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Add the se-bridge VM Application version to VMs and scale sets that already exist.
 
-    deploy/enable_vm_application.py [--dry-run] [--update-instances] --version-id VERSION_ID RESOURCE_ID...
+    deploy/enable_vm_application.py [--dry-run] [--update-instances] [--identity IDENTITY_ID] \
+        --version-id VERSION_ID RESOURCE_ID...
 
 VERSION_ID is infra/modules/vm-application.bicep's ``applicationVersionId`` output; each RESOURCE_ID
 a VM (.../virtualMachines/NAME) or a scale set (.../virtualMachineScaleSets/NAME).
@@ -13,8 +14,10 @@ property and write it back. The VM's other applications are kept: the script rea
 ``galleryApplications`` list and writes it back with this application's entry added, or replacing an
 older version of the same application (a VM takes one version of an application). Every id is checked
 before anything changes. A scale set whose upgrade policy is Manual gives its instances the change with
-``az vmss update-instances`` (``--update-instances``). Needs the Azure CLI, signed in with rights to
-update the resources.
+``az vmss update-instances`` (``--update-instances``). ``--identity`` first attaches the agents'
+user-assigned identity (infra output ``agentIdentityResourceId``) with ``az vm|vmss identity assign``,
+which keeps the identities a VM already has: the agent publishes and reads keys with it. Needs the
+Azure CLI, signed in with rights to update the resources.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ VM = re.compile(
 )
 VMSS = re.compile(
     r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/virtualMachineScaleSets/[^/]+$",
+    re.I,
+)
+IDENTITY = re.compile(
+    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ManagedIdentity/userAssignedIdentities/[^/]+$",
     re.I,
 )
 VERSION = re.compile(
@@ -66,37 +73,52 @@ def az(*args: str) -> str:
     return done.stdout
 
 
-def enable(
-    resource_id: str, version_id: str, *, fail_deployment: bool, dry_run: bool, update_instances: bool
-) -> str:
+def enable(resource_id: str, version_id: str, options: argparse.Namespace) -> list[str]:
+    """What was done (or, with ``--dry-run``, the ``az`` commands that would run) for one VM or scale
+    set: its identity, its application list, its instances."""
     group = "vmss" if VMSS.match(resource_id) else "vm"
+    commands = []
+    if options.identity:  # kept as is when already attached: `identity assign` adds, never replaces
+        commands.append([group, "identity", "assign", "--ids", resource_id, "--identities", options.identity])
+    update = application_update(group, resource_id, version_id, options.fail_deployment)
+    if update is not None:
+        commands.append(update)
+        if group == "vmss" and options.update_instances:
+            commands.append(["vmss", "update-instances", "--ids", resource_id, "--instance-ids", "*"])
+    if options.dry_run:
+        return ["az " + " ".join(c) for c in commands] or [f"already set: {resource_id}"]
+    for command in commands:
+        az(*command, "--output", "none")
+    return [f"application set: {resource_id}" if update else f"already set: {resource_id}"]
+
+
+def application_update(
+    group: str, resource_id: str, version_id: str, fail_deployment: bool
+) -> list[str] | None:
+    """The ``az ... update`` that writes the application list, or None when it is already right."""
     path = profile_path(resource_id)
     shown = az(group, "show", "--ids", resource_id, "--query", path, "--output", "json").strip()
     profile = json.loads(shown) if shown else None
     current = (profile or {}).get("galleryApplications")
     wanted = merged(current, version_id, fail_deployment)
     if current == wanted:
-        return f"already set: {resource_id}"
+        return None
     # A model without an applicationProfile gets the whole block (a generic --set cannot reach into a
     # property that is null); otherwise only its list, so other applicationProfile settings stay.
     if profile is None:
         assignment = f"{path}={json.dumps({'galleryApplications': wanted})}"
     else:
         assignment = f"{path}.galleryApplications={json.dumps(wanted)}"
-    command = [group, "update", "--ids", resource_id, "--set", assignment, "--output", "none"]
-    if dry_run:
-        return "az " + " ".join(command)
-    az(*command)
-    if group == "vmss" and update_instances:
-        az("vmss", "update-instances", "--ids", resource_id, "--instance-ids", "*", "--output", "none")
-    return f"application set: {resource_id}"
+    return [group, "update", "--ids", resource_id, "--set", assignment]
 
 
-def check(resource_ids: list[str], version_id: str) -> None:
+def check(resource_ids: list[str], version_id: str, identity: str | None) -> None:
     if not VERSION.match(version_id):
         raise Refused(
             f"not a gallery application version id (.../applications/NAME/versions/X.Y.Z): {version_id}"
         )
+    if identity and not IDENTITY.match(identity):
+        raise Refused(f"not a user-assigned identity resource id: {identity}")
     for resource_id in resource_ids:
         if not (VM.match(resource_id) or VMSS.match(resource_id)):
             raise Refused(
@@ -107,12 +129,9 @@ def check(resource_ids: list[str], version_id: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version-id", required=True, help="the application version's resource id")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="print the az commands instead of running them"
-    )
-    parser.add_argument(
-        "--update-instances", action="store_true", help="scale sets: update every instance now"
-    )
+    parser.add_argument("--identity", help="attach this user-assigned identity first (the agents')")
+    parser.add_argument("--dry-run", action="store_true", help="print the az commands, change nothing")
+    parser.add_argument("--update-instances", action="store_true", help="scale sets: update the instances")
     parser.add_argument(
         "--no-fail-deployment", dest="fail_deployment", action="store_false",
         help="do not mark the VM's deployment failed when the install fails (the platform's default)",
@@ -120,10 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("resource_ids", nargs="+", metavar="RESOURCE_ID")
     args = parser.parse_args(argv)
     try:
-        check(args.resource_ids, args.version_id)  # every id before the first change
+        check(args.resource_ids, args.version_id, args.identity)  # every id before the first change
         for resource_id in args.resource_ids:
-            print(enable(resource_id, args.version_id, fail_deployment=args.fail_deployment,
-                         dry_run=args.dry_run, update_instances=args.update_instances))  # fmt: skip
+            print("\n".join(enable(resource_id, args.version_id, args)))
     except Refused as exc:
         print(exc, file=sys.stderr)
         return 2

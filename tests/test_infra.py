@@ -268,7 +268,10 @@ def test_vm_application_is_added_to_existing_vms_keeping_their_other_application
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
     version = f"{app}/versions/1.0.0"
-    run = [sys.executable, str(script), "--version-id", version, "--update-instances"]
+    identity = (
+        f"{sub.replace('Microsoft.Compute', 'Microsoft.ManagedIdentity')}/userAssignedIdentities/se-agent"
+    )
+    run = [sys.executable, str(script), "--version-id", version, "--update-instances", "--identity", identity]
     done = subprocess.run([*run, vm, vm_bare, vmss], env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     updates = [json.loads(line) for line in calls.read_text().splitlines()]
@@ -279,20 +282,39 @@ def test_vm_application_is_added_to_existing_vms_keeping_their_other_application
     assert sets[vm_bare] == "applicationProfile=" + json.dumps({"galleryApplications": [ours]})
     assert sets[vmss] == "virtualMachineProfile.applicationProfile.galleryApplications=" + json.dumps([ours])
     assert ["vmss", "update-instances", "--ids", vmss, "--instance-ids", "*", "--output", "none"] in updates
+    # The agents' identity first, on each (assign adds to the identities a VM has, never replaces).
+    for group, resource in (("vm", vm), ("vm", vm_bare), ("vmss", vmss)):
+        assign = [
+            group,
+            "identity",
+            "assign",
+            "--ids",
+            resource,
+            "--identities",
+            identity,
+            "--output",
+            "none",
+        ]
+        update = next(c for c in updates if c[1] == "update" and c[3] == resource)
+        assert updates.index(assign) < updates.index(update)
     # Already there: nothing is written.
     state.write_text(json.dumps({vm: {"galleryApplications": [other, ours]}}))
     calls.unlink()
     done = subprocess.run([*run, vm], env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0 and "already set" in done.stdout
-    assert [json.loads(line)[1] for line in calls.read_text().splitlines()] == ["show"]
+    # (az vm update reads the model itself when it writes: the identity assigned meanwhile stays)
+    called = [json.loads(line)[1:3] for line in calls.read_text().splitlines()]
+    assert called == [["show", "--ids"], ["identity", "assign"]]
     # A wrong id anywhere, or a version that is not one, stops everything before the first call.
     calls.unlink()
     for bad in ([vm, f"{sub}/virtualMachineScaleSets/s-1/virtualMachines/3"], [vm, f"{sub}/disks/d-1"]):
         refused = subprocess.run([*run, *bad], env=env, capture_output=True, text=True, check=False)
         assert refused.returncode == 2 and not calls.exists(), refused.stderr
-    wrong_version = [sys.executable, str(script), "--version-id", f"{app}/versions/latest", vm]
-    refused = subprocess.run(wrong_version, env=env, capture_output=True, text=True, check=False)
-    assert refused.returncode == 2 and not calls.exists()
+    for wrong in (["--version-id", f"{app}/versions/latest"], ["--version-id", version, "--identity", vm]):
+        refused = subprocess.run(
+            [sys.executable, str(script), *wrong, vm], env=env, capture_output=True, text=True
+        )
+        assert refused.returncode == 2 and not calls.exists(), refused.stderr
 
 
 def test_the_fleet_policy_deploys_the_extension_template_it_checks_for(lint_report: dict[str, Any]) -> None:
