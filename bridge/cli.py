@@ -187,7 +187,7 @@ def _approver(args: argparse.Namespace) -> int:
 
     config = load_approver_config(args)
     setup_logging(config.log_level)
-    from bridge.approver.service import build_approver
+    from bridge.approver.build import build_approver
 
     return build_approver(config).run()
 

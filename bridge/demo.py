@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from bridge.agent.service import Agent
-from bridge.approver.service import build_approver
+from bridge.approver.build import build_approver
 from bridge.config import AgentConfig, ApproverConfig
 from bridge.fsutil import ensure_private_dir, write_atomic
 from bridge.imds.emulator import EmulatorServer

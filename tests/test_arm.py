@@ -175,8 +175,8 @@ def run_fleet_approver(arm: FakeArm, tmp_path: Path, agent_port: int) -> dict[st
     else is what ``build_approver`` built from the TOML file."""
     import argparse
 
+    from bridge.approver.build import build_approver
     from bridge.approver.decision import new_decision, sign
-    from bridge.approver.service import build_approver
     from bridge.config import load_approver_config
     from bridge.schemas import validate_record
 
@@ -206,8 +206,8 @@ def run_fleet_approver(arm: FakeArm, tmp_path: Path, agent_port: int) -> dict[st
         f'arm_ca_file = "{arm.ca_file}"\n'
     )
     approver = build_approver(load_approver_config(argparse.Namespace(config=str(config)), environ={}))
-    assert approver.arm is not None and approver.arm_mode == "fallback"
-    approver.arm = ArmAcknowledger(
+    assert approver.relayer.arm is not None and approver.relayer.arm_mode == "fallback"
+    approver.relayer.arm = ArmAcknowledger(
         FakeCredential(), arm.url, audience="https://management.azure.com", ca_file=arm.ca_file
     )
     runner = threading.Thread(target=approver.run, kwargs={"install_signals": False}, daemon=True)

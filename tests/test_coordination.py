@@ -364,3 +364,89 @@ def test_the_fleet_approver_coordinates_and_leaves_late_events_to_the_platform(
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(20)
+
+
+def test_a_coordinated_approval_that_reached_no_agent_is_tried_again(
+    emulator: Emulator, make_agent, tmp_path: Path
+) -> None:
+    """A coordinated approval whose relay reached no agent of the event (a partition, every VM of
+    the set restarting) is not spent: no final entry, no audit record, and the coordinator assesses
+    the event again after ``retry_after`` (not before); once an agent answers it is approved once.
+    A Started event ends the retries. The approver runs in-process against a real agent: the fleet
+    router knows no agent at first, then learns this one as the events stream would show it."""
+    from procs import RELAY_KEY
+
+    from bridge.approver.coordinator import FleetCoordinator
+    from bridge.approver.decision import ValidationPolicy
+    from bridge.approver.routing import FleetRouter, RelayClient
+    from bridge.approver.service import Approver
+    from bridge.approver.sources.file import FileSource
+    from bridge.signing import KeyRing
+    from bridge.sinks import create_sink
+
+    # The coordinator's own bookkeeping, with an act that fails once.
+    acts: list[float] = []
+    coordinator = FleetCoordinator(
+        CoordinationPolicy(deadline=60.0), runs_agent=lambda _: True, leader=lambda: True,
+        act=lambda *_: bool(acts.append(time.time()) or len(acts) > 1), retry_after=5.0,
+    )  # fmt: skip
+    document = {"recordType": "scheduledEvents", "events": [
+        {"eventId": "E1", "eventStatus": "Scheduled", "resources": ["vm-a"], "notBefore": None}
+    ]}  # fmt: skip
+    coordinator.observe(document)
+    coordinator.observe(
+        {"recordType": "preparation", "vm": {"name": "vm-a"}, "eventId": "E1", "result": "prepared"}
+    )
+    coordinator.tick(1000.0)
+    coordinator.tick(1004.0)  # too early: not assessed again
+    assert len(acts) == 1
+    coordinator.tick(1005.5)
+    assert len(acts) == 2
+    coordinator.tick(1020.0)  # done: once
+    assert len(acts) == 2
+    acts.clear()
+    coordinator = FleetCoordinator(
+        CoordinationPolicy(), runs_agent=lambda _: True, leader=lambda: True,
+        act=lambda *_: bool(acts.append(0.0)), retry_after=5.0,
+    )  # fmt: skip
+    coordinator.observe(document)
+    coordinator.observe(
+        {"recordType": "preparation", "vm": {"name": "vm-a"}, "eventId": "E1", "result": "prepared"}
+    )
+    coordinator.tick(1000.0)
+    coordinator.observe({**document, "events": [{**document["events"][0], "eventStatus": "Started"}]})
+    coordinator.tick(1010.0)  # Started meanwhile: no more tries
+    assert len(acts) == 1
+
+    # The approver's side, with a real agent.
+    agent = make_agent(emulator.url).start()
+    event_id = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(event_id, "scheduled")
+    vm_name = agent.records()[-1]["vm"]["name"]
+    router = FleetRouter([], template=str(agent.api))
+    service = Approver(
+        source=FileSource(f"file://{tmp_path}/decisions.jsonl", tmp_path),
+        router=router,
+        relay=RelayClient(KeyRing({"relay": RELAY_KEY})),
+        policy=ValidationPolicy(KeyRing({"ops": b"k" * 40})),
+        sinks=[create_sink(f"file://{tmp_path}/audit.jsonl")],
+        state_dir=tmp_path / "approver-state",
+        relay_attempts=1,
+        coordination_policy=CoordinationPolicy(),
+    )
+    verdict = assess([vm_name], {vm_name.lower(): "prepared"}, None, time.time(), CoordinationPolicy())
+    assert verdict.action == "approve"
+    try:
+        assert service.coordinated(event_id, [vm_name.lower()], verdict) is False  # no agent known
+        assert service.outbox.last_seq == 0  # nothing audited
+        assert service.store.get(f"coordinated-{event_id}")["state"] == "started"  # type: ignore[index]
+        assert emulator.state()["startRequests"] == {}
+        router.learn({"vm": {"name": vm_name, "privateIp": "127.0.0.1"}})
+        assert service.coordinated(event_id, [vm_name.lower()], verdict) is True
+        assert emulator.state()["startRequests"] == {event_id: 1}
+        assert service.store.get(f"coordinated-{event_id}")["outcome"] == "approved"  # type: ignore[index]
+        assert service.outbox.last_seq == 1
+        assert service.coordinated(event_id, [vm_name.lower()], verdict) is True  # final: nothing again
+        assert emulator.state()["startRequests"] == {event_id: 1}
+    finally:
+        service.close()

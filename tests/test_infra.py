@@ -155,6 +155,7 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
         "Microsoft.EventHub/namespaces/eventhubs@2024-01-01",
         "Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01",
         "Microsoft.KeyVault/vaults/secrets@2023-07-01",
+        "Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31",  # attach one identity, no other
     }
     assignments = 0
     for path, entry in lint_report["files"].items():
@@ -175,7 +176,7 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
 
 ARM_ACKNOWLEDGE = "infra/modules/arm-acknowledge.bicep"
 POLICY_ASSIGNMENT = "deploy/policy/se-bridge-policy-assignment.bicep"
-VMAPP_POLICY_ASSIGNMENT = "deploy/policy/se-bridge-vmapp-policy-assignment.bicep"
+VMAPP_POLICY_ASSIGNMENT = "deploy/policy/policy-assignment.bicep"
 SCHEDULED_EVENTS_CONTRIBUTOR = "b67fe603-310e-4889-b9ee-8257d09d353d"  # acknowledge + VM/VMSS/AvSet read
 
 
@@ -373,6 +374,33 @@ def test_the_vm_application_policy_adds_the_version_it_is_given(lint_report: dic
     where = "contains: '[concat(\\'/galleries/\\', parameters(\\'galleryName\\'), \\'/applications/\\', "
     assert where + "parameters(\\'applicationName\\'), \\'/\\')]'" in policy  # any version: compliant
     for path in ("deploy/policy/se-bridge-vmapp-policy.bicep", VMAPP_POLICY_ASSIGNMENT):
+        assert (
+            lint_report["files"][path]["secure_params"] == [] and lint_report["files"][path]["errors"] == []
+        )
+
+
+def test_the_identity_policy_attaches_only_the_agents_identity_to_tagged_resources(
+    lint_report: dict[str, Any],
+) -> None:
+    """Issue 13: the agents' identity reaches tagged VMs and scale sets by policy. Unlike Microsoft's
+    built-in (no filter, Contributor on the subscription), only resources tagged se-bridge=enabled,
+    with Virtual Machine Contributor on the group and Managed Identity Operator on that one identity;
+    the identities a resource has are kept (read 'Full', written back with this one added), and a
+    resource with exactly one user-assigned identity is left alone (its software may rely on IMDS's
+    default identity)."""
+    policy = (ROOT / "deploy" / "policy" / "se-bridge-identity-policy.bicep").read_text()
+    assert "field: 'tags[se-bridge]'\n            equals: 'enabled'" in policy
+    role_ids = set(re.findall(r"var \w+ = '([0-9a-f-]{36})'", policy))
+    assert role_ids == {"9980e02c-c2be-4d73-94e8-173b1dc7cf3c", "f1a07417-d97a-45cb-824c-7a7467783830"}
+    assert "b24988ac-6180-42a0-ab88-20f7382dd24c" not in policy  # no Contributor anywhere
+    assert "containsKey: '[parameters(\\'agentIdentityResourceId\\')]'" in policy
+    single = "value: '[string(length(field(\\'identity.userAssignedIdentities\\')))]'"
+    assert single + "\n                    equals: '1'" in policy
+    assert "\\'Full\\')]'" in policy and "union(parameters(\\'userAssignedIdentities\\')" in policy
+    assert "\\'SystemAssigned,UserAssigned\\'" in policy  # a system-assigned identity stays
+    operator = (ROOT / "deploy" / "policy" / "identity-operator.bicep").read_text()
+    assert "scope: identity" in operator
+    for path in ("deploy/policy/se-bridge-identity-policy.bicep", "deploy/policy/identity-operator.bicep"):
         assert (
             lint_report["files"][path]["secure_params"] == [] and lint_report["files"][path]["errors"] == []
         )

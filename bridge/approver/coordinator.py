@@ -15,7 +15,9 @@ coordinates. A verdict is acted on through the approver's own path (:meth:`Appro
 the event's one coordinated ``decisionId`` in the decision store, relayed to an agent of the event
 with failover (and ARM, if configured), one audit record with the ``coordination`` account. A new
 coordinator that acts again on an event its predecessor already approved asks for the same decision
-id, on the same VM first: that agent's ledger answers without a second StartRequest.
+id, on the same VM first: that agent's ledger answers without a second StartRequest. An approval
+that reached no agent at all is not spent: it is neither recorded as final nor audited, and the event
+is assessed again ``RETRY_AFTER`` seconds later while it is still Scheduled.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ log = logging.getLogger(__name__)
 
 #: An event never seen again is forgotten this long after its NotBefore (or after it was last seen).
 FORGET_AFTER = 3600.0
+#: Seconds before an approval that reached no agent of its event is tried again (each try already
+#: went through every VM of the event a few times, bridge.approver.relaying).
+RETRY_AFTER = 5.0
 
 
 @dataclass
@@ -52,19 +57,26 @@ class FleetCoordinator:
         *,
         runs_agent: Callable[[str], bool],
         leader: Callable[[], bool],
-        act: Callable[[str, list[str], Verdict], None],
+        act: Callable[[str, list[str], Verdict], bool],
         interval: float = 1.0,
+        retry_after: float = RETRY_AFTER,
     ) -> None:
         self.policy = policy
         self._runs_agent = runs_agent  # lower-cased VM name -> whether the fleet knows its agent
         self._leader = leader  # whether this instance coordinates now
-        self._act = act  # (event id, members, verdict): approve or audit "left to the platform"
+        # (event id, members, verdict) -> done: approve or audit "left to the platform"; False when no
+        # agent of the event could be reached, and the event is assessed again after retry_after.
+        self._act = act
         self.interval = interval
+        self.retry_after = retry_after
         self._lock = threading.Lock()
         self._events: dict[str, _Event] = {}
         self._early: dict[str, dict[str, str]] = {}  # reports that came before their event's record
         # Event ids a verdict was acted on, or that left Scheduled (-> when), forgotten after a day.
         self._done: dict[str, float] = {}
+        self._retry_at: dict[
+            str, float
+        ] = {}  # event id -> when an approval that reached no agent is tried again
 
     def observe(self, record: dict[str, Any]) -> None:
         """Take what a record of the events stream says (called by the fleet router's reader)."""
@@ -84,6 +96,7 @@ class FleetCoordinator:
                 if event.get("eventStatus") != SCHEDULED:
                     self._done[event_id] = now  # Started (or gone): nothing left to approve
                     self._events.pop(event_id, None)
+                    self._retry_at.pop(event_id, None)
                     continue
                 known = self._events.get(event_id)
                 if known is None:
@@ -125,13 +138,20 @@ class FleetCoordinator:
                     "pending": list(verdict.pending),
                 },
             )
-            self._act(event_id, members, verdict)
+            if not self._act(event_id, members, verdict):
+                # No agent of the event answered (a network partition, every VM of the set
+                # restarting): the verdict is not spent. Assessed again later, while the event is
+                # still Scheduled (a Started or gone event ends it), so the deadline rule still holds.
+                with self._lock:
+                    if self._done.get(event_id) == now:
+                        del self._done[event_id]
+                    self._retry_at[event_id] = now + self.retry_after
 
     def _due(self, now: float) -> list[tuple[str, list[str], Verdict]]:
         due = []
         with self._lock:
             for event_id, event in list(self._events.items()):
-                if event_id in self._done:
+                if event_id in self._done or self._retry_at.get(event_id, 0.0) > now:
                     continue
                 members = coordination.members(event.resources)
                 reports: dict[str, str | None] = {
@@ -146,6 +166,7 @@ class FleetCoordinator:
             for event_id, when in list(self._done.items()):
                 if now - when > 24 * FORGET_AFTER:
                     del self._done[event_id]
+                    self._retry_at.pop(event_id, None)
         return due
 
 

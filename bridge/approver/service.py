@@ -12,6 +12,12 @@ For each message of the decisions source, in order:
 
 Every decision ends as exactly one audit record with an outcome (approved, refused with a reason,
 failed after retries): nothing is silently dropped.
+
+Around it: :mod:`bridge.approver.build` makes an approver from its configuration,
+:mod:`bridge.approver.relaying` carries decisions to an agent (failover, ARM),
+:mod:`bridge.approver.dispatch` runs the per-VM lanes and keeps commits in order,
+:mod:`bridge.approver.messages` reads a message before it is validated, and
+:mod:`bridge.approver.metrics` holds the approver's series.
 """
 
 from __future__ import annotations
@@ -31,17 +37,18 @@ import orjson
 from bridge import __version__, coordination, records
 from bridge.apiguard import ApiGuard
 from bridge.approver import decision as decision_module
-from bridge.approver import topology
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.coordinator import FleetCoordinator
 from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
 from bridge.approver.dispatch import Lanes, OrderedCommits, Slot
-from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
-from bridge.approver.sources import DecisionSource, Message, SourceError, create_source
-from bridge.approver.store import DecisionStore
+from bridge.approver.messages import MAX_MESSAGE_BYTES, lane_of, loads_object, peek
+from bridge.approver.metrics import ApproverMetrics
+from bridge.approver.relaying import Relayer
+from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient
+from bridge.approver.sources import DecisionSource, Message, SourceError
+from bridge.approver.store import DecisionStore, lock_state_dir
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.errors import BridgeError
-from bridge.fsutil import DirectoryLocked, ensure_private_dir, lock_directory
 from bridge.listener import Listener, probe_routes
 from bridge.observability import ErrorStreak
 from bridge.pipeline import (
@@ -53,14 +60,11 @@ from bridge.pipeline import (
     OutboxWriteError,
     RecordMeta,
 )
-from bridge.pipeline.metrics import PipelineMetrics, counter, gauge
 from bridge.retry import Backoff
 from bridge.sinks import Sink
 
 log = logging.getLogger(__name__)
 
-#: A decision is a few hundred bytes; anything far larger is refused before it is parsed.
-MAX_MESSAGE_BYTES = 16 * 1024
 #: Attempts at a message whose processing raises before it is refused as ``unprocessable``.
 POISON_ATTEMPTS = 3
 #: The decision schema's length bounds of the fields an audit record repeats.
@@ -88,71 +92,6 @@ READ_PATHS = frozenset({"/metrics"})
 EXIT_COMPONENT_FAILED = 70
 
 
-class OwnershipCollector:
-    """``se_bridge_approver_partitions_owned`` and ``se_bridge_approver_partition_lag{partition}``,
-    read from the decisions source when scraped (labels: partition ids, bounded by the topic's or
-    hub's partition count)."""
-
-    def __init__(self) -> None:
-        self.source: DecisionSource | None = None
-
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> Any:
-        from prometheus_client.core import GaugeMetricFamily
-
-        owned = self.source.ownership() if self.source is not None else {}
-        count = GaugeMetricFamily(
-            "se_bridge_approver_partitions_owned", "Partitions of the decisions source this instance reads."
-        )
-        count.add_metric([], len(owned))
-        lag = GaugeMetricFamily(
-            "se_bridge_approver_partition_lag",
-            "Messages of an owned partition not read yet (Kafka; absent when unknown).",
-            labels=["partition"],
-        )
-        for partition, behind in sorted(owned.items()):
-            if behind is not None:
-                lag.add_metric([partition], behind)
-        yield count
-        yield lag
-
-
-class ApproverMetrics(PipelineMetrics):
-    """The pipeline's sink/outbox series (same names as the agent's, so dashboards work for both)
-    plus the approver's own, declared below. ``reason`` is a closed set (the decision schema's refusal
-    reasons and the relay's), ``kind`` an :class:`~bridge.errors.BridgeError` kind."""
-
-    decisions = counter(
-        "se_bridge_approver_decisions", "Decisions by outcome and reason.", "outcome", "reason"
-    )
-    source_errors = counter(
-        "se_bridge_approver_source_errors",
-        "Failed attempts to open or read the decisions source, by kind (retried with backoff).",
-        "kind",
-    )
-    skipped = counter(
-        "se_bridge_approver_decisions_skipped",
-        "Valid decisions a local approver left to another VM's approver (no relay, no audit record).",
-        "reason",
-    )
-    source_ready = gauge(
-        "se_bridge_approver_source_ready", "1 while the decisions source is open and reads succeed."
-    )
-    coordinated = counter(
-        "se_bridge_approver_coordinated",
-        "Coordinated verdicts acted on, by action (approve, leave) and why (allPrepared, deadline).",
-        "action",
-        "why",
-    )
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ownership = OwnershipCollector()
-        self.registry.register(self.ownership)
-
-
 class Approver:
     def __init__(
         self,
@@ -172,10 +111,7 @@ class Approver:
         instance: str = "",
     ) -> None:
         self.source = source
-        self.arm = arm  # Azure Resource Manager: a fallback (or the only path) when no agent answers
-        self.arm_mode = arm_mode if arm is not None else "off"
         self.router = router
-        self.relay = relay
         self.policy = policy
         self.metrics = metrics or ApproverMetrics()
         self.metrics.ownership.source = source
@@ -193,7 +129,9 @@ class Approver:
             DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter", health=self.health)
             for s in sinks
         ]
-        self.relay_attempts = relay_attempts
+        self.relayer = Relayer(
+            router, relay, attempts=relay_attempts, stop_event=self.stop_event, arm=arm, arm_mode=arm_mode
+        )
         self.commits = OrderedCommits(self._commit)
         self.lanes = Lanes(
             self._drain_lane, workers=LANE_WORKERS, max_in_flight=MAX_IN_FLIGHT, batch=LANE_BATCH
@@ -236,7 +174,7 @@ class Approver:
         try:
             decision = self._validated(message, now)
         except DecisionRefused as refusal:
-            raw = _loads_object(message.payload)
+            raw = loads_object(message.payload)
             return self._finish(
                 raw, message, "refused", refusal.reason, refusal.detail, [], record_final=False
             )
@@ -306,7 +244,7 @@ class Approver:
             raise DecisionRefused(
                 "tooLarge", f"message of {len(message.payload)} bytes (at most {MAX_MESSAGE_BYTES})"
             )
-        decision = _loads_object(message.payload)
+        decision = loads_object(message.payload)
         if decision is None:
             raise DecisionRefused("schema", "message is not a JSON object")
         try:
@@ -317,76 +255,16 @@ class Approver:
             raise DecisionRefused("schema", f"cannot be validated: {type(exc).__name__}: {exc}") from None
 
     def _relay(self, decision: dict[str, Any], body: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-        return self._relay_many([decision], [body])[0]
-
-    def _relay_many(
-        self, decisions: list[dict[str, Any]], bodies: list[dict[str, Any]]
-    ) -> list[tuple[dict[str, Any] | None, str]]:
-        """Relay decisions for one VM in one request (their order kept), trying each candidate agent
-        (fleet failover) a few times; ``(None, why)`` for each when none answered."""
-        if self.arm_mode == "only":
-            return self._through_arm(decisions)
-        errors: list[str] = []
-        never_sent = True  # no request reached any agent: another path cannot approve twice
-        backoff = Backoff(base=0.5, cap=5.0)
-        for attempt in range(self.relay_attempts):
-            candidates = list(dict.fromkeys(u for d in decisions for u in self.router.candidates(d)))
-            if not candidates:
-                errors.append("no agent known for the event's VMs")
-            for url in candidates:
-                try:
-                    answers = self.relay.start_requests_many(url, bodies)
-                except RelayUnavailable as exc:
-                    errors.append(str(exc))
-                    never_sent = never_sent and exc.never_sent
-                    log.warning(
-                        "agent did not answer, trying the next", extra={"relay": url, "error": str(exc)}
-                    )
-                    continue
-                return [({**answer, "relay": url, "path": "relay"}, "") for answer in answers]
-            if attempt + 1 < self.relay_attempts and not self.stop_event.is_set():
-                self.stop_event.wait(backoff.next_delay())
-        why = "; ".join(errors[-3:])
-        if self.arm_mode == "fallback" and never_sent:
-            log.warning("no agent of the event could be reached: approving through ARM", extra={"error": why})
-            return self._through_arm(decisions)
-        return [(None, why)] * len(bodies)
-
-    def _through_arm(self, decisions: list[dict[str, Any]]) -> list[tuple[dict[str, Any] | None, str]]:
-        """Acknowledge each decision's event through Azure Resource Manager (bridge.approver.arm), on
-        the target VM's resource, or another VM's of the event when the target's is not known."""
-        assert self.arm is not None
-        out: list[tuple[dict[str, Any] | None, str]] = []
-        for decision in decisions:
-            event_id, resource_id = decision["eventId"], self.router.resource_id(decision)
-            if resource_id is None:
-                out.append((None, "ARM: no resource id known for the event's VMs"))
-                continue
-            answer = self.arm.acknowledge(resource_id, event_id)
-            result = {
-                "eventId": event_id,
-                "result": "approved" if answer.outcome == "approved" else "armError",
-                "detail": answer.detail,
-            }
-            finished = {
-                "decisionId": decision["decisionId"],
-                "outcome": answer.outcome,
-                "reason": answer.reason,
-                "detail": answer.detail,
-                "results": [result],
-                "relay": "arm",
-                "path": "arm",
-                "armCorrelationId": answer.correlation_id,
-            }
-            out.append((finished, ""))
-        return out
+        return self.relayer.relay([decision], [body])[0]
 
     # -- coordinated approval (bridge.approver.coordinator) ---------------------------------------------
 
-    def coordinated(self, event_id: str, members: list[str], verdict: Verdict) -> None:
+    def coordinated(self, event_id: str, members: list[str], verdict: Verdict) -> bool:
         """Act on the fleet coordinator's verdict for one event: approve it through an agent of the
         event (the decision store makes it once per event id), or audit that the platform decides.
-        A full or failing disk is waited out: a verdict is never dropped (until the approver stops)."""
+        A full or failing disk is waited out: a verdict is never dropped (until the approver stops).
+        False when no agent of the event answered: nothing is recorded or audited, and the
+        coordinator tries again later (a relay request that never arrived approved nothing)."""
         assert self.coordinator is not None
         decision_id = coordination.decision_id(event_id)
         coordinator = f"fleet-approver:{self.instance}"
@@ -399,24 +277,36 @@ class Approver:
         }
         account = verdict.to_json(coordinator, self.coordinator.policy.on_deadline)
         message = Message(b"", f"coordinator:{event_id}")
-        self.metrics.coordinated.labels(verdict.action, verdict.why).inc()
-        self._until_stored(lambda: self._act_on_verdict(decision, message, verdict, account), message)
+        done: list[bool] = []
+        act = lambda: done.append(self._act_on_verdict(decision, message, verdict, account))  # noqa: E731
+        if not self._until_stored(act, message):
+            return True  # stopping: the next coordinator assesses the event again
+        if done[-1]:
+            self.metrics.coordinated.labels(verdict.action, verdict.why).inc()
+        return done[-1]
 
     def _act_on_verdict(
         self, decision: dict[str, Any], message: Message, verdict: Verdict, account: dict[str, Any]
-    ) -> None:
+    ) -> bool:
         earlier = self.store.get(decision["decisionId"])
         if earlier is not None and earlier["state"] == "final":
-            return  # acted on already (the stream was read again after a restart)
+            return True  # acted on already (the stream was read again after a restart)
         if verdict.action == "leave":
             detail = verdict.left_detail()
             self._finish(decision, message, "refused", "leftToPlatform", detail, [], coordination=account)
-            return
+            return True
         self.store.started(decision["decisionId"], message.position)
         body = {k: decision[k] for k in ("decisionId", "target", "issuedBy")}
         body.update(eventIds=[decision["eventId"]], coordination=account)
         answer, detail = self._relay(decision, body)
+        if answer is None:
+            log.warning(
+                "coordinated approval reached no agent of the event; trying again later",
+                extra={"eventId": decision["eventId"], "error": detail},
+            )
+            return False
         self._finish_relayed(decision, message, answer, detail, coordination=account)
+        return True
 
     # -- many decisions at once: lanes (bridge.approver.dispatch) ---------------------------------------
 
@@ -430,7 +320,7 @@ class Approver:
         later: list[Slot] = []
         ids: set[str] = set()
         for slot in slots:
-            if _peek(slot.message, "decisionId") in ids:
+            if peek(slot.message, "decisionId") in ids:
                 later.append(slot)  # the same decision twice in a batch: after the first is final
                 continue
             try:
@@ -451,7 +341,7 @@ class Approver:
     def _relay_and_finish(self, prepared: list[tuple[Slot, dict[str, Any], dict[str, Any]]]) -> None:
         for chunk in _chunks(prepared):
             try:
-                results = self._relay_many([d for _, d, _ in chunk], [b for _, _, b in chunk])
+                results = self.relayer.relay([d for _, d, _ in chunk], [b for _, _, b in chunk])
             except Exception:
                 log.exception("relaying a batch failed; each decision is retried on its own")
                 for slot, _, _ in chunk:
@@ -691,7 +581,7 @@ class Approver:
             self.metrics.source_ready.set(1)
             for message in messages:
                 slot = self.commits.track(message)
-                if not self.lanes.add(_lane_of(message), slot, self.stop_event):
+                if not self.lanes.add(lane_of(message), slot, self.stop_event):
                     return  # stopping: what was not finished is read again after the restart
             self.commits.commit_ready()
             if self.source.exhausted:
@@ -765,7 +655,7 @@ class Approver:
         return True
 
     def _give_up(self, message: Message) -> None:
-        raw = _loads_object(message.payload) or {}
+        raw = loads_object(message.payload) or {}
         decision_id = raw.get("decisionId") if isinstance(raw.get("decisionId"), str) else None
         started = decision_id is not None and self.store.get(decision_id) is not None
         # Once started it may have reached an agent: say "failed", not "refused" (the agent's own
@@ -797,118 +687,6 @@ class Approver:
         log.info("approver stopped")
 
 
-def build_approver(config: Any) -> Approver:
-    """From an :class:`bridge.config.ApproverConfig` (flags, TOML, environment)."""
-    from bridge.config import ConfigError
-    from bridge.signing import KeyRing
-    from bridge.sinks import SinkError, create_sink
-
-    try:
-        keys = KeyRing.from_specs(config.key)
-        relay_keys = KeyRing.from_specs(config.relay_key)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if not keys and not config.allow_unsigned:
-        raise ConfigError(
-            "key: at least one --key KEYID=PATH is required (or --allow-unsigned, for labs only)"
-        )
-    policy = ValidationPolicy(
-        keys, config.allow_unsigned, frozenset(config.issuer), config.max_skew, config.max_ttl
-    )
-    state_dir = Path(config.state_dir)
-    lock = lock_state_dir(state_dir)  # before any file in it is read, compacted or replaced
-    relay = RelayClient(relay_keys, config.relay_timeout, config.relay_ca_file)
-    if config.coordinate and config.mode != "fleet":
-        raise ConfigError("coordinate: only a fleet approver coordinates (--mode fleet)")
-    try:
-        topology.check(config.mode, config.source)
-        for spec in config.events_source:
-            topology.check_events_reader(spec)
-        group = topology.source_group(config.mode, config.source, config.group, state_dir)
-        source = create_source(config.source, state_dir, group=group)
-        sinks = [create_sink(spec) for spec in config.sink]
-        if config.mode == "fleet":
-            if not config.events_source:
-                raise ConfigError("events_source: fleet mode needs --events-source (the events stream)")
-            learn = [
-                create_source(s, state_dir / "fleet", group=topology.events_group(s, config.group, state_dir))
-                for s in config.events_source
-            ]
-            router: LocalRouter | FleetRouter = FleetRouter(learn, config.relay_url_template)
-        else:
-            router = LocalRouter(config.relay, relay)
-    except (SinkError, SourceError, ValueError, OSError) as exc:
-        raise ConfigError(str(exc)) from None
-    approver = Approver(
-        source,
-        router,
-        relay,
-        policy,
-        sinks,
-        state_dir,
-        lock=lock,
-        arm=_arm_acknowledger(config),
-        arm_mode=config.arm,
-        coordination_policy=(
-            CoordinationPolicy(config.coordinate_deadline, config.coordinate_on_deadline)
-            if config.coordinate
-            else None
-        ),
-        instance=topology.instance_id(state_dir),
-    )
-    if config.listen:
-        try:
-            approver.serve(config.listen, read_token_file=config.read_token_file)
-        except (OSError, ValueError) as exc:
-            approver.close()
-            raise ConfigError(f"listen: cannot serve on {config.listen}: {exc}") from None
-    return approver
-
-
-def _arm_acknowledger(config: Any) -> ArmAcknowledger | None:
-    """The ARM path when ``--arm`` asks for it (its credential is built, nothing is contacted)."""
-    if config.arm == "off":
-        return None
-    from bridge.config import ConfigError
-    from bridge.transports.azure import check_client_id, make_credential
-    from bridge.transports.base import Owner
-
-    owner = Owner("arm", lambda message: ConfigError(message))
-    client_id = check_client_id(owner, "arm_client_id", config.arm_client_id)
-    credential = make_credential(owner, "arm_credential", config.arm_credential, client_id)
-    return ArmAcknowledger(
-        credential, config.arm_endpoint, config.arm_api_version, audience=config.arm_audience,
-        ca_file=config.arm_ca_file, timeout=config.relay_timeout,
-    )  # fmt: skip
-
-
-def lock_state_dir(state_dir: Path) -> int | None:
-    """Create the state directory (0700) and take its lock, or refuse to start (exit 2): a second
-    approver on the same directory must stop before it touches the first one's files."""
-    from bridge.config import ConfigError
-
-    try:
-        ensure_private_dir(state_dir)
-        return lock_directory(state_dir)
-    except DirectoryLocked as exc:
-        raise ConfigError(f"state_dir: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None
-
-
-def _peek(message: Message, field: str) -> str | None:
-    """A field of a message not validated yet (for routing only); a message too large to be a
-    decision is not parsed here either."""
-    decision = _loads_object(message.payload) if len(message.payload) <= MAX_MESSAGE_BYTES else None
-    value = decision.get(field) if decision else None
-    return value if isinstance(value, str) else None
-
-
-def _lane_of(message: Message) -> str:
-    """The lane of a message: its target VM (case-insensitive); unreadable messages share one lane."""
-    return (_peek(message, "target") or "").lower()
-
-
 def _chunks(prepared: list[Any]) -> list[list[Any]]:
     """Relay requests of at most ``LANE_BATCH`` decisions and ``MAX_RELAY_BYTES``."""
     out: list[list[Any]] = [[]]
@@ -921,11 +699,3 @@ def _chunks(prepared: list[Any]) -> list[list[Any]]:
         out[-1].append(item)
         size += item_size
     return out
-
-
-def _loads_object(payload: bytes) -> dict[str, Any] | None:
-    try:
-        value = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None

@@ -10,8 +10,8 @@
 //   az policy remediation create -g rg-app -n se-bridge --policy-assignment se-bridge-install
 //
 // No secret goes through the policy (its parameters are readable): keys are Key Vault references in
-// agentSettings / approverSettings. The agents' identity must be on each VM: assign it with the
-// built-in policy "Assign Built-In User-Assigned Managed Identity to Virtual Machines", or at creation.
+// agentSettings / approverSettings. The agents' identity must be on each VM: attach it with
+// deploy/policy/se-bridge-identity-policy.bicep (tagged VMs only), or at creation.
 targetScope = 'subscription'
 
 @description('Resource id of the template spec version of deploy/vm-extension.bicep (az ts create).')

@@ -13,11 +13,8 @@
 // upgrade policy gives its instances the application on `az vmss update-instances`. A VM that
 // already has another version of the application is compliant (one version per VM): upgrades are
 // deploy/enable_vm_application.py with the new version id, or a new assignment with it. No secret goes
-// through the policy. The agents' identity must be on the VMs too: the built-in policies "Assign
-// Built-In User-Assigned Managed Identity to Virtual Machines" (d367bd60-64ca-4364-98ea-276775bddd94)
-// and "... to Virtual Machine Scale Sets" (516187d4-ef64-4a1b-ad6b-a7348502976c) assign a pre-created
-// identity with bringYourOwnUserAssignedManagedIdentity=true, userAssignedIdentityName and
-// identityResourceGroup (docs/deploy.md).
+// through the policy. The agents' identity must be on the VMs too:
+// deploy/policy/se-bridge-identity-policy.bicep attaches it to the same tagged resources.
 targetScope = 'subscription'
 
 @description('The VM Application version to install (infra output vmApplicationVersionId: .../galleries/G/applications/A/versions/X.Y.Z).')
@@ -139,7 +136,7 @@ resource definitions 'Microsoft.Authorization/policyDefinitions@2023-04-01' = [f
   }
 }]
 
-module assignments 'se-bridge-vmapp-policy-assignment.bicep' = [for (kind, i) in kinds: {
+module assignments 'policy-assignment.bicep' = [for (kind, i) in kinds: {
   name: 'se-bridge-vmapp-${kind.key}-assignment'
   scope: resourceGroup(assignmentResourceGroup)
   params: {
@@ -168,6 +165,7 @@ module assignments 'se-bridge-vmapp-policy-assignment.bicep' = [for (kind, i) in
       }
     }
     roleDefinitionId: virtualMachineContributor
+    purpose: 'adds the se-bridge VM Application to the VMs and scale sets of this group'
   }
 }]
 

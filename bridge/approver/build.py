@@ -1,0 +1,105 @@
+"""An approver from its configuration: keys, topology checks, source, sinks, router, ARM path.
+
+Kept apart from :mod:`bridge.approver.service` (what an approver does) because everything here runs
+once, at start, and turns a configuration mistake into one :class:`~bridge.config.ConfigError` line
+(exit 2) before any state is touched beyond the state directory's lock.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bridge.approver import topology
+from bridge.approver.arm import ArmAcknowledger
+from bridge.approver.decision import ValidationPolicy
+from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient
+from bridge.approver.service import Approver
+from bridge.approver.sources import SourceError, create_source
+from bridge.approver.store import lock_state_dir
+from bridge.coordination import CoordinationPolicy
+
+
+def build_approver(config: Any) -> Approver:
+    """From an :class:`bridge.config.ApproverConfig` (flags, TOML, environment)."""
+    from bridge.config import ConfigError
+    from bridge.signing import KeyRing
+    from bridge.sinks import SinkError, create_sink
+
+    try:
+        keys = KeyRing.from_specs(config.key)
+        relay_keys = KeyRing.from_specs(config.relay_key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not keys and not config.allow_unsigned:
+        raise ConfigError(
+            "key: at least one --key KEYID=PATH is required (or --allow-unsigned, for labs only)"
+        )
+    policy = ValidationPolicy(
+        keys, config.allow_unsigned, frozenset(config.issuer), config.max_skew, config.max_ttl
+    )
+    state_dir = Path(config.state_dir)
+    lock = lock_state_dir(state_dir)  # before any file in it is read, compacted or replaced
+    relay = RelayClient(relay_keys, config.relay_timeout, config.relay_ca_file)
+    if config.coordinate and config.mode != "fleet":
+        raise ConfigError("coordinate: only a fleet approver coordinates (--mode fleet)")
+    try:
+        topology.check(config.mode, config.source)
+        for spec in config.events_source:
+            topology.check_events_reader(spec)
+        group = topology.source_group(config.mode, config.source, config.group, state_dir)
+        source = create_source(config.source, state_dir, group=group)
+        sinks = [create_sink(spec) for spec in config.sink]
+        if config.mode == "fleet":
+            if not config.events_source:
+                raise ConfigError("events_source: fleet mode needs --events-source (the events stream)")
+            learn = [
+                create_source(s, state_dir / "fleet", group=topology.events_group(s, config.group, state_dir))
+                for s in config.events_source
+            ]
+            router: LocalRouter | FleetRouter = FleetRouter(learn, config.relay_url_template)
+        else:
+            router = LocalRouter(config.relay, relay)
+    except (SinkError, SourceError, ValueError, OSError) as exc:
+        raise ConfigError(str(exc)) from None
+    approver = Approver(
+        source,
+        router,
+        relay,
+        policy,
+        sinks,
+        state_dir,
+        lock=lock,
+        arm=_arm_acknowledger(config),
+        arm_mode=config.arm,
+        coordination_policy=(
+            CoordinationPolicy(config.coordinate_deadline, config.coordinate_on_deadline)
+            if config.coordinate
+            else None
+        ),
+        instance=topology.instance_id(state_dir),
+    )
+    if config.listen:
+        try:
+            approver.serve(config.listen, read_token_file=config.read_token_file)
+        except (OSError, ValueError) as exc:
+            approver.close()
+            raise ConfigError(f"listen: cannot serve on {config.listen}: {exc}") from None
+    return approver
+
+
+def _arm_acknowledger(config: Any) -> ArmAcknowledger | None:
+    """The ARM path when ``--arm`` asks for it (its credential is built, nothing is contacted)."""
+    if config.arm == "off":
+        return None
+    from bridge.config import ConfigError
+    from bridge.transports.azure import check_client_id, make_credential
+    from bridge.transports.base import Owner
+
+    owner = Owner("arm", lambda message: ConfigError(message))
+    client_id = check_client_id(owner, "arm_client_id", config.arm_client_id)
+    credential = make_credential(owner, "arm_credential", config.arm_credential, client_id)
+    return ArmAcknowledger(
+        credential, config.arm_endpoint, config.arm_api_version, audience=config.arm_audience,
+        ca_file=config.arm_ca_file, timeout=config.relay_timeout,
+    )  # fmt: skip
