@@ -173,7 +173,9 @@ resource definitions 'Microsoft.Authorization/policyDefinitions@2023-04-01' = [f
                 resources: [
                   {
                     // The resource as it is now, identities included ('Full'): read in a deployment of
-                    // its own, as the built-in does, so the write below can keep them.
+                    // its own, as the built-in does, so the write below can keep them. Read and written
+                    // with the API version the built-in uses (2019-07-01): a write of only the
+                    // identity leaves the rest of the model as it is.
                     type: 'Microsoft.Resources/deployments'
                     apiVersion: '2022-09-01'
                     name: '[variables(\'read\')]'
@@ -186,7 +188,7 @@ resource definitions 'Microsoft.Authorization/policyDefinitions@2023-04-01' = [f
                         outputs: {
                           resource: {
                             type: 'object'
-                            value: '[reference(parameters(\'resourceId\'), \'2024-07-01\', \'Full\')]'
+                            value: '[reference(parameters(\'resourceId\'), \'2019-07-01\', \'Full\')]'
                           }
                         }
                       }
@@ -244,7 +246,7 @@ resource definitions 'Microsoft.Authorization/policyDefinitions@2023-04-01' = [f
                         resources: [
                           {
                             type: kind.type
-                            apiVersion: '2024-07-01'
+                            apiVersion: '2019-07-01'
                             name: '[parameters(\'name\')]'
                             location: '[parameters(\'location\')]'
                             identity: {
