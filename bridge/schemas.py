@@ -41,11 +41,13 @@ def load_schema(filename: str) -> dict[str, Any]:
 
 
 @cache
-def _validator(filename: str) -> Any:
+def _validator(filename: str, part: str | None = None) -> Any:
     import jsonschema_rs
 
     schema = load_schema(filename)
     jsonschema_rs.meta.validate(schema)  # a broken schema fails loudly, not as "everything valid"
+    if part is not None:  # one property's own schema (self-contained: no references out of it)
+        schema = {"$schema": schema["$schema"], **schema["properties"][part]}
     return jsonschema_rs.Draft202012Validator(schema, validate_formats=True)
 
 
@@ -59,9 +61,10 @@ def validate_record(record: Any) -> list[str]:
     return validate_document(record, filename)
 
 
-def validate_document(document: Any, filename: str) -> list[str]:
-    """Every violation of ``document`` against the schema in ``filename``, as readable text."""
-    validator = _validator(filename)
+def validate_document(document: Any, filename: str, part: str | None = None) -> list[str]:
+    """Every violation of ``document`` against the schema in ``filename`` (or against the schema of
+    its property ``part``: a block a caller hands in to be copied into a record), as readable text."""
+    validator = _validator(filename, part)
     if validator.is_valid(document):
         return []
     errors = sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.instance_path])

@@ -166,7 +166,7 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
             assignments += 1
             # The resource-group grants: the narrowest role there is (ARM acknowledge), and the policy
             # remediation's Virtual Machine Contributor on the one group it is assigned to.
-            if path in (ARM_ACKNOWLEDGE, POLICY_ASSIGNMENT, VMAPP_POLICY_ASSIGNMENT):
+            if path in (ARM_ACKNOWLEDGE, POLICY_ASSIGNMENT):
                 assert not resource["scope"], resource
                 continue
             assert resource["scope"], f"{resource['symbol']} has no scope"
@@ -175,8 +175,7 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
 
 
 ARM_ACKNOWLEDGE = "infra/modules/arm-acknowledge.bicep"
-POLICY_ASSIGNMENT = "deploy/policy/se-bridge-policy-assignment.bicep"
-VMAPP_POLICY_ASSIGNMENT = "deploy/policy/policy-assignment.bicep"
+POLICY_ASSIGNMENT = "deploy/policy/policy-assignment.bicep"  # every se-bridge policy's assignment
 SCHEDULED_EVENTS_CONTRIBUTOR = "b67fe603-310e-4889-b9ee-8257d09d353d"  # acknowledge + VM/VMSS/AvSet read
 
 
@@ -373,7 +372,7 @@ def test_the_vm_application_policy_adds_the_version_it_is_given(lint_report: dic
     assert "treatFailureAsDeploymentFailure: true" in policy and "operation: 'add'" in policy
     where = "contains: '[concat(\\'/galleries/\\', parameters(\\'galleryName\\'), \\'/applications/\\', "
     assert where + "parameters(\\'applicationName\\'), \\'/\\')]'" in policy  # any version: compliant
-    for path in ("deploy/policy/se-bridge-vmapp-policy.bicep", VMAPP_POLICY_ASSIGNMENT):
+    for path in ("deploy/policy/se-bridge-vmapp-policy.bicep", POLICY_ASSIGNMENT):
         assert (
             lint_report["files"][path]["secure_params"] == [] and lint_report["files"][path]["errors"] == []
         )

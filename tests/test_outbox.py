@@ -356,6 +356,41 @@ def test_batch_syncs_run_outside_the_append_lock_and_share_fsyncs(tmp_path: Path
     assert [e.seq for e in Outbox(tmp_path, ["a"]).read(0, limit=100)] == list(range(1, 31))
 
 
+def test_a_batch_sync_at_fd_exhaustion_is_an_error_and_loses_nothing(tmp_path: Path) -> None:
+    """The batch sync runs on a duplicate of the segment's descriptor: at fd exhaustion (EMFILE) the
+    dup fails. That is an OutboxWriteError, as a failed fsync is (the approver then appends the
+    chunk's audit records again durably, which needs no new descriptor), not a crash; the frames stay
+    and a later sync covers them. Run in a child process whose own RLIMIT_NOFILE is lowered to the
+    descriptors it holds: a real EMFILE from the kernel, not a patched os.dup."""
+    script = textwrap.dedent(
+        f"""
+        import errno, os, resource, sys
+        from bridge.pipeline import Outbox, OutboxWriteError, RecordMeta
+        box = Outbox({str(tmp_path)!r}, ["a"])
+        meta = lambda i: RecordMeta(f"r{{i}}", "scheduledEvents", "vm-a", vm_id="vm-a",
+                                    observed_at="2026-11-23T08:00:00Z")
+        for i in range(3):
+            box.append(meta(i), b'{{"n":%d}}' % i, sync=False)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        free = next(fd for fd in range(3, soft) if not os.path.exists(f"/proc/self/fd/{{fd}}"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (free, hard))
+        try:
+            box.sync()
+            sys.exit("the sync did not fail at fd exhaustion")
+        except OutboxWriteError as exc:
+            assert exc.errno == errno.EMFILE, exc
+        box.append(meta(3), b'{{"n":3}}')  # durable, on the open descriptor: works at the limit
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        box.sync()
+        box.close()
+        print(len(Outbox({str(tmp_path)!r}, ["a"]).read(0, limit=10)))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "4"
+
+
 def test_a_cursor_that_cannot_be_written_is_kept_and_written_later(tmp_path: Path) -> None:
     metrics = PipelineMetrics()
     box = Outbox(tmp_path, ["a"], metrics=metrics)

@@ -74,9 +74,8 @@ class FleetCoordinator:
         self._early: dict[str, dict[str, str]] = {}  # reports that came before their event's record
         # Event ids a verdict was acted on, or that left Scheduled (-> when), forgotten after a day.
         self._done: dict[str, float] = {}
-        self._retry_at: dict[
-            str, float
-        ] = {}  # event id -> when an approval that reached no agent is tried again
+        # Event id -> when an approval that reached no agent of the event is tried again.
+        self._retry_at: dict[str, float] = {}
 
     def observe(self, record: dict[str, Any]) -> None:
         """Take what a record of the events stream says (called by the fleet router's reader)."""
@@ -143,7 +142,7 @@ class FleetCoordinator:
                 # restarting): the verdict is not spent. Assessed again later, while the event is
                 # still Scheduled (a Started or gone event ends it), so the deadline rule still holds.
                 with self._lock:
-                    if self._done.get(event_id) == now:
+                    if self._done.get(event_id) == now:  # not if a Started record came meanwhile
                         del self._done[event_id]
                     self._retry_at[event_id] = now + self.retry_after
 

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -64,6 +64,7 @@ from bridge.retry import Backoff
 from bridge.sinks import Sink
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Attempts at a message whose processing raises before it is refused as ``unprocessable``.
 POISON_ATTEMPTS = 3
@@ -277,13 +278,12 @@ class Approver:
         }
         account = verdict.to_json(coordinator, self.coordinator.policy.on_deadline)
         message = Message(b"", f"coordinator:{event_id}")
-        done: list[bool] = []
-        act = lambda: done.append(self._act_on_verdict(decision, message, verdict, account))  # noqa: E731
-        if not self._until_stored(act, message):
+        done = self._until_stored(lambda: self._act_on_verdict(decision, message, verdict, account), message)
+        if done is None:
             return True  # stopping: the next coordinator assesses the event again
-        if done[-1]:
+        if done:
             self.metrics.coordinated.labels(verdict.action, verdict.why).inc()
-        return done[-1]
+        return done
 
     def _act_on_verdict(
         self, decision: dict[str, Any], message: Message, verdict: Verdict, account: dict[str, Any]
@@ -372,19 +372,20 @@ class Approver:
             log.error("audit records cannot be synced; writing them again", extra={"error": str(exc)})
         for slot, audit in done:
             append = lambda a=audit: self.outbox.append(RecordMeta.of(a), records.encode(a))  # noqa: E731
-            if not self._until_stored(append, slot.message):
+            if self._until_stored(append, slot.message) is None:
                 return False  # nothing committed: read again after the restart
         return True
 
-    def _until_stored(self, store: Callable[[], Any], message: Message) -> bool:
+    def _until_stored(self, store: Callable[[], T], message: Message) -> T | None:
         """Run ``store`` until the disk takes it (full, quota, failing: waited out with backoff, as
-        :meth:`_handle` does); False when the approver stops first."""
+        :meth:`_handle` does) and return what it returned; None when the approver stops first (so
+        ``store`` must not return None itself)."""
         backoff = Backoff(base=1.0, cap=30.0)
         while not self.stop_event.is_set():
             try:
-                store()
+                result = store()
                 self._outbox_streak.success()
-                return True
+                return result
             except (OutboxFull, OSError) as exc:
                 self._outbox_streak.failure("outbox", f"not stored yet: {exc}", position=message.position)
             self.stop_event.wait(backoff.next_delay())

@@ -213,19 +213,36 @@ resource definition 'Microsoft.Authorization/policyDefinitions@2023-04-01' = {
   }
 }
 
-module assignment 'se-bridge-policy-assignment.bicep' = {
+module assignment 'policy-assignment.bicep' = {
   name: 'se-bridge-install-assignment'
   scope: resourceGroup(assignmentResourceGroup)
   params: {
+    name: 'se-bridge-install'
+    displayName: definition.properties.displayName
     definitionId: definition.id
     location: location
-    effect: effect
-    templateSpecVersionId: templateSpecVersionId
-    eventHubsNamespaceFqdn: eventHubsNamespaceFqdn
-    agentIdentityClientId: agentIdentityClientId
-    wheelUri: wheelUri
-    agentSettings: agentSettings
+    parameters: {
+      effect: {
+        value: effect
+      }
+      templateSpecVersionId: {
+        value: templateSpecVersionId
+      }
+      eventHubsNamespaceFqdn: {
+        value: eventHubsNamespaceFqdn
+      }
+      agentIdentityClientId: {
+        value: agentIdentityClientId
+      }
+      wheelUri: {
+        value: wheelUri
+      }
+      agentSettings: {
+        value: agentSettings
+      }
+    }
     roleDefinitionId: virtualMachineContributor
+    purpose: 'creates the se-bridge-install Run Command on the VMs of this group'
   }
 }
 
