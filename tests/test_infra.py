@@ -885,7 +885,9 @@ def test_the_signer_function_signs_decisions_the_approver_accepts() -> None:
     assert refused.value.reason == "badSignature"
     # Bad requests are refused with 400 and say which field; a Function without a key says so (500)
     # and never echoes what it has.
-    for bad in ({**fields, "ttlSeconds": 86400}, {**fields, "target": ""}, {**fields, "eventId": 7}, [1]):
+    bad_ones = [{**fields, "ttlSeconds": 86400}, {**fields, "target": ""}, {**fields, "eventId": 7}, [1]]
+    bad_ones += [{**fields, "decisionId": "has a space"}, {**fields, "reason": "r" * 3000}]  # the schema's
+    for bad in bad_ones:
         status, body = signer.handle(json.dumps(bad).encode(), env)
         assert status == 400 and "error" in body, bad
     assert signer.handle(b"not json", env)[0] == 400
@@ -909,6 +911,7 @@ def test_the_signer_package_carries_the_function_and_the_approvers_code(tmp_path
     names = set(zipfile.ZipFile(out).namelist())
     assert {"function_app.py", "signer.py", "host.json", "requirements.txt"} <= names
     assert ".python_packages/lib/site-packages/bridge/approver/decision.py" in names
+    assert ".python_packages/lib/site-packages/bridge/schemas/decision.v1.schema.json" in names  # checked
     assert json.loads(zipfile.ZipFile(out).read("host.json"))["version"] == "2.0"
 
 

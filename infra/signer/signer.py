@@ -10,7 +10,9 @@ resolves with the Function's managed identity.
 
 Request (the workflow's ``Decision_fields``): ``{"decisionId", "eventId", "target", "issuedBy",
 "ttlSeconds", "reason"}``; answer: the signed decision (``schemas/decision.v1.schema.json``), or
-``{"error": ...}`` with 400 (a bad request) or 500 (the Function is misconfigured: no key).
+``{"error": ...}`` with 400 (a bad request) or 500 (the Function is misconfigured: no key). What it
+would sign is checked against the decision schema the approvers check it with: it never signs a
+decision they would refuse as malformed (a ``decisionId`` with a space, a 3,000-character reason).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from bridge.approver.decision import new_decision, sign
+from bridge.approver.decision import SCHEMA_FILE, new_decision, sign
+from bridge.schemas import validate_document
 
 MIN_KEY_BYTES = 32
 MAX_BODY_BYTES = 16 * 1024
-FIELDS = {"decisionId": 128, "eventId": 128, "target": 128, "issuedBy": 256, "reason": 1024}
+REQUIRED = ("eventId", "target", "issuedBy")
+OPTIONAL = ("decisionId", "reason")
 
 
 class BadRequest(ValueError):
@@ -45,7 +49,11 @@ def handle(body: bytes, env: Mapping[str, str], now: float | None = None) -> tup
     decision = new_decision(event_id, target, issued_by, fields["ttlSeconds"], fields.get("reason"), now)
     if fields.get("decisionId"):
         decision["decisionId"] = fields["decisionId"]  # deterministic per event and VM: a rerun is a replay
-    return 200, sign(decision, key_id, key)
+    signed = sign(decision, key_id, key)
+    errors = validate_document(signed, SCHEMA_FILE)
+    if errors:
+        return 400, {"error": "; ".join(errors[:3])}
+    return 200, signed
 
 
 def _fields(body: bytes, max_ttl: float) -> dict[str, Any]:
@@ -58,13 +66,12 @@ def _fields(body: bytes, max_ttl: float) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("body must be a JSON object")
     out: dict[str, Any] = {}
-    for name, limit in FIELDS.items():
+    for name in (*REQUIRED, *OPTIONAL):  # types here; lengths and patterns: the schema, on the result
         value = data.get(name)
-        required = name in ("eventId", "target", "issuedBy")
-        if value is None and not required:
+        if value is None and name in OPTIONAL:
             continue
-        if not isinstance(value, str) or not 0 < len(value) <= limit:
-            raise BadRequest(f"{name} must be a string of 1 to {limit} characters")
+        if not isinstance(value, str):
+            raise BadRequest(f"{name} must be a string")
         out[name] = value
     ttl = data.get("ttlSeconds")
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 60 <= ttl <= max_ttl:
