@@ -392,6 +392,8 @@ def audit_figures(decision_ids: set[str], decided: dict[str, list[tuple[str, str
         "missing": len(decision_ids - set(decided)),
         "notApproved": sum(1 for d in decision_ids if d in decided and "approved" not in outcomes[d]),
         "recordedTwice": sum(1 for d in decision_ids if len(decided.get(d, [])) > 1),
+        # The first record of a decision is the one acted on: it must say approved (a later one may not).
+        "firstNotApproved": sum(1 for d in decision_ids if outcomes[d][:1] not in ([], ["approved"])),
         "laterNotApproved": sorted(
             f"{d}: {o}/{r}"
             for d in decision_ids

@@ -29,22 +29,16 @@ import subprocess
 import sys
 from typing import Any
 
-VM = re.compile(
-    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/virtualMachines/[^/]+$", re.I
-)
-VMSS = re.compile(
-    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/virtualMachineScaleSets/[^/]+$",
-    re.I,
-)
-IDENTITY = re.compile(
-    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ManagedIdentity/userAssignedIdentities/[^/]+$",
-    re.I,
-)
-VERSION = re.compile(
-    r"^(/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/galleries/[^/]+/applications/[^/]+)"
-    r"/versions/\d+\.\d+\.\d+$",
-    re.I,
-)
+
+def _resource_id(path: str) -> re.Pattern[str]:
+    """A resource id in a resource group: /subscriptions/S/resourceGroups/R/providers/<path>."""
+    return re.compile(r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/" + path + "$", re.I)
+
+
+VM = _resource_id(r"Microsoft\.Compute/virtualMachines/[^/]+")
+VMSS = _resource_id(r"Microsoft\.Compute/virtualMachineScaleSets/[^/]+")
+IDENTITY = _resource_id(r"Microsoft\.ManagedIdentity/userAssignedIdentities/[^/]+")
+VERSION = _resource_id(r"Microsoft\.Compute/galleries/[^/]+/applications/[^/]+/versions/\d+\.\d+\.\d+")
 
 
 class Refused(Exception):
@@ -59,7 +53,7 @@ def merged(
     current: list[dict[str, Any]] | None, version_id: str, fail_deployment: bool
 ) -> list[dict[str, Any]]:
     """``current`` with this application's entry added or replacing another version of it."""
-    application = VERSION.match(version_id).group(1).lower() + "/versions/"  # type: ignore[union-attr]
+    application = version_id.lower().rpartition("/versions/")[0] + "/versions/"  # any version of it
     keep = [
         a for a in current or [] if not str(a.get("packageReferenceId", "")).lower().startswith(application)
     ]
