@@ -563,7 +563,16 @@ var actions = {
       code: loadTextContent('small.js')
     }
   }
+  ViaVariable: {
+    type: 'JavaScriptCode'
+    inputs: {
+      code: longCode
+    }
+  }
 }
+
+var longCode = '@LONG@'
+
 
 resource workflow 'Microsoft.Logic/workflows@2019-05-01' = {
   name: 'wf'
@@ -614,10 +623,14 @@ resource viaTight 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' = {
 }
 """
     )
+    main = tmp_path / "main.bicep"
+    main.write_text(main.read_text().replace("@LONG@", "x" * 1030))  # a variable's literal code
     code, report = run_lint(tmp_path / "main.bicep")
     assert code == 1
     errors = report["files"][str(tmp_path / "main.bicep")]["errors"]
-    (inline,) = [e for e in errors if "inline code" in e]  # big.js only: small.js fits
+    inline, via_variable = [e for e in errors if "inline code" in e]  # small.js fits
+    assert via_variable.endswith("inline code of 1030 characters in workflow workflow: a Consumption "
+                                 "Logic App takes at most 1024 (Standard 100,000)")  # fmt: skip
     assert inline.endswith(
         "inline code of 1104 characters in workflow workflow: a Consumption Logic App takes at most 1024 "
         "(Standard 100,000)"

@@ -321,9 +321,12 @@ def _resource_type(element: Tree[Token]) -> str:
 
 
 def _literal_text(node: Any) -> str | None:
-    """A string literal's text (None for anything else, an interpolation included)."""
-    if isinstance(node, Tree) and node.data == "string" and "${" not in str(node.children[0]):
-        return _name(node.children[0])
+    """A string literal's text (None for anything else, an interpolation included). pycep parses a
+    bare identifier (a variable or parameter reference) as a ``string`` too, unquoted: not a literal."""
+    if isinstance(node, Tree) and node.data == "string":
+        token = str(node.children[0])
+        if token.startswith("'") and "${" not in token:
+            return _name(token)
     return None
 
 
@@ -353,8 +356,8 @@ def check_inline_code(bicep: BicepFile) -> None:
                 if call.data == "load_text_content":
                     source = bicep.path.parent / (_literal_text(call.children[0]) or "")
                     size = len(source.read_text(encoding="utf-8")) if source.is_file() else None
-            elif _literal_text(value) is not None:
-                size = len(_literal_text(value) or "")
+            elif (text := _literal_following_variables(bicep, value)) is not None:
+                size = len(text)  # a literal, or a variable holding one
             if size is not None and size > CONSUMPTION_INLINE_CODE_CHARS:
                 bicep.errors.append(
                     f"line {bicep.line(node)}: inline code of {size} characters in workflow {symbol}: a "
