@@ -234,8 +234,11 @@ import json, sys
 args = sys.argv[1:]
 with open({calls!r}, "a") as f:
     f.write(json.dumps(args) + "\\n")
+state = json.load(open({state!r}))
+if args[1] == "update" and args[3] in state.get("failUpdate", []):
+    sys.exit("ERROR: (AuthorizationFailed) the client does not have authorization")
 if args[1] == "show":
-    profile = json.load(open({state!r})).get(args[args.index("--ids") + 1])
+    profile = state.get(args[args.index("--ids") + 1])
     print("" if profile is None else json.dumps(profile))
 """
 
@@ -305,6 +308,14 @@ def test_vm_application_is_added_to_existing_vms_keeping_their_other_application
     # (az vm update reads the model itself when it writes: the identity assigned meanwhile stays)
     called = [json.loads(line)[1:3] for line in calls.read_text().splitlines()]
     assert called == [["show", "--ids"], ["identity", "assign"]]
+    # Azure refuses one resource midway (no rights on it): the run stops there with exit 1 and says
+    # which command failed; what was done before is listed (the output names each resource).
+    state.write_text(json.dumps({vm: None, vm_bare: None, "failUpdate": [vm_bare]}))
+    calls.unlink()
+    failed = subprocess.run([*run, vm, vm_bare, vmss], env=env, capture_output=True, text=True, check=False)
+    assert failed.returncode == 1 and f"application set: {vm}" in failed.stdout, failed
+    assert "az vm update failed" in failed.stderr and "AuthorizationFailed" in failed.stderr
+    assert not [c for c in map(json.loads, calls.read_text().splitlines()) if vmss in c]  # stopped there
     # A wrong id anywhere, or a version that is not one, stops everything before the first call.
     calls.unlink()
     for bad in ([vm, f"{sub}/virtualMachineScaleSets/s-1/virtualMachines/3"], [vm, f"{sub}/disks/d-1"]):
