@@ -39,11 +39,13 @@ APPROVER_EPILOG = f"""\
 Every flag can also be set in the [approver] table of the TOML file given by --config, or in an
 environment variable {ApproverConfig.env_prefix}<NAME>. Precedence: flag > environment > file > default.
 
-Examples:
+Examples (the relay key is the file the agent's --relay-key names; make one with
+head -c 32 /dev/urandom | base64 > relay.key; docs/approvals.md walks through a whole local setup):
   se-bridge approver --source kafka://10.0.0.5:9092/decisions --key ops1=/etc/se-bridge/ops1.key \\
-      --sink kafka://10.0.0.5:9092/events --state-dir /var/lib/se-bridge/approver
+      --relay-key relay=/etc/se-bridge/relay.key --sink kafka://10.0.0.5:9092/events \\
+      --state-dir /var/lib/se-bridge/approver
   se-bridge approver --source file:///tmp/decisions.jsonl --key k1=/tmp/k1.key --sink stdout: \\
-      --relay http://127.0.0.1:8710 --state-dir /tmp/approver
+      --relay http://127.0.0.1:8710 --relay-key relay=/tmp/relay.key --state-dir /tmp/approver
 
 Decisions must be signed (HMAC-SHA256 over their canonical JSON; see docs/approvals.md); unsigned,
 expired, replayed or unknown-key decisions are refused and audited, never relayed.
@@ -59,6 +61,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"se-bridge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.set_defaults(subcommands=sub.choices)  # each sub-command's parser, for its own errors
 
     agent = sub.add_parser(
         "agent",
@@ -137,7 +140,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(command).parse_args(argv)
+    parser = build_parser(command)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the sub-command's parser: its usage, not the top level's, is the help
+        args.subcommands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if args.command == "agent":
             return _agent(args)
@@ -195,13 +201,13 @@ def _approver(args: argparse.Namespace) -> int:
 def _validate(files: list[Path]) -> int:
     from bridge.schemas import validate_record
 
-    total = bad = 0
+    total = bad = unreadable = 0
     for file in files:
         try:
             data = file.read_bytes()
         except OSError as exc:
             print(f"{file}: cannot read: {exc.strerror}", file=sys.stderr)
-            bad += 1
+            unreadable += 1
             continue
         for where, record in _records_in(data):
             total += 1
@@ -210,8 +216,9 @@ def _validate(files: list[Path]) -> int:
                 bad += 1
                 for error in errors:
                     print(f"{file}:{where}: {error}")
-    print(f"{total - bad} valid, {bad} invalid, {total} records")
-    return 0 if bad == 0 and total > 0 else 1
+    files_note = f", {unreadable} file(s) unreadable" if unreadable else ""
+    print(f"{total - bad} valid, {bad} invalid, {total} records{files_note}")
+    return 0 if bad == 0 and unreadable == 0 and total > 0 else 1
 
 
 def _records_in(data: bytes) -> list[tuple[int, object]]:

@@ -590,6 +590,14 @@ class ApproverConfig(ConfigBase):
         metavar="KEYID=PATH",
         multiple=True,
     )
+    relay_unsigned: bool = setting(
+        False,
+        boolean,
+        "Development only: relay unsigned requests to a local agent started with "
+        "--relay-allow-unsigned-loopback (without it, an approver with no --relay-key refuses to start: "
+        "every agent would answer 401 and the decision would be spent).",
+        metavar="BOOL",
+    )
     relay_ca_file: str | None = setting(
         None,
         optional_text,

@@ -25,6 +25,8 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,9 @@ def run_demo(output: Path, *, speed: float = 60.0, scenario: str = "tour") -> in
     log_file = open(output / "agent.log", "w", encoding="utf-8")  # noqa: SIM115 - closed in finally
     setup_logging("info", stream=log_file)
 
-    emulator = EmulatorServer(port=0, scenario="idle", speed=speed).start()
+    # Held transitions: every state of the accelerated timeline is seen by the agent's polls, however
+    # slow or busy the machine (a 60x Started state lasts a second, 120x half of one).
+    emulator = EmulatorServer(port=0, scenario="idle", speed=speed, hold_until_served=True).start()
     keys = _make_keys(output / "keys")
     config = AgentConfig(
         imds_url=emulator.url,
@@ -73,8 +77,8 @@ def run_demo(output: Path, *, speed: float = 60.0, scenario: str = "tour") -> in
             _say(f"agent API      http://{api[0]}:{api[1]}/metrics  /readyz  /v1/document")
         _say(f"records        {records_path}\n")
         _say(f"{'time':>7}  {'inc':>4}  {'change':<21} {'type':<9} {'source':<8} {'event':<10} note")
-        forwarding_act(emulator, records_path, scenario, speed, started)
-        approved = approval_act(output, emulator, agent, keys, started)
+        forwarded = forwarding_act(emulator, records_path, scenario, speed, started)
+        approved = approval_act(output, emulator, agent, keys, started) and forwarded
     except KeyboardInterrupt:
         _say("\ninterrupted")
         approved = False
@@ -86,13 +90,16 @@ def run_demo(output: Path, *, speed: float = 60.0, scenario: str = "tour") -> in
         logging.getLogger().handlers.clear()
         log_file.close()
     code = _summary(_read(records_path), records_path, time.monotonic() - started)
+    if code != 0:
+        _say("DEMO FAILED: records missing or not valid")
     return code if approved else 1
 
 
 def forwarding_act(
     emulator: EmulatorServer, records_path: Path, scenario: str, speed: float, started: float
-) -> None:
-    """Act 1: the tour's scenarios, each change printed as the agent records it."""
+) -> bool:
+    """Act 1: the tour's scenarios, each change printed as the agent records it. False when the
+    scenario did not play to its end within the demo's time."""
     printed = 0
     seen: dict[str, dict[str, Any]] = {}
     while not _read(records_path):  # the first observation: the empty document
@@ -108,8 +115,10 @@ def forwarding_act(
         done = snap["pendingSteps"] == 0 and not snap["events"] and records and not records[-1]["events"]
         quiet_since = (quiet_since or time.monotonic()) if done else None
         if quiet_since and time.monotonic() - quiet_since > 1.0:
-            return
+            return True
         time.sleep(0.1)
+    _say(f"DEMO FAILED: the {scenario!r} scenario did not end within {MAX_SECONDS:g} s")
+    return False
 
 
 def _make_keys(directory: Path) -> dict[str, Path]:
@@ -144,46 +153,63 @@ def approval_act(
     )
     runner = threading.Thread(target=approver.run, kwargs={"install_signals": False}, daemon=True)
     runner.start()
-    timeline = _Timeline(started)
+    timeline = Timeline(started)
+    records = output / "records.jsonl"
     try:
         _say("\n-- act 2: the approval loop (decision -> approver -> relay -> IMDS StartRequest) --")
         event_id = emulator.state.add_event(
             event_type="Reboot", event_source="User", duration=20, started_seconds=60
         )
-        timeline.wait("agent", "scheduled", lambda: _change(output / "records.jsonl", event_id, "scheduled"))
+        timeline.event = event_id
+        if not timeline.wait("agent", "scheduled", lambda: _change(records, event_id, "scheduled")):
+            return timeline.close()
         published = _decide(decisions, keys["ops"], event_id, agent.identity.current.name or "")
-        timeline.say("ops", f"se-bridge decide: decision {published['decisionId'][:8]} signed and published")
-        timeline.wait("approver", "approved", lambda: _audit(audit, published["decisionId"]))
-        timeline.wait("emulator", "StartRequest received", lambda: emulator.state.snapshot()["startRequests"])
-        timeline.wait("agent", "started", lambda: _change(output / "records.jsonl", event_id, "started"))
-        timeline.wait("agent", "audit: StartRequest posted", lambda: _agent_audit(output, published))
-        ok = timeline.wait(
-            "agent", "completed", lambda: _change(output / "records.jsonl", event_id, "completed")
-        )
-        return ok and not timeline.missed
+        decision_id = published["decisionId"]
+        timeline.note(time.time(), "ops", f"se-bridge decide: decision {decision_id[:8]} signed, published")
+        timeline.wait("emulator", "StartRequest received", lambda: _start_request(emulator, event_id))
+        timeline.wait("agent", "relay: StartRequest posted", lambda: _audit(records, decision_id, "agent"))
+        timeline.wait("approver", "approved", lambda: _audit(audit, decision_id, "approver"))
+        timeline.wait("agent", "started", lambda: _change(records, event_id, "started"))
+        timeline.wait("agent", "completed", lambda: _change(records, event_id, "completed"))
+        return timeline.close()
     finally:
         approver.stop_event.set()
         runner.join(20)
 
 
-class _Timeline:
+class Timeline:
+    """Act 2's steps, each stamped with the time its own record gives (not when the demo noticed it),
+    printed in that order once every step was seen or waited for."""
+
     def __init__(self, started: float) -> None:
-        self.started = started
+        self.started_wall = time.time() - (time.monotonic() - started)
+        self.event = ""
+        self.steps: list[tuple[float, str, str]] = []
         self.missed: list[str] = []
 
-    def say(self, actor: str, what: str) -> None:
-        _say(f"{time.monotonic() - self.started:6.1f}s  {actor:<9} {what}")
+    def note(self, at: float, actor: str, what: str) -> None:
+        self.steps.append((at, actor, what))
 
-    def wait(self, actor: str, what: str, found: Any, timeout: float = 30.0) -> bool:
+    def wait(self, actor: str, what: str, found: Callable[[], float | None], timeout: float = 30.0) -> bool:
+        """Wait for a step; ``found`` returns the step's own Unix time once it happened."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if found():
-                self.say(actor, what)
+            at = found()
+            if at is not None:
+                self.note(at, actor, what)
                 return True
             time.sleep(0.05)
-        self.say(actor, f"{what}: NOT SEEN within {timeout:g} s")
         self.missed.append(what)
+        self.note(time.time(), actor, f"{what}: NOT SEEN within {timeout:g} s")
         return False
+
+    def close(self) -> bool:
+        """Print the steps in the order they happened; True when none was missed."""
+        for at, actor, what in sorted(self.steps):
+            _say(f"{at - self.started_wall:6.1f}s  {actor:<9} {self.event[:8]}  {what}")
+        if self.missed:
+            _say(f"DEMO FAILED: not seen: {', '.join(self.missed)}")
+        return not self.missed
 
 
 def _decide(decisions: Path, key: Path, event_id: str, target: str) -> dict[str, Any]:
@@ -195,24 +221,32 @@ def _decide(decisions: Path, key: Path, event_id: str, target: str) -> dict[str,
     return result
 
 
-def _change(path: Path, event_id: str, change: str) -> bool:
-    return any(
-        c["eventId"] == event_id and c["change"] == change
-        for r in _read(path)
-        if r.get("recordType") == "scheduledEvents"
-        for c in r["changes"]
-    )
+def _change(path: Path, event_id: str, change: str) -> float | None:
+    """When the agent observed ``change`` of the event (its record's ``observedAt``), or None."""
+    for r in _read(path):
+        if r.get("recordType") == "scheduledEvents" and any(
+            c["eventId"] == event_id and c["change"] == change for c in r["changes"]
+        ):
+            return _unix(r["observedAt"])
+    return None
 
 
-def _audit(path: Path, decision_id: str) -> bool:
-    return any(a.get("decisionId") == decision_id and a["outcome"] == "approved" for a in _read(path))
+def _audit(path: Path, decision_id: str, component: str) -> float | None:
+    """When ``component`` (the agent's relay or the approver) audited the decision approved, or None."""
+    for a in _read(path):
+        wanted = ("approval", decision_id, component, "approved")
+        if (a.get("recordType"), a.get("decisionId"), a.get("component"), a.get("outcome")) == wanted:
+            return _unix(a["observedAt"])
+    return None
 
 
-def _agent_audit(output: Path, published: dict[str, Any]) -> bool:
-    return any(
-        r.get("recordType") == "approval" and r.get("decisionId") == published["decisionId"]
-        for r in _read(output / "records.jsonl")
-    )
+def _start_request(emulator: EmulatorServer, event_id: str) -> float | None:
+    log = emulator.state.snapshot()["startRequestLog"]
+    return next((float(p["at"]) for p in log if event_id in p["eventIds"]), None)
+
+
+def _unix(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
 
 
 def _read(path: Path) -> list[dict[str, Any]]:

@@ -11,7 +11,9 @@ The metric series themselves are declared by their layer (:mod:`bridge.pipeline.
 from __future__ import annotations
 
 import logging
+import math
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +23,7 @@ import orjson
 from bridge.redaction import MASK, is_secret_name, redact
 from bridge.timeutil import rfc3339
 
-__all__ = ["ErrorStreak", "JsonFormatter", "redact", "setup_logging"]
+__all__ = ["ErrorStreak", "JsonFormatter", "RateLimitedLog", "redact", "setup_logging"]
 
 # --------------------------------------------------------------------------------------------------
 # JSON logging
@@ -163,3 +165,33 @@ class ErrorStreak:
     def duration(self) -> float:
         """Seconds since the streak began (0 when there is no streak)."""
         return time.monotonic() - self.since if self.failures else 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Rate-limited lines: one per interval, with how many were left out
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RateLimitedLog:
+    """Logs an occurrence at most once per ``every`` seconds; the next line says how many were left
+    out meanwhile. For what is normal but must not go unseen (a decision for another VM skipped),
+    where a line per occurrence could flood the log."""
+
+    logger: logging.Logger
+    every: float = 60.0
+    level: int = logging.INFO
+    _last: float = field(default=-math.inf, repr=False)
+    _suppressed: int = field(default=0, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def log(self, msg: str, **extra: Any) -> bool:
+        """Log ``msg`` unless a line went out less than ``every`` seconds ago; True when logged."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self.every:
+                self._suppressed += 1
+                return False
+            suppressed, self._suppressed, self._last = self._suppressed, 0, now
+        self.logger.log(self.level, msg, extra={**extra, "alsoSinceLastLine": suppressed})
+        return True

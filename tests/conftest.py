@@ -51,6 +51,7 @@ FAST_MODULES = frozenset(
         "test_diff_record",
         "test_document",
         "test_emulator",
+        "test_ledger",
         "test_imds_client",
         "test_observability",
         "test_outbox",

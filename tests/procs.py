@@ -24,6 +24,19 @@ PY = sys.executable
 RELAY_KEY = b"relay-key-of-the-test-suite-0123456789abcdef"
 
 
+def relay_post(api: str, body: Any, timeout: float = 60.0) -> tuple[int, dict[str, Any]]:
+    """POST ``body`` to an agent's relay API (``http://host:port``), signed with the suite's relay key."""
+    from bridge.signing import sign_request
+
+    data = orjson.dumps(body)
+    headers = {"Content-Type": "application/json"}
+    headers.update(sign_request("relay", RELAY_KEY, "POST", "/v1/start-requests", data))
+    resp = requests.post(
+        f"{api}/v1/start-requests", data=data, headers=headers, timeout=timeout, proxies={"http": ""}
+    )
+    return resp.status_code, resp.json()
+
+
 def relay_key_file(workdir: Path) -> Path:
     path = workdir / "relay.key"
     if not path.exists():

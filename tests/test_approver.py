@@ -184,9 +184,10 @@ def test_refusals_are_audited_and_post_nothing(setup) -> None:
     assert emulator.state()["startRequests"] == {}  # nothing was posted for any of them
 
 
-def test_a_local_approver_skips_decisions_for_other_vms_silently(setup) -> None:
+def test_a_local_approver_skips_decisions_for_other_vms_without_an_audit(setup) -> None:
     """Issue 11: every VM's local approver reads every decision; one for another VM is neither relayed
-    (the agent would audit a refusal) nor audited here: only counted, and committed."""
+    (the agent would audit a refusal) nor audited here: counted, committed, and (issue 21) logged,
+    rate-limited, since a target no VM has is skipped by every approver and would go unseen."""
     emulator, agent, approver = setup
     approver.start()
     eid = emulator.add_event(eventType="Freeze")
@@ -202,6 +203,16 @@ def test_a_local_approver_skips_decisions_for_other_vms_silently(setup) -> None:
     assert agent.metric("se_bridge_relay_requests_total") == 1  # the skipped one never reached it
     assert emulator.state()["startRequests"] == {eid: 1}
     assert approver.logged("local approver acts for this VM")
+    skipped = "decision for another VM skipped (its own approver acts on it)"
+    assert approver.logged(skipped, decisionId=elsewhere["decisionId"], target="vm-bridge-7")
+    for _ in range(3):  # more of them within the minute: counted, not one line each
+        approver.publish(signed(eid, target="vm-bridge-7"))
+    wait_until(
+        lambda: scrape(api, "se_bridge_approver_decisions_skipped_total", reason="otherVm") == 4,
+        what="three more skipped",
+    )
+    lines = (approver.workdir / "approver.log").read_text()
+    assert lines.count(skipped) == 1 and lines.count("local approver acts for this VM") == 1
 
 
 def test_replayed_decision_is_refused(setup) -> None:

@@ -182,6 +182,8 @@ def run_fleet_approver(arm: FakeArm, tmp_path: Path, agent_port: int) -> dict[st
 
     key = tmp_path / "ops.key"
     key.write_bytes(b"k" * 40)
+    relay_key = tmp_path / "relay.key"
+    relay_key.write_bytes(b"r" * 40)
     events, decisions, audit = (
         tmp_path / "events.jsonl",
         tmp_path / "decisions.jsonl",
@@ -201,7 +203,7 @@ def run_fleet_approver(arm: FakeArm, tmp_path: Path, agent_port: int) -> dict[st
         "[approver]\n"
         f'source = "file://{decisions}"\nmode = "fleet"\nevents_source = ["file://{events}"]\n'
         f'relay_url_template = "http://{{privateIp}}:{agent_port}"\nkey = ["ops={key}"]\nsink = ["file://{audit}"]\n'
-        f'state_dir = "{tmp_path / "state"}"\nlisten = "off"\nrelay_timeout = 1\n'
+        f'state_dir = "{tmp_path / "state"}"\nlisten = "off"\nrelay_timeout = 1\nrelay_key = ["relay={relay_key}"]\n'
         f'arm = "fallback"\narm_endpoint = "{arm.url}"\narm_audience = "https://management.azure.com"\n'
         f'arm_ca_file = "{arm.ca_file}"\n'
     )

@@ -7,6 +7,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+STEPS = (
+    "scheduled",
+    "signed, published",
+    "StartRequest received",
+    "relay: StartRequest posted",
+    "approved",
+    "started",
+    "completed",
+)
+#: What must precede what, whatever the machine's speed.
+CAUSAL = [
+    ("scheduled", "signed, published"),
+    ("signed, published", "StartRequest received"),
+    ("StartRequest received", "relay: StartRequest posted"),
+    ("relay: StartRequest posted", "approved"),
+    ("StartRequest received", "started"),
+    ("started", "completed"),
+]
+
 
 def test_demo_runs_end_to_end_and_leaves_valid_records(tmp_path: Path) -> None:
     out = tmp_path / "demo"
@@ -21,12 +40,19 @@ def test_demo_runs_end_to_end_and_leaves_valid_records(tmp_path: Path) -> None:
     assert "0 schema violations" in proc.stdout
     assert "scheduled" in proc.stdout and "completed" in proc.stdout and "canceled" in proc.stdout
     assert (out / "records.jsonl").stat().st_size > 0 and (out / "agent.log").stat().st_size > 0
-    # Act 2 (issue 11): the approval loop, every step seen, in this order.
+    # Act 2 (issue 11): the approval loop, every step seen, stamped with the time its own record gives
+    # and printed in that order (issue 21: the order is causal, never the order the demo noticed it).
     act = proc.stdout.split("-- act 2", 1)[1]
-    steps = ["scheduled", "se-bridge decide", "approver  approved", "StartRequest received", "completed"]
-    positions = [act.find(step) for step in steps]
-    assert -1 not in positions and positions == sorted(positions), act
-    assert "NOT SEEN" not in act and "approval audit records: approved 1" in proc.stdout
+    lines = [line for line in act.splitlines() if line.strip().endswith(tuple(STEPS))]
+    assert [next(s for s in STEPS if line.endswith(s)) for line in lines].count("completed") == 1, act
+    stamps = {next(s for s in STEPS if line.endswith(s)): float(line.split("s", 1)[0]) for line in lines}
+    assert set(stamps) == set(STEPS), act
+    for earlier, later in CAUSAL:
+        assert stamps[earlier] <= stamps[later], (earlier, later, act)
+    event = lines[0].split()[2]
+    assert all(line.split()[2] == event for line in lines), act  # every line names the event
+    assert "NOT SEEN" not in act and "DEMO FAILED" not in proc.stdout
+    assert "approval audit records: approved 1" in proc.stdout
     audits = [json.loads(line) for line in (out / "audit.jsonl").read_text().splitlines()]
     assert [(a["component"], a["outcome"]) for a in audits] == [("approver", "approved")]
     check = subprocess.run(

@@ -49,6 +49,18 @@ def test_scheduled_event_gone_while_watched_is_canceled_after_a_gap_it_may_have_
     assert change.change == "canceled"  # no time known
 
 
+def test_a_scheduled_event_this_vm_approved_that_vanishes_is_completed_not_canceled() -> None:
+    """Issue 21: approval starts an event; when the agent misses its Started state (it stopped right
+    after the StartRequest, or an accelerated emulator), the event still happened."""
+    approved = {"a"}.__contains__
+    for continuous, when in ((True, 1_600_000_000), (False, 1_600_000_000), (False, 1_700_000_000)):
+        changes = diff(doc(2, event("a"), event("b")), doc(3), when, continuous=continuous, approved=approved)
+        assert [(c.event_id, c.change, c.previous_status) for c in changes] == [
+            ("a", "completed", "Scheduled"),
+            ("b", "canceled" if continuous or when < 1_650_000_000 else "completed", "Scheduled"),
+        ]
+
+
 def test_undocumented_statuses_are_reported_not_invented() -> None:
     assert kinds(doc(1), doc(2, event("x", "Paused"))) == [("x", "appeared")]
     assert kinds(doc(2, event("x", "Paused")), doc(3)) == [("x", "removed")]

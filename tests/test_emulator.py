@@ -315,6 +315,44 @@ def test_live_migration_flow(client: Client) -> None:
     assert {str(inc), str(inc + 1), str(inc + 2), str(inc + 3)} <= set(state["firstServed"])
 
 
+def test_held_transitions_wait_until_each_document_was_served() -> None:
+    """``hold_until_served`` (issue 21): however far the clock runs, a polling client sees every
+    state of an event, one document per poll, and the ticker does not spin while it waits."""
+    srv = EmulatorServer(rate_limit=0, hold_until_served=True).start()
+    client = Client(srv)
+    try:
+        event_id = client.inject(eventType="Freeze", noticeSeconds=10, startedSeconds=10)
+        client.advance(3600)  # NotBefore and the end of Started are both long past
+        statuses = []
+        for _ in range(3):
+            doc = client.doc()
+            statuses.append([e["EventStatus"] for e in doc["Events"]])
+        assert statuses == [["Scheduled"], ["Started"], []]
+        assert [h["reason"] for h in client.state()["history"]][-2:] == ["started at NotBefore", "completed"]
+        assert client.state()["events"] == [] and event_id
+    finally:
+        client.close()
+        srv.stop()
+
+
+def test_post_faults_take_or_drop_the_start_request(client: Client) -> None:
+    event_id = client.inject(eventType="Freeze")
+    assert client.control("POST", "faults", {"kind": "503", "on": "post"})[0] == 200
+    assert client.approve(event_id).status == 503
+    assert client.state()["startRequests"] == {}  # answered with an error: not taken
+    assert client.control("POST", "faults", {"kind": "slow", "on": "post", "delaySeconds": 0.2})[0] == 200
+    started = time.monotonic()
+    assert client.approve(event_id).status == 200 and time.monotonic() - started >= 0.2
+    state = client.state()
+    assert state["startRequests"] == {event_id: 1} and state["requests"]["faults"] == {
+        "post-503": 1,
+        "post-slow": 1,
+    }
+    assert [p["eventIds"] for p in state["startRequestLog"]] == [[event_id]]
+    assert client.control("POST", "faults", {"kind": "lost"})[0] == 400  # lost is for POSTs only
+    assert client.doc()["Events"][0]["EventId"] == event_id  # GETs never met the POST faults
+
+
 def test_approval(client: Client) -> None:
     event_id = client.inject(eventType="Reboot", eventSource="User")
     resp = client.approve(event_id)

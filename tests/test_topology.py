@@ -68,7 +68,8 @@ def test_the_approver_refuses_at_start_with_the_reason(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bridge", "approver", "--mode", "fleet", "--source", EH,
          "--events-source", f"file://{tmp_path}/records.jsonl", "--sink", "stdout:",
-         "--key", f"ops={key}", "--state-dir", str(tmp_path / "state"), "--listen", "off"],
+         "--key", f"ops={key}", "--relay-key", f"relay={key}", "--state-dir", str(tmp_path / "state"),
+         "--listen", "off"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr

@@ -15,8 +15,8 @@ Transitions (the ``change`` field of a record):
 ``started``                 ``Scheduled`` -> ``Started`` (approved, or NotBefore reached)
 ``statusChanged``           any other status change (not documented; reported as it happened)
 ``updated``                 same status, other fields changed (e.g. NotBefore moved)
-``completed``               gone after ``Started``; or gone while ``Scheduled`` once its NotBefore had
-                            passed (see below)
+``completed``               gone after ``Started``; or gone while ``Scheduled`` after this VM approved
+                            it, or once its NotBefore had passed (see below)
 ``canceled``                gone while ``Scheduled`` before its NotBefore (Azure withdrew it)
 ``removed``                 gone with an undocumented status
 ==========================  ==========================================================================
@@ -28,11 +28,18 @@ redeploy the event announced) the last status seen is stale: an event last seen 
 NotBefore has passed went through ``Started`` unseen, so it is reported ``completed`` with
 ``previousStatus: Scheduled`` (which tells a consumer that the start itself was not observed); one
 whose NotBefore is still ahead was withdrawn, ``canceled``.
+
+An event this VM approved (its relay's ledger says so, :mod:`bridge.agent.ledger`) that disappears
+while last seen ``Scheduled`` is ``completed`` too, watching or not: approval starts it, and a
+``Started`` state can be missed (the agent stopped right after its StartRequest, as the reboot it
+approved makes it; or an accelerated emulator). Reporting it ``canceled`` would tell a dashboard that
+maintenance was called off while the VM rebooted.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -63,10 +70,12 @@ def diff(
     observed_at: float | None = None,
     *,
     continuous: bool = True,
+    approved: Callable[[str], bool] | None = None,
 ) -> list[Change]:
     """Changes from ``previous`` (None at the very first observation) to ``current``, seen at
     ``observed_at`` (Unix time; now when omitted). ``continuous`` is False when the agent was not
-    watching between the two (restart, long outage): see the module docstring.
+    watching between the two (restart, long outage); ``approved`` tells whether this VM approved an
+    event: see the module docstring.
 
     Events keep the order of the current document; disappeared events follow in their previous order.
     """
@@ -95,15 +104,19 @@ def diff(
     when = time.time() if observed_at is None else observed_at
     for old in previous.events:
         if old.event_id not in still_there:
-            kind = _gone(old, when, continuous)
+            kind = _gone(old, when, continuous, approved)
             changes.append(Change(old.event_id, kind, old.event_type, old.event_status, None))
     return changes
 
 
-def _gone(event: ScheduledEvent, observed_at: float, continuous: bool) -> str:
+def _gone(
+    event: ScheduledEvent, observed_at: float, continuous: bool, approved: Callable[[str], bool] | None
+) -> str:
     if event.event_status == STARTED:
         return "completed"
     if event.event_status == SCHEDULED:
+        if approved is not None and approved(event.event_id):
+            return "completed"  # approved here: it started, whether or not a poll saw it Started
         if continuous or event.not_before is None:
             return "canceled"
         due = datetime.fromisoformat(event.not_before).timestamp() <= observed_at

@@ -28,7 +28,7 @@ from bridge.agent.diff import Change, diff, is_change
 from bridge.agent.identity import IdentityResolver
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.state import BaselineStore
-from bridge.imds.client import IMDS_MAX_RETRY_AFTER, ImdsClient, ImdsError
+from bridge.imds.client import IMDS_MAX_RETRY_AFTER, ImdsClient, ImdsError, ImdsResponse
 from bridge.imds.document import (
     KNOWN_EVENT_STATUSES,
     KNOWN_EVENT_TYPES,
@@ -81,6 +81,12 @@ class Poller:
         self.current: Observation | None = None
         #: Called with (previous, current, changes) after each change is durable (local policies).
         self.listeners: list[Callable[[EventsDocument | None, EventsDocument, list[Change]], None]] = []
+        #: Called once with the first document this run parsed (the relay resolves a POST a previous
+        #: run left unanswered: bridge.agent.ledger).
+        self.first_document: list[Callable[[EventsDocument], None]] = []
+        #: Whether this VM approved an event (the relay's ledger): a Scheduled event gone after it is
+        #: ``completed`` (bridge.agent.diff).
+        self.approved: Callable[[str], bool] | None = None
         self.first_success: float | None = None
         self._last_body: bytes | None = None  # body of the last answer fully processed
         self._last_error = ImdsError("none", "no error yet")
@@ -160,19 +166,33 @@ class Poller:
             self.metrics.document_errors.labels(err.reason).inc()
             self._doc_streak.failure(err.reason, str(err), incarnationKept=self._kept_incarnation())
             return "invalid"
-        self._doc_streak.success()
-        for warning in doc.warnings:
-            log.warning("document field not understood", extra={"detail": warning})
-        self.current = Observation(doc, resp.received_at)
+        self._observed(doc, resp.received_at)
         if not is_change(self.baseline, doc):
             self._last_body = resp.body
             return "unchanged"
+        return self._record(doc, resp, previous_seen)
+
+    def _observed(self, doc: EventsDocument, received_at: float) -> None:
+        """A document parsed: it is the current one (the first of this run is announced)."""
+        self._doc_streak.success()
+        for warning in doc.warnings:
+            log.warning("document field not understood", extra={"detail": warning})
+        first, self.current = self.current is None, Observation(doc, received_at)
+        if first:
+            for listener in self.first_document:
+                try:
+                    listener(doc)
+                except Exception:
+                    log.exception("first-document listener failed")
+
+    def _record(self, doc: EventsDocument, resp: ImdsResponse, previous_seen: float | None) -> str:
+        """A changed document: its record into the outbox, then the baseline and the listeners."""
         # Watching without a break since the baseline was seen? Not after a restart (the baseline came
         # from disk) nor after a long IMDS outage: then a vanished Scheduled event may have started.
         gap = self._baseline_from_disk or (
             previous_seen is not None and resp.received_at - previous_seen > self._gap_seconds
         )
-        changes = diff(self.baseline, doc, resp.received_at, continuous=not gap)
+        changes = diff(self.baseline, doc, resp.received_at, continuous=not gap, approved=self.approved)
         identity = self.identity.current
         record = scheduled_events_record(identity, self.baseline, doc, changes, resp.received_at)
         try:

@@ -29,7 +29,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 import orjson
 
 from bridge import records
-from bridge.fsutil import write_atomic
+from bridge.agent.ledger import DecisionLedger, PostIntent
 from bridge.imds.client import ImdsClient, ImdsError
 from bridge.imds.document import SCHEDULED, STARTED
 from bridge.imds.instance import VmIdentity
@@ -53,7 +52,6 @@ MAX_DECISIONS_PER_REQUEST = 50
 #: Events in one StartRequests POST. IMDS documents no limit on the list; 100 keeps the body near
 #: 5 KB, and a burst of a few hundred approvals within a few IMDS requests.
 MAX_EVENTS_PER_POST = 100
-LEDGER_SIZE = 2000
 #: Longest wait for a fresh document when a decision names an event the agent has not seen yet:
 #: one IMDS poll normally takes milliseconds; an approver's relay timeout is seconds.
 REFRESH_TIMEOUT = 2.0
@@ -65,39 +63,6 @@ class RelayRequestError(ValueError):
     """A malformed relay request (HTTP 400)."""
 
 
-class DecisionLedger:
-    """Decision ids the relay handled, with their answers: ``<state-dir>/relayed.json``.
-
-    Bounded to the last ``LEDGER_SIZE`` decisions; a decision older than that has expired long ago
-    (decisions live minutes, see ``max_ttl``), so forgetting it cannot re-approve anything.
-    """
-
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / "relayed.json"
-        self._entries: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        try:
-            for item in orjson.loads(self.path.read_bytes()):
-                self._entries[item["decisionId"]] = item
-        except FileNotFoundError:
-            pass
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            log.error("relayed.json unreadable; starting an empty ledger", extra={"error": str(exc)})
-
-    def get(self, decision_id: str) -> dict[str, Any] | None:
-        return self._entries.get(decision_id)
-
-    def put(self, decision_id: str, answer: dict[str, Any]) -> None:
-        self.put_many({decision_id: answer})
-
-    def put_many(self, answers: dict[str, dict[str, Any]]) -> None:
-        """Record the answers of one batch with one durable write."""
-        for decision_id, answer in answers.items():
-            self._entries[decision_id] = {"decisionId": decision_id, **answer}
-        while len(self._entries) > LEDGER_SIZE:
-            self._entries.popitem(last=False)
-        write_atomic(self.path, orjson.dumps(list(self._entries.values())))
-
-
 @dataclass
 class _Pending:
     """One relay request waiting for (or answered by) a batch."""
@@ -105,6 +70,8 @@ class _Pending:
     decision_id: str
     event_ids: list[str]
     meta: dict[str, Any]
+    requester: str = ""
+    component: str = "agent"
     done: bool = False
     repeat: bool = False
     status: int = 0
@@ -172,7 +139,7 @@ class Relay:
             self._malformed.failure("malformed", str(err), requester=requester)
             return 400, {"error": str(err)}
         self._malformed.success()
-        pendings = [_Pending(decision_id, event_ids, meta) for decision_id, event_ids, meta in parsed]
+        pendings = [_Pending(d, events, meta, requester, component) for d, events, meta in parsed]
         with self._queue_lock:
             self._queue.extend(pendings)
         with self._lock:  # one batch at a time: the ledger checks and the POST go together
@@ -180,15 +147,16 @@ class Relay:
                 with self._queue_lock:
                     batch, self._queue = self._queue, []
                 self._process(batch)
-        answers = [self._respond(p, requester, component) for p in pendings]
+        answers = [self._respond(p) for p in pendings]
         if not many:
             return answers[0]
         status = 503 if any(code == 503 for code, _ in answers) else 200
         return status, {"answers": [answer for _, answer in answers]}
 
-    def _respond(self, pending: _Pending, requester: str, component: str) -> tuple[int, dict[str, Any]]:
+    def _respond(self, pending: _Pending) -> tuple[int, dict[str, Any]]:
         """Count and audit one answered decision; its (status, answer)."""
         request = {**pending.meta, "eventIds": pending.event_ids}
+        requester, component = pending.requester, pending.component
         if pending.repeat:
             # Same decision again (an approver retried after a crash): same answer, no second POST.
             detail = "repeat of an earlier request: answered from the ledger, nothing posted"
@@ -205,6 +173,8 @@ class Relay:
         """Answer every request of ``batch``: repeats from the ledger, the others checked against the
         current document and their approvable events posted together."""
         doc = self._current()
+        if doc is not None and self._ledger.interrupted() is not None:
+            self._resolve(doc)  # before any decision of that POST can be taken for a new one
         fresh: dict[str, _Pending] = {}
         for p in batch:
             earlier = self._ledger.get(p.decision_id)
@@ -250,7 +220,10 @@ class Relay:
     def _approve_together(self, doc: Any, events: dict[str, Any], requests: list[_Pending]) -> None:
         checked = [self._check(events, p.event_ids, p.meta.get("target")) for p in requests]
         candidates = list(dict.fromkeys(e for _, approvable in checked for e in approvable))
-        posted, post_id = self._post(candidates, len(requests))
+        post_id = str(uuid.uuid4())
+        if candidates:
+            self._intend(post_id, candidates, requests, checked)
+        posted = self._post(candidates, len(requests), post_id)
         for p, (results, approvable) in zip(requests, checked, strict=True):
             for event_id in approvable:
                 results[event_id] = posted[event_id]
@@ -301,11 +274,34 @@ class Relay:
                 candidates.append(event_id)
         return results, candidates
 
-    def _post(self, event_ids: list[str], decisions: int) -> tuple[dict[str, dict[str, Any]], str]:
-        """One StartRequests POST per ``MAX_EVENTS_PER_POST`` events: the result of each event, and
-        the id naming this batch's POSTs in the ledger and the log."""
+    def _intend(
+        self,
+        post_id: str,
+        candidates: list[str],
+        requests: list[_Pending],
+        checked: list[tuple[dict[str, dict[str, Any]], list[str]]],
+    ) -> None:
+        """Note the POST durably before it is sent (bridge.agent.ledger). A disk that refuses the
+        note is no reason to refuse the approval: the POST goes out, the risk is logged."""
+        decisions = [
+            {"decisionId": p.decision_id, "eventIds": p.event_ids, "results": results, "meta": p.meta,
+             "requester": p.requester, "component": p.component}
+            for p, (results, approvable) in zip(requests, checked, strict=True)
+            if approvable
+        ]  # fmt: skip
+        try:
+            self._ledger.intend(PostIntent(post_id, candidates, decisions))
+        except OSError as exc:
+            log.error(
+                "cannot note the StartRequests POST before sending it; a restart before IMDS answers "
+                "will not know it was sent",
+                extra={"error": str(exc), "post": post_id},
+            )
+
+    def _post(self, event_ids: list[str], decisions: int, post_id: str) -> dict[str, dict[str, Any]]:
+        """One StartRequests POST per ``MAX_EVENTS_PER_POST`` events: the result of each event
+        (``post_id`` names this batch's POSTs in the ledger and the log)."""
         out: dict[str, dict[str, Any]] = {}
-        post_id = str(uuid.uuid4())
         for start in range(0, len(event_ids), MAX_EVENTS_PER_POST):
             chunk = event_ids[start : start + MAX_EVENTS_PER_POST]
             extra = {"eventIds": chunk, "decisions": decisions, "post": post_id}
@@ -317,7 +313,70 @@ class Relay:
             except ImdsError as err:
                 out.update({e: _result(e, "imdsError", str(err)) for e in chunk})
                 log.error("StartRequests failed", extra={**extra, "error": str(err)})
-        return out, post_id
+        return out
+
+    # -- what this VM approved, across restarts (bridge.agent.ledger) -----------------------------
+
+    def approved(self, event_id: str) -> bool:
+        """Whether this VM's relay approved the event (or sent a POST for it IMDS may have taken)."""
+        return event_id in self._requested or self._ledger.approved(event_id)
+
+    def resolve_interrupted(self, doc: Any) -> None:
+        """Resolve the POST a previous run of the agent sent without seeing IMDS's answer, against
+        the first document of this run (the poller calls it; a relay request may come first)."""
+        if self._ledger.interrupted() is None:
+            return
+        if not self._lock.acquire(blocking=False):
+            # A relay batch holds the lock and may be waiting for this very poll (a refresh): resolve
+            # once it is done, off the poll loop.
+            threading.Thread(target=self._resolve_locked, args=(doc,), daemon=True).start()
+            return
+        try:
+            if self._ledger.interrupted() is not None:
+                self._resolve(doc)
+        finally:
+            self._lock.release()
+
+    def _resolve_locked(self, doc: Any) -> None:
+        with self._lock:
+            if self._ledger.interrupted() is not None:
+                self._resolve(self._current() or doc)
+
+    def _resolve(self, doc: Any) -> None:
+        """Each event of the interrupted POST: ``Started`` or gone since means IMDS took it
+        (approved); still ``Scheduled`` means nobody can tell (``unknown``: the decision is not kept
+        in the ledger, so the approver's retry posts it again, which IMDS takes as a no-op if the first
+        POST did arrive). One audit record per decision, then the intent is forgotten."""
+        intent = self._ledger.interrupted()
+        assert intent is not None
+        events = doc.by_id()
+        answers: dict[str, dict[str, Any]] = {}
+        for d in intent.decisions:
+            results = {**d.get("results", {})}
+            for event_id in intent.event_ids:
+                if event_id in d["eventIds"] and event_id not in results:
+                    results[event_id] = _after_restart(event_id, events.get(event_id))
+            ordered = [results[e] for e in d["eventIds"] if e in results]
+            outcome, reason = _outcome(ordered)
+            answer = {"decisionId": d["decisionId"], "outcome": outcome, "reason": reason, "results": ordered,
+                      "documentIncarnation": doc.incarnation, "startRequests": intent.post_id}  # fmt: skip
+            if outcome != "unknown":
+                answers[d["decisionId"]] = answer
+            request = {**d.get("meta", {}), "eventIds": d["eventIds"]}
+            detail = "StartRequests POST sent before the agent stopped, resolved after its restart"
+            self._count(outcome, reason or "ok")
+            self._audit(d.get("component", "agent"), d.get("requester", ""), answer, request,
+                        detail=detail, start_requests_posted=1)  # fmt: skip
+        try:
+            if answers:
+                self._ledger.put_many(answers)
+            self._ledger.resolved()
+        except OSError as exc:  # resolved again at the next start: audited twice, never lost
+            log.error("cannot store the resolved POST", extra={"error": str(exc), "post": intent.post_id})
+        log.warning(
+            "StartRequests POST interrupted by a restart resolved",
+            extra={"post": intent.post_id, "decisions": len(intent.decisions), "kept": len(answers)},
+        )
 
     def _count(self, outcome: str, reason: str) -> None:
         if self._metrics is not None:
@@ -403,9 +462,21 @@ def _result(event_id: str, result: str, detail: str | None) -> dict[str, Any]:
     return {"eventId": event_id, "result": result, "detail": detail}
 
 
+def _after_restart(event_id: str, event: Any) -> dict[str, Any]:
+    """What became of an event an interrupted POST named (see :meth:`Relay._resolve`)."""
+    if event is None:
+        return _result(event_id, "approved", "posted before a restart; the event is gone since")
+    if event.event_status == SCHEDULED:
+        detail = "posted before a restart; still Scheduled, so whether IMDS took the POST is unknown"
+        return _result(event_id, "unknown", detail)
+    return _result(event_id, "approved", f"posted before a restart; the event is {event.event_status} since")
+
+
 def _outcome(results: list[dict[str, Any]]) -> tuple[str, str | None]:
     good = {"approved", "alreadyStarted"}
     kinds = [r["result"] for r in results]
+    if "unknown" in kinds:
+        return "unknown", "interruptedPost"
     if all(k in good for k in kinds):
         return "approved", None
     failed = [k for k in kinds if k not in good]

@@ -86,6 +86,8 @@ class Agent:
             for s in self.sinks
         ]
         self.relay, self.verifier = self._build_relay(state_dir)
+        self.poller.approved = self.relay.approved
+        self.poller.first_document.append(self.relay.resolve_interrupted)
         self.policy = self._build_policy()
         self.api: Listener | None = self._build_listener(config, state_dir) if config.listen else None
 

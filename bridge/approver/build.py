@@ -38,6 +38,7 @@ def build_approver(config: Any) -> Approver:
     policy = ValidationPolicy(
         keys, config.allow_unsigned, frozenset(config.issuer), config.max_skew, config.max_ttl
     )
+    _check_relay_signing(config, relay_keys)
     state_dir = Path(config.state_dir)
     lock = lock_state_dir(state_dir)  # before any file in it is read, compacted or replaced
     relay = RelayClient(relay_keys, config.relay_timeout, config.relay_ca_file)
@@ -86,6 +87,25 @@ def build_approver(config: Any) -> Approver:
             approver.close()
             raise ConfigError(f"listen: cannot serve on {config.listen}: {exc}") from None
     return approver
+
+
+def _check_relay_signing(config: Any, relay_keys: Any) -> None:
+    """Refuse to start when every relay request would be refused for want of a key: an agent answers
+    unsigned requests with 401 (unless it runs in development mode), and a decision relayed that way
+    is spent for nothing. Only a local agent's Unix socket takes unsigned requests (its file mode is
+    the check), and ``--arm only`` never calls an agent."""
+    from bridge.config import ConfigError
+
+    if relay_keys or config.arm == "only":
+        return
+    if config.mode == "local" and (config.relay.startswith("unix:") or config.relay_unsigned):
+        return
+    where = config.relay if config.mode == "local" else "every agent"
+    raise ConfigError(
+        f"relay_key: {where} refuses unsigned relay requests; give --relay-key KEYID=PATH with the key "
+        "the agent's --relay-key names (make one: head -c 32 /dev/urandom | base64 > relay.key), or "
+        "--relay-unsigned for a development agent run with --relay-allow-unsigned-loopback"
+    )
 
 
 def _arm_acknowledger(config: Any) -> ArmAcknowledger | None:

@@ -20,6 +20,11 @@ from bridge.pipeline import Entry, RecordMeta
 from bridge.signing import load_key
 from bridge.sinks import SinkError, create_sink
 
+#: The longest ``--max-ttl`` an approver accepts (bridge.config): a decision living longer is refused
+#: by every approver; one living longer than the default is refused by approvers left at the default.
+LONGEST_TTL = 7 * 86400.0
+DEFAULT_MAX_TTL = 86400.0
+
 
 def decide(args: argparse.Namespace) -> int:
     try:
@@ -30,6 +35,12 @@ def decide(args: argparse.Namespace) -> int:
     decision = sign(
         new_decision(args.event_id, args.target, issued_by, args.ttl, args.reason), args.key_id, key
     )
+    doomed = _doomed(decision, args.ttl)
+    if doomed:
+        return _fail(f"not published, every approver would refuse it: {doomed}", code=2)
+    if args.ttl > DEFAULT_MAX_TTL:
+        print(f"se-bridge decide: --ttl {args.ttl:g} is refused by approvers at the default --max-ttl "
+              f"({DEFAULT_MAX_TTL:g} s)", file=sys.stderr)  # fmt: skip
     payload = orjson.dumps(decision)
     try:
         sink = create_sink(args.sink)
@@ -66,6 +77,24 @@ def decide(args: argparse.Namespace) -> int:
             sink.close(timeout=5.0)
 
 
-def _fail(message: str) -> int:
+def _doomed(decision: dict[str, object], ttl: float) -> str | None:
+    """Why no approver could ever accept ``decision`` (the decision schema every approver checks,
+    the lifetime bounds), or None. Publishing it would only produce a refusal."""
+    from bridge.schemas import validate_document
+
+    if not 1 <= ttl <= LONGEST_TTL:
+        return f"--ttl must be from 1 to {LONGEST_TTL:g} seconds (got {ttl:g})"
+    errors = validate_document(decision, "decision.v1.schema.json")
+    if errors:
+        field, _, message = errors[0].partition(": ")
+        flag = {"eventId": "--event-id", "target": "--target", "issuedBy": "--issued-by",
+                "reason": "--reason", "signature/keyId": "--key-id"}.get(field, field)  # fmt: skip
+        if field == "eventId":
+            message = f"{decision['eventId']!r} is not a GUID (an EventId as the event record shows it)"
+        return f"{flag}: {message}"
+    return None
+
+
+def _fail(message: str, code: int = 1) -> int:
     print(f"se-bridge decide: {message}", file=sys.stderr)
-    return 1
+    return code

@@ -52,14 +52,16 @@ class Relayer:
             candidates = list(dict.fromkeys(u for d in decisions for u in self.router.candidates(d)))
             if not candidates:
                 errors.append("no agent known for the event's VMs")
-            for url in candidates:
+            for index, url in enumerate(candidates):
                 try:
                     answers = self.client.start_requests_many(url, bodies)
                 except RelayUnavailable as exc:
                     errors.append(str(exc))
                     never_sent = never_sent and exc.never_sent
+                    more = "trying the next VM of the event" if index + 1 < len(candidates) else "no other"
                     log.warning(
-                        "agent did not answer, trying the next", extra={"relay": url, "error": str(exc)}
+                        f"agent did not answer ({more})",
+                        extra={"relay": url, "error": str(exc), "attempt": attempt + 1},
                     )
                     continue
                 return [({**answer, "relay": url, "path": "relay"}, "") for answer in answers]

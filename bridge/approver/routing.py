@@ -188,6 +188,7 @@ class LocalRouter:
         self._client = client
         self._names: frozenset[str] | None = None  # this VM's names, once the agent told them
         self._resource_id: str | None = None
+        self._asking = threading.Lock()  # one question to the agent at a time (start thread, owns())
 
     def candidates(self, decision: dict[str, Any]) -> list[str]:
         return [self.relay_url]
@@ -206,19 +207,25 @@ class LocalRouter:
         return self._resource_id
 
     def this_vm(self) -> frozenset[str] | None:
-        if self._names is None and self._client is not None:
-            try:
-                vm = self._client.document(self.relay_url).get("vm") or {}
-            except RelayUnavailable as exc:
-                log.debug("this VM's identity is not known yet", extra={"error": str(exc)})
-                return None
-            names = {vm.get(k) for k in ("name", "vmId", "hostname")}
-            names = {str(n).lower() for n in names if isinstance(n, str) and n}
-            if names:
-                self._resource_id = vm.get("resourceId") if isinstance(vm.get("resourceId"), str) else None
-                self._names = frozenset(names)
-                log.info("local approver acts for this VM", extra={"vmNames": sorted(self._names)})
+        if self._names is not None or self._client is None:
+            return self._names
+        with self._asking:
+            if self._names is None:
+                self._ask_agent(self._client)
         return self._names
+
+    def _ask_agent(self, client: RelayClient) -> None:
+        try:
+            vm = client.document(self.relay_url).get("vm") or {}
+        except RelayUnavailable as exc:
+            log.debug("this VM's identity is not known yet", extra={"error": str(exc)})
+            return
+        names = {vm.get(k) for k in ("name", "vmId", "hostname")}
+        names = {str(n).lower() for n in names if isinstance(n, str) and n}
+        if names:
+            self._resource_id = vm.get("resourceId") if isinstance(vm.get("resourceId"), str) else None
+            self._names = frozenset(names)
+            log.info("local approver acts for this VM", extra={"vmNames": sorted(self._names)})
 
     def start(self, stop: threading.Event) -> None:
         # Ask the agent who this VM is now, not on the first decision (best effort: owns() asks again).

@@ -50,7 +50,7 @@ from bridge.approver.store import DecisionStore, lock_state_dir
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.errors import BridgeError
 from bridge.listener import Listener, probe_routes
-from bridge.observability import ErrorStreak
+from bridge.observability import ErrorStreak, RateLimitedLog
 from bridge.pipeline import (
     DeliveryWorker,
     Health,
@@ -141,6 +141,7 @@ class Approver:
         self._source_open = False
         self._streak = ErrorStreak(log, f"reading decisions from {source.name}")
         self._outbox_streak = ErrorStreak(log, "storing decisions and audit records")
+        self._skipped_log = RateLimitedLog(log, every=60.0)
         self.coordinator: FleetCoordinator | None = None
         if coordination_policy is not None:
             if not isinstance(router, FleetRouter):
@@ -180,8 +181,15 @@ class Approver:
                 raw, message, "refused", refusal.reason, refusal.detail, [], record_final=False
             )
         if not self.router.owns(decision):
+            # Another VM's approver acts on it (local mode): no audit here, but never unseen, since a
+            # target no VM has is skipped by every approver (one line a minute, with the count).
             self.metrics.skipped.labels("otherVm").inc()
-            log.debug("decision for another VM skipped", extra={"decisionId": decision["decisionId"]})
+            self._skipped_log.log(
+                "decision for another VM skipped (its own approver acts on it)",
+                decisionId=decision["decisionId"],
+                target=decision["target"],
+                thisVm=sorted(self.router.this_vm() or ()) if isinstance(self.router, LocalRouter) else None,
+            )
             return {"outcome": "skipped", "reason": "otherVm"}
         decision_id: str = decision["decisionId"]
         earlier = self.store.get(decision_id)

@@ -171,6 +171,10 @@ def test_a_second_approver_on_the_same_state_directory_touches_nothing(setup: Se
     assert setup.emulator.state()["startRequests"] == {first_event: 1}
 
 
+BOOM = "B0000000-0000-4000-8000-00000000B00E"  # the event whose decision breaks the approver
+NEXT = "0E000000-0000-4000-8000-0000000000E0"
+
+
 def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,13 +194,13 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
 
         def candidates(self, decision: dict[str, Any]) -> list[str]:
             BrokenRouter.calls += 1
-            if decision["eventId"] == "BOOM":
+            if decision["eventId"] == BOOM:
                 raise RuntimeError("a bug")
             return []  # no agent: the decision fails as relayUnavailable, which is an outcome
 
     monkeypatch.setattr(service_module, "Backoff", lambda **_: Backoff(base=0.001, cap=0.001))
     decisions = tmp_path / "decisions.jsonl"
-    decisions.write_bytes(orjson.dumps(signed("BOOM")) + b"\n" + orjson.dumps(signed("NEXT")) + b"\n")
+    decisions.write_bytes(orjson.dumps(signed(BOOM)) + b"\n" + orjson.dumps(signed(NEXT)) + b"\n")
     service = service_module.Approver(
         source=FileSource(f"file://{decisions}", tmp_path / "src"),
         router=BrokenRouter("http://127.0.0.1:9"),
@@ -225,8 +229,8 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
         service.stop_event.set()
         runner.join(30)
     assert [(a["eventIds"], a["outcome"], a["reason"]) for a in audits()] == [
-        (["BOOM"], "failed", "unprocessable"),
-        (["NEXT"], "failed", "relayUnavailable"),
+        ([BOOM], "failed", "unprocessable"),
+        ([NEXT], "failed", "relayUnavailable"),
     ]
     # Both went to one lane and were relayed as one batch; the poison broke the batch, so each was
     # retried on its own: BOOM until it was given up, NEXT once.

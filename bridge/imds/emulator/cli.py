@@ -100,6 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="private IP of the first fleet VM, the others follow (default 127.0.1.1: loopback, so one "
         "machine can host every VM's agent)",
     )
+    parser.add_argument(
+        "--hold-until-served",
+        action="store_true",
+        help="a timed transition waits until the current document was served once, so a polling client "
+        "sees every state at any speed (demos and tests; real IMDS keeps states for minutes)",
+    )
     parser.add_argument("--list-scenarios", action="store_true", help="print the scenarios and exit")
     parser.add_argument(
         "--log-requests",
@@ -150,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             approval_delay=args.approval_delay,
             initial_incarnation=args.initial_incarnation,
             fleet=fleet,
+            hold_until_served=args.hold_until_served,
         ).start()
     except (ValueError, OSError) as exc:
         print(orjson.dumps({"msg": "emulator failed to start", "error": str(exc)}).decode(), file=sys.stderr)

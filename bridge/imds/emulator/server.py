@@ -44,7 +44,7 @@ from .protocol import (
     is_guid,
 )
 from .scenarios import SCENARIOS
-from .state import FAULT_KINDS, ConflictError, EmulatorState
+from .state import FAULT_KINDS, FAULT_STATUS, ConflictError, EmulatorState
 
 logger = logging.getLogger(__name__)
 
@@ -485,7 +485,21 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             ids.append(event_id)
         # "DocumentIncarnation" (2017-03-01 clients send it, as a string) is accepted and ignored.
-        self.vm.approve(ids)
+        fault = self.vm.state.take_post_fault()
+        kind = fault.kind if fault is not None else ""
+        if kind in FAULT_STATUS:
+            status, error = FAULT_STATUS[kind]
+            self._send(status, error, JSON_CONTENT_TYPE)
+            return
+        if kind != "drop":
+            self.vm.approve(ids)
+        if kind in ("drop", "lost"):
+            self.close_connection = True  # not a byte of answer: the client cannot tell what happened
+            self._status = 0
+            return
+        if kind == "slow":
+            assert fault is not None
+            time.sleep(fault.delay)
         self._send(200, b"", None)
 
     # ------------------------------------------------------------------ control API
@@ -647,7 +661,7 @@ def _add_fault(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
     duration = _number(data, "durationSeconds")
     delay = _number(data, "delaySeconds")  # None: the kind's default
     retry_after = _string(data, "retryAfter")
-    state.add_fault(kind, count, duration, delay, retry_after)
+    state.add_fault(kind, count, duration, delay, retry_after, on=_string(data, "on") or "get")
     return 200, {"kind": kind, "faults": state.snapshot()["faults"]}
 
 
@@ -733,6 +747,7 @@ class EmulatorServer:
         approval_delay: float = 1.0,
         initial_incarnation: int = 1,
         fleet: list[VmProfile] | None = None,
+        hold_until_served: bool = False,
     ) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
@@ -751,6 +766,7 @@ class EmulatorServer:
             "approval_delay": approval_delay,
             "initial_incarnation": initial_incarnation,
             "rate_limit": rate_limit,
+            "hold_until_served": hold_until_served,
         }
         #: The fleet (``/vm/<name>/...``, ``/_emulator/fleet``) or None for one VM served without a prefix.
         self.fleet = Fleet(fleet, **options) if fleet else None
@@ -778,7 +794,10 @@ class EmulatorServer:
         """Bind, start serving and the ticker in daemon threads, then start the scenario's timeline."""
         if self._httpd is not None:
             return self
-        httpd = _HTTPServer((self.host, self.port), self._hosts, self.fleet)
+        try:
+            httpd = _HTTPServer((self.host, self.port), self._hosts, self.fleet)
+        except OSError as exc:  # "Address already in use" alone does not say which address
+            raise OSError(exc.errno, f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from None
         self._httpd = httpd
         self.port = httpd.server_port
         serve = threading.Thread(

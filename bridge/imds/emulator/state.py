@@ -14,6 +14,11 @@ Design notes (the *why*):
   with its own incarnation, so the outcome equals what real time would have produced.
 * The rendered document is cached per api-version and dropped on every change: between changes a poll
   costs one dictionary lookup, which keeps the emulator cheap inside the CPU benchmark.
+* ``hold_until_served`` (demos and tests): a timed transition waits until the current document was
+  served to a client at least once. Real IMDS keeps a Started event for minutes and a 1 s poll never
+  misses it; at 120x the same event lasts half a second, and whether a client saw it would depend on
+  the machine's speed. Held, every state of the timeline is seen by a polling client whatever the
+  load, while the clock (NotBefore) still runs as usual.
 """
 
 import math
@@ -61,12 +66,17 @@ FAULT_KINDS: tuple[str, ...] = (
     "wrong-types",
     "drop",
     "trickle",
+    "lost",
 )
+#: What a StartRequests POST can meet (``on="post"``): an error answer (not taken), ``drop`` (connection
+#: closed, not taken), ``slow`` (taken, answered after the delay), ``lost`` (taken, never answered: the
+#: connection closes). ``slow`` and ``lost`` are how an agent dies between its POST and the answer.
+POST_FAULT_KINDS: tuple[str, ...] = ("429", "500", "503", "drop", "slow", "lost")
 # delaySeconds when a fault is queued without one: a 2 s answer for "slow", one byte a second for
 # "trickle" (an answer of ~200 bytes then takes minutes: far past any client timeout).
 _DEFAULT_DELAY: dict[str, float] = {"trickle": 1.0}
 _FALLBACK_DELAY = 2.0
-_FAULT_STATUS: dict[str, tuple[int, bytes]] = {
+FAULT_STATUS: dict[str, tuple[int, bytes]] = {
     "429": (429, BODY_TOO_MANY),
     "500": (500, BODY_INTERNAL),
     "503": (503, BODY_UNAVAILABLE),
@@ -146,6 +156,7 @@ class _Fault:
     until: float | None  # time.monotonic() deadline, None: until the count is used up
     delay: float
     retry_after: str | None = None
+    on: str = "get"  # "get": scheduledevents GETs; "post": StartRequests POSTs
 
 
 class EmulatorState:
@@ -160,6 +171,7 @@ class EmulatorState:
         initial_incarnation: int = 1,
         rate_limit: float = 5.0,
         clock: Callable[[], float] = time.time,
+        hold_until_served: bool = False,
     ) -> None:
         if speed <= 0:
             raise ValueError("speed must be > 0")
@@ -190,6 +202,8 @@ class EmulatorState:
         self._stopping = False
         self._history: deque[dict[str, Any]] = deque(maxlen=_HISTORY_LIMIT)
         self._first_served: dict[int, float] = {}
+        self._hold = hold_until_served
+        self._served = 0  # the newest incarnation fully written to a client (hold_until_served)
         self._reset_counters()
         self._history.append(
             {"incarnation": initial_incarnation, "changedAt": time.time(), "reason": "initial"}
@@ -206,6 +220,7 @@ class EmulatorState:
         self._fault_counts: dict[str, int] = {}
         self._raw_served = 0
         self._start_requests: dict[str, int] = {}  # key: upper-case id
+        self._start_request_log: deque[dict[str, Any]] = deque(maxlen=_HISTORY_LIMIT)
         self._unknown_start_requests = 0
 
     def _now(self) -> float:
@@ -235,7 +250,7 @@ class EmulatorState:
         """Apply every transition due at or before ``now``, oldest first."""
         if now < self._next_due:
             return
-        while True:
+        while not self._held():
             due = math.inf
             kind = ""
             target: Event | None = None
@@ -259,6 +274,10 @@ class EmulatorState:
                 del self._events[target.event_id.upper()]
                 self._bump("canceled while Scheduled" if kind == "cancel" else "completed", target.event_id)
         self._recompute_next_due()
+
+    def _held(self) -> bool:
+        """Whether timed transitions wait: ``hold_until_served`` and the current document not served."""
+        return self._hold and self._served < self._incarnation
 
     def _appear(self, event_id: str, spec: EventSpec, speed: float, *, at: float) -> Event:
         resources = (self.vm.compute_name, *self.vm.sibling_names(spec.siblings))
@@ -352,19 +371,29 @@ class EmulatorState:
         self._doc_cache[version] = body
         return body
 
-    def _take_fault(self) -> _Fault | None:
+    def _take_fault(self, on: str = "get") -> _Fault | None:
         if not self._faults:
             return None
         mono = time.monotonic()
-        while self._faults:
-            f = self._faults[0]
-            if (f.until is not None and mono >= f.until) or f.remaining == 0:
-                self._faults.pop(0)
+        self._faults = [
+            f for f in self._faults if not ((f.until is not None and mono >= f.until) or f.remaining == 0)
+        ]
+        for f in self._faults:
+            if f.on != on:
                 continue
             if f.remaining is not None:
                 f.remaining -= 1
             return f
         return None
+
+    def take_post_fault(self) -> _Fault | None:
+        """The fault the next StartRequests POST meets (``add_fault(..., on="post")``), counted."""
+        with self._cond:
+            fault = self._take_fault("post")
+            if fault is not None:
+                key = f"post-{fault.kind}"
+                self._fault_counts[key] = self._fault_counts.get(key, 0) + 1
+            return fault
 
     def _new_event_id(self, key: str) -> str:
         return str(uuid.uuid5(EVENT_ID_NAMESPACE, key)).upper()
@@ -413,8 +442,8 @@ class EmulatorState:
             if fault is not None:
                 self._fault_counts[fault.kind] = self._fault_counts.get(fault.kind, 0) + 1
                 kind = fault.kind
-                if kind in _FAULT_STATUS:
-                    status, body = _FAULT_STATUS[kind]
+                if kind in FAULT_STATUS:
+                    status, body = FAULT_STATUS[kind]
                     return Reply(status, body, JSON_CONTENT_TYPE, None, retry_after=fault.retry_after)
                 if kind == "drop":
                     return Reply(0, b"", None, None, drop=True)
@@ -447,6 +476,11 @@ class EmulatorState:
 
         The benchmark measures detection latency from this moment, which excludes the client's poll phase.
         """
+        if self._hold:
+            with self._cond:
+                if incarnation > self._served:
+                    self._served = incarnation
+                    self._cond.notify_all()  # the ticker applies what waited for this document
         if incarnation in self._first_served:  # racy read is fine: the write below re-checks under the lock
             return
         stamp = time.time()
@@ -468,6 +502,8 @@ class EmulatorState:
             self._count_post += posted
             now = self._now()
             self._evaluate(now)
+            if posted:  # when each StartRequests POST arrived, for timelines (the demo's)
+                self._start_request_log.append({"at": time.time(), "eventIds": list(event_ids)})
             for key in dict.fromkeys(i.upper() for i in event_ids):  # one count per POST naming an id
                 if posted and key not in self._known_ids:
                     self._unknown_start_requests += 1
@@ -595,8 +631,10 @@ class EmulatorState:
         duration_seconds: float | None = None,
         delay_seconds: float | None = None,
         retry_after: str | None = None,
+        on: str = "get",
     ) -> None:
-        """Queue a fault for the next ``count`` scheduledevents GETs (or all of them for a duration).
+        """Queue a fault for the next ``count`` scheduledevents GETs (or all of them for a duration);
+        ``on="post"``: for StartRequests POSTs instead (:data:`POST_FAULT_KINDS`).
 
         Faults are test tools, so their duration and delay are real seconds, never scaled by speed.
         ``delay_seconds`` is the wait of ``slow`` (default 2) and the time per byte of ``trickle``
@@ -604,8 +642,11 @@ class EmulatorState:
         ``retry_after`` is sent verbatim as a ``Retry-After`` header on an error answer (tests send
         what a misbehaving server might: ``86400``, ``inf``, a date).
         """
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}; expected one of {', '.join(FAULT_KINDS)}")
+        if on not in ("get", "post"):
+            raise ValueError("on must be 'get' or 'post'")
+        kinds = POST_FAULT_KINDS if on == "post" else tuple(k for k in FAULT_KINDS if k != "lost")
+        if kind not in kinds:
+            raise ValueError(f"unknown fault kind {kind!r} on {on}; expected one of {', '.join(kinds)}")
         if count is not None and count < 1:
             raise ValueError("count must be >= 1")
         if duration_seconds is not None and duration_seconds <= 0:
@@ -619,7 +660,7 @@ class EmulatorState:
         remaining = count if count is not None else (None if duration_seconds is not None else 1)
         until = None if duration_seconds is None else time.monotonic() + duration_seconds
         with self._cond:
-            self._faults.append(_Fault(kind, remaining, until, delay_seconds, retry_after))
+            self._faults.append(_Fault(kind, remaining, until, delay_seconds, retry_after, on))
 
     def clear_faults(self) -> None:
         with self._cond:
@@ -765,10 +806,12 @@ class EmulatorState:
                 "nextTransitionIn": None if math.isinf(self._next_due) else max(0.0, self._next_due - now),
                 "startRequests": {self._known_ids[k]: n for k, n in self._start_requests.items()},
                 "unknownStartRequests": self._unknown_start_requests,
+                "startRequestLog": list(self._start_request_log),
                 "requests": self._request_counts(),
                 "faults": [
                     {
                         "kind": f.kind,
+                        "on": f.on,
                         "remaining": f.remaining,
                         "expiresIn": None if f.until is None else max(0.0, f.until - time.monotonic()),
                     }
@@ -792,7 +835,8 @@ class EmulatorState:
             while not self._stopping:
                 now = self._now()
                 self._evaluate(now)
-                wait = self._next_due - now
+                # Held, the next transition waits for mark_served, which notifies: no busy loop.
+                wait = 30.0 if self._held() else self._next_due - now
                 self._cond.wait(timeout=min(max(wait, 0.001), 30.0))
 
     def stop_ticker(self) -> None:
