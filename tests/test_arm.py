@@ -203,7 +203,8 @@ def run_fleet_approver(arm: FakeArm, tmp_path: Path, agent_port: int) -> dict[st
         "[approver]\n"
         f'source = "file://{decisions}"\nmode = "fleet"\nevents_source = ["file://{events}"]\n'
         f'relay_url_template = "http://{{privateIp}}:{agent_port}"\nkey = ["ops={key}"]\nsink = ["file://{audit}"]\n'
-        f'state_dir = "{tmp_path / "state"}"\nlisten = "off"\nrelay_timeout = 1\nrelay_key = ["relay={relay_key}"]\n'
+        f'state_dir = "{tmp_path / "state"}"\nlisten = "off"\nrelay_timeout = 1\n'
+        f'relay_key = ["relay={relay_key}"]\n'
         f'arm = "fallback"\narm_endpoint = "{arm.url}"\narm_audience = "https://management.azure.com"\n'
         f'arm_ca_file = "{arm.ca_file}"\n'
     )
