@@ -175,6 +175,13 @@ def https_url(value: Any) -> str:
     return v
 
 
+def arm_scope_spec(value: Any) -> str:
+    from bridge.azure_ids import parse_allowed_scope
+
+    parse_allowed_scope(text(value))
+    return text(value).rstrip("/")
+
+
 def optional_text(value: Any) -> str | None:
     v = str(value).strip() if value is not None else ""
     return v or None
@@ -577,6 +584,14 @@ class ApproverConfig(ConfigBase):
         metavar="SPEC",
         multiple=True,
     )
+    standby_after: float = setting(
+        1.0,
+        number(0, 60),
+        "Fleet mode: seconds a decision may wait for the instance that owns its partition before this "
+        "instance acts on it too (the standby: no takeover window when an instance dies; "
+        "docs/approvals.md); 0 turns the standby off.",
+        metavar="SECONDS",
+    )
     relay_url_template: str = setting(
         "http://{privateIp}:8710",
         text,
@@ -668,6 +683,15 @@ class ApproverConfig(ConfigBase):
     )
     arm_client_id: str | None = setting(
         None, optional_text, "Client id of a user-assigned managed identity for ARM.", metavar="UUID"
+    )
+    arm_scope: tuple[str, ...] = setting(
+        (),
+        arm_scope_spec,
+        "With --arm: where acknowledgements may go, /subscriptions/<id> or "
+        "/subscriptions/<id>/resourceGroups/<name>; repeat for several. A VM outside every scope is "
+        "refused (its resource id comes from records anyone on the events stream may publish).",
+        metavar="SCOPE",
+        multiple=True,
     )
     arm_ca_file: str | None = setting(
         None,

@@ -7,7 +7,11 @@
   change can never reuse an id.
 * ``approval`` (``schemas/approval.v1.schema.json``): the outcome of one approval attempt, written by
   the agent's relay (``component`` ``agent`` or ``policy``) and by the approver (``approver``). An
-  attempt is an occurrence, not a derivable change: its id is random, fixed once in the outbox.
+  agent's attempt is an occurrence, not a derivable change: its id is random, fixed once in the
+  outbox. An approver's record is the outcome *of a decision*, which any fleet approver instance may
+  write (the owner of its partition, a standby: :mod:`bridge.approver.standby`): its id is derived
+  from the decision (:func:`approver_record_id`), so two instances' records of one decision are one
+  record to a consumer that deduplicates on ``recordId``.
 * ``preparation`` (``schemas/preparation.v1.schema.json``): one VM's readiness for one event, after
   its prepare hook (:mod:`bridge.coordination`). Derivable like a change: the id comes from the VM,
   the event and the result, so a hook run again after a restart republishes the same id.
@@ -20,6 +24,7 @@ the envelope every shape here shares (``recordId``, ``recordType``, ``schemaVers
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import Iterable
@@ -49,6 +54,16 @@ class Transition(Protocol):
 def record_id(vm_key: str, previous: EventsDocument | None, current: EventsDocument) -> str:
     before = "initial" if previous is None else f"{previous.incarnation}:{previous.digest}"
     return str(uuid.uuid5(RECORD_NAMESPACE, f"{vm_key}|{before}|{current.incarnation}:{current.digest}"))
+
+
+def approver_record_id(decision_id: str | None, position: str, payload: bytes) -> str:
+    """The id of an approver's audit record: per decision once it was proven valid (whichever
+    instance, whichever re-read, its outcome is one record), per message otherwise (a refusal of the
+    same bytes at the same position, by any instance)."""
+    if decision_id is not None:
+        return str(uuid.uuid5(RECORD_NAMESPACE, f"approver|decision|{decision_id}"))
+    digest = hashlib.sha256(payload).hexdigest()
+    return str(uuid.uuid5(RECORD_NAMESPACE, f"approver|message|{position}|{digest}"))
 
 
 def events_view(vm: VmIdentity, document: EventsDocument) -> list[dict[str, Any]]:
@@ -107,16 +122,18 @@ def approval_record(
     path: str | None = None,
     arm_correlation_id: str | None = None,
     coordination: dict[str, Any] | None = None,
+    record_id: str | None = None,
 ) -> dict[str, Any]:
     """One approval attempt, by the agent's relay (with its VM and how many StartRequests it posted)
-    or by the approver (``vm`` null: the decision may never have reached an agent)."""
+    or by the approver (``vm`` null: the decision may never have reached an agent; ``record_id``
+    from :func:`approver_record_id`)."""
     source = {"agentVersion": __version__}
     if api_version is not None:
         source["apiVersion"] = api_version
     record: dict[str, Any] = {
         "schemaVersion": SCHEMA_VERSION,
         "recordType": APPROVAL,
-        "recordId": str(uuid.uuid4()),
+        "recordId": record_id or str(uuid.uuid4()),
         "observedAt": rfc3339(time.time()),
         "source": source,
         "component": component,

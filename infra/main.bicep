@@ -165,7 +165,9 @@ var storageAccountName = take('${compactPrefix}st${suffix}', 24)
 // The records hub: se-bridge-approver-fleet is where every fleet approver instance reads every
 // partition (its events reader, --events-source: <group>-fleet, bridge/approver/topology.py). On the
 // decisions hub, se-bridge-approver is the approver's default consumer group (--group), shared by the
-// fleet instances through the checkpoint store.
+// fleet instances through the checkpoint store; se-bridge-approver-standby is where each instance's
+// standby reads every partition (bridge/approver/standby.py: an epoch reader in the shared group would
+// disconnect the owners).
 var eventsConsumerGroups = concat([
   'dashboard'
   'se-bridge-approver-fleet'
@@ -192,6 +194,7 @@ module eventHubs 'modules/eventhubs.bicep' = {
     eventsConsumerGroups: eventsConsumerGroups
     decisionsConsumerGroups: [
       'se-bridge-approver'
+      'se-bridge-approver-standby'
     ]
     allowedSubnetIds: eventHubsSubnetIds
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId

@@ -542,7 +542,7 @@ def test_fleet_mode_learns_agents_and_fails_over_to_another_vm_of_the_event(tmp_
         approver.start()
         for name in vms:  # it learns the fleet from the events stream
             wait_until(
-                lambda name=name: approver.logged("fleet: agent learned", vmName=name), what=f"{name} learned"
+                lambda name=name: approver.logged("fleet: VM learned", vmName=name), what=f"{name} learned"
             )
         decision = signed(event_id, target="vm-a")
         approver.publish(decision)

@@ -17,6 +17,7 @@ processes.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import secrets
 import socket
@@ -542,5 +543,80 @@ def test_two_fleet_approvers_share_the_hub_and_one_takes_over_after_a_kill(
         wait_until(lambda: set(outcomes()) >= set(decided), 30, what="the survivor's audit records")
         assert {outcomes()[d] for d in decided} == {"approved"}
     finally:
+        for proc in procs:
+            stop(proc)
+
+
+def test_a_standby_carries_a_dead_instances_decisions_before_its_ownership_expires(
+    emulator: Emulator, make_agent, peer: EventHubsPeer, store: Azurite, tmp_path: Path
+) -> None:
+    """Issue 19: Event Hubs moves a dead instance's partition only once its ownership expires (60 s
+    here). The survivor's standby reads every partition in the ``default-standby`` consumer group,
+    sees the dead owner's checkpoint stand still, and carries its decisions to IMDS while the
+    ownership has not moved: an order, not a time, is asserted."""
+    import signal
+
+    env = env_for(peer, store)
+    agent = make_agent(emulator.url).start()
+    events = [emulator.add_event(eventType="Freeze") for _ in range(8)]
+    agent.wait_for_change(events[-1], "scheduled")
+    spec = source_spec(peer, load_balancing_interval="2", ownership_expiration="60")
+    fleet = ("--mode", "fleet", "--events-source", f"file://{agent.sink_path}", "--relay-url-template",
+             agent.api or "", "--group", "$Default", "--standby-after", "2")  # fmt: skip
+    workdirs = [tmp_path / "a", tmp_path / "b"]
+    procs = []
+    for workdir in workdirs:
+        workdir.mkdir()
+        audit = f"file://{workdir}/audit.jsonl"
+        procs.append(start_approver(workdir, spec, audit, agent.api or "", KEY, *fleet, env=env))
+    apis = [approver_api(w) for w in workdirs]
+    try:
+        wait_until(
+            lambda: [scrape(a, "se_bridge_approver_partitions_owned") for a in apis] == [1.0, 1.0],
+            60,
+            what="one partition each",
+        )
+        # Decisions spread over both partitions (``decide`` keys them by target: one partition), so
+        # each instance owns some and both partitions get a checkpoint while both instances live.
+        from azure.eventhub import EventData, EventHubProducerClient
+
+        from bridge.approver.decision import new_decision, sign
+
+        producer = EventHubProducerClient.from_connection_string(env["EH_CONN"])
+
+        def publish(event_ids: list[str]) -> list[str]:
+            ids = []
+            for index, event_id in enumerate(event_ids):
+                decision = sign(new_decision(event_id, "vm-bridge-0", "tests", 600), "ops", KEY)
+                batch = producer.create_batch(partition_id=str(index % 2))
+                batch.add(EventData(orjson.dumps(decision)))
+                producer.send_batch(batch)
+                ids.append(decision["decisionId"])
+            return ids
+
+        first = publish(events[:4])
+        wait_until(lambda: len(emulator.state()["startRequests"]) == 4, 60, what="the first 4 approved")
+        assert [scrape(a, "se_bridge_approver_standby_acted_total") for a in apis] == [0, 0]
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(10)
+        later = publish(events[4:])
+        everything = dict.fromkeys(events, 1)
+        wait_until(lambda: emulator.state()["startRequests"] == everything, 60, what="every StartRequest")
+        assert scrape(apis[1], "se_bridge_approver_partitions_owned") == 1.0  # ownership not moved yet
+        assert scrape(apis[1], "se_bridge_approver_standby_acted_total") >= 1
+
+        def outcomes() -> dict[str, set[str]]:
+            out: dict[str, set[str]] = {}
+            for workdir in workdirs:
+                path = workdir / "audit.jsonl"
+                for record in map(orjson.loads, path.read_bytes().splitlines() if path.exists() else []):
+                    out.setdefault(record["decisionId"], set()).add(record["outcome"])
+            return out
+
+        wait_until(lambda: set(outcomes()) >= {*first, *later}, 30, what="every decision audited")
+        assert all(found == {"approved"} for found in outcomes().values())
+    finally:
+        with contextlib.suppress(NameError):
+            producer.close()
         for proc in procs:
             stop(proc)

@@ -128,6 +128,33 @@ def test_a_scale_set_instance_is_acknowledged_on_its_scale_set(arm: FakeArm) -> 
 
 
 @pytest.mark.parametrize(
+    "resource_id",
+    [
+        f"/subscriptions/{SUB}/resourceGroups/rg1/providers/Microsoft.Compute/virtualMachines/../../x",
+        f"/subscriptions/{SUB}/resourceGroups/rg1/providers/Microsoft.Compute/virtualMachines/vm1?x=1",
+        f"/subscriptions/{SUB}/resourceGroups/rg1/providers/Microsoft.Compute/virtualMachines/vm1#x",
+        f"/subscriptions/{SUB}/resourceGroups/rg%2F1/providers/Microsoft.Compute/virtualMachines/vm1",
+        f"/subscriptions/{SUB}/resourceGroups/rg1./providers/Microsoft.Compute/virtualMachines/vm1",
+        "/subscriptions/not-a-guid/resourceGroups/rg1/providers/Microsoft.Compute/virtualMachines/vm1",
+        VM_ID.replace(SUB, "00000000-0000-0000-0000-000000000000"),  # another subscription
+        VM_ID.replace("rg1", "rg2"),  # another group of the allowed subscription's scope rg1
+    ],
+)
+def test_a_scope_outside_the_grammar_or_the_allowed_scopes_is_never_called(
+    arm: FakeArm, resource_id: str
+) -> None:
+    """Issue 23: a resource id from an unsigned record reaches ARM only if it is a VM's id by Azure's
+    naming rules and inside ``--arm-scope``; ``..``, ``?``, ``#``, ``%2F`` never reach a URL."""
+    allowed = (f"/subscriptions/{SUB}/resourceGroups/rg1",)
+    answer = acknowledger(arm, FakeCredential(), allowed_scopes=allowed).acknowledge(resource_id, EVENT)
+    assert answer.outcome == "refused" and answer.reason == "armScopeRefused", answer
+    assert arm.requests == []
+    assert acknowledger(arm, FakeCredential(), allowed_scopes=allowed).acknowledge(VM_ID, EVENT).outcome == (
+        "approved"
+    )
+
+
+@pytest.mark.parametrize(
     ("status", "outcome", "reason"),
     [(404, "refused", "armNotFound"), (409, "refused", "armConflict"), (403, "refused", "armForbidden")],
 )
@@ -168,7 +195,9 @@ def test_a_token_for_another_audience_is_refused_and_tls_is_verified(arm: FakeAr
     assert len(arm.requests) == 1  # the unverified connection never sent a request
 
 
-def run_fleet_approver(arm: FakeArm, tmp_path: Path, agent_port: int) -> dict[str, Any]:
+def run_fleet_approver(
+    arm: FakeArm, tmp_path: Path, agent_port: int, *, target: str = "vm1", ttl: float = 600
+) -> dict[str, Any]:
     """The fleet approver of an installed configuration (``arm = "fallback"``), in process, with one
     decision for ``EVENT`` on ``vm1``, whose agent is at ``127.0.0.1:agent_port``; its audit record.
     The credential is swapped for the test one (a managed identity exists only on Azure); everything
@@ -180,6 +209,7 @@ def run_fleet_approver(arm: FakeArm, tmp_path: Path, agent_port: int) -> dict[st
     from bridge.config import load_approver_config
     from bridge.schemas import validate_record
 
+    tmp_path.mkdir(exist_ok=True)
     key = tmp_path / "ops.key"
     key.write_bytes(b"k" * 40)
     relay_key = tmp_path / "relay.key"
@@ -195,7 +225,8 @@ def run_fleet_approver(arm: FakeArm, tmp_path: Path, agent_port: int) -> dict[st
         "resourceId": VM_ID,
         "privateIp": "127.0.0.1",
     }
-    record = {"recordType": "scheduledEvents", "vm": vm, "events": [{"eventId": EVENT, "resources": ["vm1"]}]}
+    event = {"eventId": EVENT, "eventStatus": "Scheduled", "resources": ["vm1", "vm2"]}
+    record = {"recordType": "scheduledEvents", "vm": vm, "events": [event]}
     events.write_bytes(json.dumps(record).encode() + b"\n")
     decisions.touch()
     config = tmp_path / "config.toml"
@@ -206,7 +237,7 @@ def run_fleet_approver(arm: FakeArm, tmp_path: Path, agent_port: int) -> dict[st
         f'state_dir = "{tmp_path / "state"}"\nlisten = "off"\nrelay_timeout = 1\n'
         f'relay_key = ["relay={relay_key}"]\n'
         f'arm = "fallback"\narm_endpoint = "{arm.url}"\narm_audience = "https://management.azure.com"\n'
-        f'arm_ca_file = "{arm.ca_file}"\n'
+        f'arm_ca_file = "{arm.ca_file}"\narm_scope = ["/subscriptions/{SUB}/resourceGroups/rg1"]\n'
     )
     approver = build_approver(load_approver_config(argparse.Namespace(config=str(config)), environ={}))
     assert approver.relayer.arm is not None and approver.relayer.arm_mode == "fallback"
@@ -216,7 +247,7 @@ def run_fleet_approver(arm: FakeArm, tmp_path: Path, agent_port: int) -> dict[st
     runner = threading.Thread(target=approver.run, kwargs={"install_signals": False}, daemon=True)
     runner.start()
     try:
-        decision = sign(new_decision(EVENT, "vm1", "tests", 600), "ops", b"k" * 40)
+        decision = sign(new_decision(EVENT, target, "tests", ttl), "ops", b"k" * 40)
         wait_until(lambda: approver.router.resource_id(decision) == VM_ID, 30, what="vm1 learned")
         decisions.write_bytes(json.dumps(decision).encode() + b"\n")
         wait_until(lambda: audit.exists() and audit.read_bytes().strip(), 60, what="the audit record")
@@ -244,6 +275,23 @@ def test_a_fleet_approver_falls_back_to_arm_when_no_agent_of_the_event_answers(
     assert (written["outcome"], written["path"], written["requester"]) == ("approved", "arm", "arm")
     assert written["armCorrelationId"] == "corr-1" and written["results"][0]["result"] == "approved"
     assert [r["path"].split("?")[0].rsplit("/", 2)[-2] for r in arm.requests] == [EVENT]
+
+
+def test_the_arm_path_refuses_what_every_agent_refuses(arm: FakeArm, tmp_path: Path) -> None:
+    """Issue 19: the target rule (and the rest of bridge.eligibility) before ARM is called. A decision
+    for a VM the event does not name is refused ``targetMismatch``, as an agent's relay refuses it
+    (tests/security/test_relay_attacks.py), and ARM is never asked; a decision for the event's other
+    VM (vm2, no agent known) is acknowledged on vm1's scope."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    written = run_fleet_approver(arm, tmp_path / "a", dead, target="vm-elsewhere")
+    assert (written["outcome"], written["reason"], written["path"]) == ("refused", "targetMismatch", "arm")
+    assert written["results"][0]["result"] == "targetMismatch" and arm.requests == []
+    written = run_fleet_approver(arm, tmp_path / "b", dead, target="vm2")
+    assert (written["outcome"], written["path"]) == ("approved", "arm") and len(arm.requests) == 1
 
 
 def test_no_arm_fallback_when_the_agent_may_have_posted(arm: FakeArm, tmp_path: Path) -> None:

@@ -441,7 +441,7 @@ def test_a_coordinated_approval_that_reached_no_agent_is_tried_again(
         assert service.outbox.last_seq == 0  # nothing audited
         assert service.store.get(f"coordinated-{event_id}")["state"] == "started"  # type: ignore[index]
         assert emulator.state()["startRequests"] == {}
-        router.learn({"vm": {"name": vm_name, "privateIp": "127.0.0.1"}})
+        router.learn({"vm": {"name": vm_name, "privateIp": "127.0.0.1"}, "events": []})
         assert service.coordinated(event_id, [vm_name.lower()], verdict) is True
         assert emulator.state()["startRequests"] == {event_id: 1}
         assert service.store.get(f"coordinated-{event_id}")["outcome"] == "approved"  # type: ignore[index]

@@ -513,6 +513,21 @@ def test_event_hubs_retention_and_partitions_respect_each_tier() -> None:
     assert "cannot change after the hub is created" in main
 
 
+def test_the_decisions_hub_has_the_consumer_groups_the_fleet_approvers_read_with() -> None:
+    """Issue 19: the owners share ``se-bridge-approver`` (the fleet approver's --source spec), and each
+    instance's standby reads every partition in the group the source derives from it; a group the hub
+    lacks would fail every standby read. Standard allows 20 consumer groups per hub."""
+    from bridge.approver.sources.eventhubs import standby_group
+
+    main = (ROOT / "infra" / "main.bicep").read_text()
+    block = re.search(r"decisionsConsumerGroups: \[(.*?)\]", main, re.S)
+    assert block, "decisionsConsumerGroups"
+    groups = re.findall(r"'([^']+)'", block.group(1))
+    source = re.search(r"output fleetApproverDecisionsSpec string = '[^']*consumer_group=([^&']+)", main)
+    assert source and source.group(1) in groups
+    assert standby_group(source.group(1)) in groups and len(groups) <= 20
+
+
 def test_bicep_lint_knows_the_documented_limits(tmp_path: Path) -> None:
     """Issue 13: inline code of a Consumption workflow over 1,024 characters, two Custom Script
     extensions for one VM, and a Standard hub keeping messages longer than 7 days fail in Azure; the

@@ -31,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,9 @@ import orjson
 
 from bridge import records
 from bridge.agent.ledger import DecisionLedger, PostIntent
+from bridge.eligibility import EventFacts, check_event
 from bridge.imds.client import ImdsClient, ImdsError
-from bridge.imds.document import SCHEDULED, STARTED
+from bridge.imds.document import SCHEDULED
 from bridge.imds.instance import VmIdentity
 from bridge.observability import ErrorStreak
 from bridge.pipeline import Outbox, OutboxFull, RecordMeta
@@ -218,7 +220,7 @@ class Relay:
         return self._current() or doc
 
     def _approve_together(self, doc: Any, events: dict[str, Any], requests: list[_Pending]) -> None:
-        checked = [self._check(events, p.event_ids, p.meta.get("target")) for p in requests]
+        checked = [self._check(events, p.event_ids, p.meta) for p in requests]
         candidates = list(dict.fromkeys(e for _, approvable in checked for e in approvable))
         post_id = str(uuid.uuid4())
         if candidates:
@@ -244,32 +246,32 @@ class Relay:
             )
 
     def _check(
-        self, events: dict[str, Any], event_ids: list[str], target: str | None
+        self, events: dict[str, Any], event_ids: list[str], meta: dict[str, Any]
     ) -> tuple[dict[str, dict[str, Any]], list[str]]:
         """The results of the events that cannot be approved, and the ids of those that can
-        (``events``: the current document's, by id)."""
+        (``events``: the current document's, by id), by the rule every approving path applies
+        (:func:`bridge.eligibility.check_event`)."""
         vm: VmIdentity = self._identity()
-        names = vm.names()
+        names = {*vm.names(), (vm.vm_id or "").lower()} - {""}
         results: dict[str, dict[str, Any]] = {}
         candidates: list[str] = []
+        now = time.time()
         for event_id in event_ids:
             event = events.get(event_id)
-            if event is None:
-                results[event_id] = _result(event_id, "notFound", "no such event in the current document")
-            elif event.event_status == STARTED:
-                results[event_id] = _result(event_id, "alreadyStarted", "the event has already started")
-            elif event.event_status != SCHEDULED:
-                results[event_id] = _result(event_id, "notScheduled", f"status is {event.event_status}")
+            facts = None if event is None else EventFacts(event.event_status, event.resources)
+            refusal = check_event(
+                facts,
+                approver_names=names,
+                target=meta.get("target"),
+                expires_at=meta.get("expiresAt"),
+                now=now,
+                require_this_vm=self.require_this_vm,
+            )
+            if refusal is not None:
+                results[event_id] = _result(event_id, refusal.result, refusal.detail)
             elif event_id in self._requested:
                 detail = f"StartRequest already posted (post {self._requested[event_id]}); not posted again"
                 results[event_id] = _result(event_id, "approved", detail)
-            elif self.require_this_vm and not vm.affects(event.resources, names):
-                results[event_id] = _result(event_id, "notThisVm", "Resources does not name this VM")
-            elif target and not _names_target(target, {*names, (vm.vm_id or "").lower()}, event.resources):
-                detail = (
-                    f"the decision is for {target!r}, which is neither this VM nor in the event's Resources"
-                )
-                results[event_id] = _result(event_id, "targetMismatch", detail)
             else:
                 candidates.append(event_id)
         return results, candidates
@@ -433,6 +435,8 @@ def _parse_request(body: Any) -> tuple[str, list[str], dict[str, Any]]:
     ):
         raise RelayRequestError(f"eventIds must be a list of 1 to {MAX_EVENTS_PER_REQUEST} event id strings")
     meta: dict[str, Any] = {k: body.get(k) for k in ("target", "issuedBy") if isinstance(body.get(k), str)}
+    if body.get("expiresAt") is not None:
+        meta["expiresAt"] = _timestamp(body["expiresAt"])
     account = body.get("coordination")
     if account is not None:
         # A coordinator's account of whom it waited for (bridge.coordination), copied to the audit
@@ -450,12 +454,13 @@ def _parse_request(body: Any) -> tuple[str, list[str], dict[str, Any]]:
     return decision_id, list(dict.fromkeys(event_ids)), meta
 
 
-def _names_target(target: str, names: Any, resources: list[str]) -> bool:
-    """A decision's ``target`` may be this VM (any of its names) or another VM the event names:
-    approving through any VM of an event releases it for all (fleet failover relays the decision
-    for VM A through VM B). A decision for a VM the event does not name is not for this event."""
-    wanted = target.lower()
-    return wanted in {n.lower() for n in names} or wanted in {r.lower() for r in resources}
+def _timestamp(value: Any) -> float:
+    """A decision's ``expiresAt`` (RFC 3339, as the decision schema has it), checked here too: a
+    decision that waited for this agent (down, restarting) must not be approved after it expired."""
+    try:
+        return datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        raise RelayRequestError("expiresAt must be an RFC 3339 date and time") from None
 
 
 def _result(event_id: str, result: str, detail: str | None) -> dict[str, Any]:

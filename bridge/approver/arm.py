@@ -30,6 +30,9 @@ import re
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
+
+from bridge.azure_ids import ScopeRefused, event_scope, parse_allowed_scope
 
 DEFAULT_ENDPOINT = "https://management.azure.com"
 #: The newest GA api-version of ScheduledEvents_Acknowledge (2025-11-01; previews 2023-10-01-preview,
@@ -37,24 +40,7 @@ DEFAULT_ENDPOINT = "https://management.azure.com"
 ARM_API_VERSION = "2025-11-01"
 MAX_RETRY_AFTER = 30.0
 
-_VM = re.compile(
-    r"^/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft\.Compute/"
-    r"(?:(?P<vmss>virtualMachineScaleSets)/(?P<set>[^/]+)/virtualMachines/[^/]+|virtualMachines/(?P<vm>[^/]+))$",
-    re.IGNORECASE,
-)
 _GUID = re.compile(r"^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$")
-
-
-def event_scope(resource_id: str) -> str:
-    """The ARM scope whose scheduled events a VM's are: the VM itself, or the scale set of a scale-set
-    instance. ``ValueError`` for anything that is not a VM's resource id."""
-    match = _VM.match(resource_id.strip())
-    if match is None:
-        raise ValueError(f"not a virtual machine's resource id: {resource_id[:200]!r}")
-    base = f"/subscriptions/{match['sub']}/resourcegroups/{match['rg']}/providers/Microsoft.Compute"
-    if match["vmss"]:
-        return f"{base}/virtualMachineScaleSets/{match['set']}"
-    return f"{base}/virtualMachines/{match['vm']}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +67,10 @@ class ArmAcknowledger:
         ca_file: str | None = None,
         timeout: float = 15.0,
         deadline: float = 30.0,
+        allowed_scopes: tuple[str, ...] = (),
     ) -> None:
         self.endpoint = endpoint.rstrip("/")
+        self.allowed = tuple(parse_allowed_scope(scope) for scope in allowed_scopes)
         self.api_version = api_version
         self.scope = (audience or self.endpoint).rstrip("/") + "/.default"
         self._credential = credential
@@ -118,8 +106,8 @@ class ArmAcknowledger:
         if not _GUID.match(event_id):
             raise ValueError("eventId must be a GUID")
         return (
-            f"{self.endpoint}{event_scope(resource_id)}/providers/Microsoft.Maintenance/scheduledevents/"
-            f"{event_id}/acknowledge?api-version={self.api_version}"
+            f"{self.endpoint}{event_scope(resource_id, self.allowed)}/providers/Microsoft.Maintenance/"
+            f"scheduledevents/{event_id}/acknowledge?api-version={quote(self.api_version, safe='')}"
         )
 
     def acknowledge(self, resource_id: str, event_id: str) -> ArmAnswer:
@@ -129,6 +117,8 @@ class ArmAcknowledger:
 
         try:
             url = self.url(resource_id, event_id)
+        except ScopeRefused as exc:
+            return ArmAnswer("refused", "armScopeRefused", str(exc), None, None)
         except ValueError as exc:
             return ArmAnswer("refused", "armRejected", str(exc), None, None)
         give_up = time.monotonic() + self._deadline

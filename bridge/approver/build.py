@@ -13,6 +13,7 @@ from typing import Any
 from bridge.approver import topology
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.decision import ValidationPolicy
+from bridge.approver.fleet import FleetView
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient
 from bridge.approver.service import Approver
 from bridge.approver.sources import SourceError, create_source
@@ -44,6 +45,16 @@ def build_approver(config: Any) -> Approver:
     relay = RelayClient(relay_keys, config.relay_timeout, config.relay_ca_file)
     if config.coordinate and config.mode != "fleet":
         raise ConfigError("coordinate: only a fleet approver coordinates (--mode fleet)")
+    if config.arm != "off" and not config.arm_scope:
+        raise ConfigError(
+            "arm_scope: --arm needs at least one --arm-scope /subscriptions/<id>[/resourceGroups/<name>]: "
+            "the scopes an acknowledgement may go to (VM resource ids come from the events stream)"
+        )
+    if config.arm != "off" and config.mode != "fleet":
+        raise ConfigError(
+            "arm: only a fleet approver approves through ARM (--mode fleet): before it acts it checks "
+            "the event as the agents reported it on the events stream, which a local approver does not read"
+        )
     try:
         topology.check(config.mode, config.source)
         for spec in config.events_source:
@@ -58,7 +69,8 @@ def build_approver(config: Any) -> Approver:
                 create_source(s, state_dir / "fleet", group=topology.events_group(s, config.group, state_dir))
                 for s in config.events_source
             ]
-            router: LocalRouter | FleetRouter = FleetRouter(learn, config.relay_url_template)
+            view = FleetView(state_dir)  # identities pinned in the state directory
+            router: LocalRouter | FleetRouter = FleetRouter(learn, config.relay_url_template, view)
         else:
             router = LocalRouter(config.relay, relay)
     except (SinkError, SourceError, ValueError, OSError) as exc:
@@ -79,6 +91,7 @@ def build_approver(config: Any) -> Approver:
             else None
         ),
         instance=topology.instance_id(state_dir),
+        standby_after=config.standby_after if config.mode == "fleet" else 0.0,
     )
     if config.listen:
         try:
@@ -121,5 +134,5 @@ def _arm_acknowledger(config: Any) -> ArmAcknowledger | None:
     credential = make_credential(owner, "arm_credential", config.arm_credential, client_id)
     return ArmAcknowledger(
         credential, config.arm_endpoint, config.arm_api_version, audience=config.arm_audience,
-        ca_file=config.arm_ca_file, timeout=config.relay_timeout,
+        ca_file=config.arm_ca_file, timeout=config.relay_timeout, allowed_scopes=config.arm_scope,
     )  # fmt: skip

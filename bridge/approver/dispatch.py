@@ -4,9 +4,14 @@ The approver used to take one decision at a time: one relay round trip and one S
 each, so a burst of 200 decisions took minutes and every VM waited behind every other. Now:
 
 * each message goes to the **lane** of its target VM. Lanes run concurrently (at most ``workers`` at
-  once); one lane is one VM and is processed in order: a lane worker takes what has queued in it (up
-  to a batch) and relays those decisions to the VM's agent in one request, in their order, which the
-  agent posts to IMDS as one StartRequests;
+  once); one lane is one VM: a lane worker takes what has queued in it (up to a batch) and relays
+  those decisions to the VM's agent in one request, in their order, which the agent posts to IMDS as
+  one StartRequests. Up to ``per_lane`` batches of one lane are in flight at once (issue 19): a
+  decision arriving while the previous one waits for the agent's IMDS slot is sent at once, and the
+  agent, which coalesces concurrent requests into its next POST, makes it wait one slot, not two;
+* a decision id is **claimed** while one worker processes it (:class:`Claims`): the same id read
+  twice (a replay, or the owner's and the standby's copy of one message) waits for the first to be
+  final, then is a replay or a re-read, never a second relay at the same time;
 * at most ``max_in_flight`` messages are read and not yet finished: reading stops while the bound is
   reached (a slow agent cannot make the approver hold an unbounded backlog in memory);
 * **commits** happen in the order the messages were read, each once it and every message before it
@@ -85,9 +90,40 @@ class OrderedCommits:
                 self._cond.wait(0.2)
 
 
+class Claims:
+    """Decision ids being processed, one worker each (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._held: set[str] = set()
+
+    def claim(self, key: str) -> bool:
+        """Take ``key``; False when another worker holds it."""
+        with self._cond:
+            if key in self._held:
+                return False
+            self._held.add(key)
+            return True
+
+    def release(self, key: str) -> None:
+        with self._cond:
+            self._held.discard(key)
+            self._cond.notify_all()
+
+    def wait_released(self, key: str, stop: threading.Event) -> bool:
+        """Wait until nobody holds ``key``; False when ``stop`` came first."""
+        with self._cond:
+            while key in self._held:
+                if stop.is_set():
+                    return False
+                self._cond.wait(0.2)
+        return True
+
+
 class Lanes:
-    """Per-key FIFO lanes drained by a bounded pool; ``drain(key, items)`` processes a batch of one
-    lane and must finish every item it is given (or leave it to a re-read when stopping)."""
+    """Per-key FIFO lanes drained by a bounded pool, up to ``per_lane`` batches of one lane at once;
+    ``drain(key, items)`` processes a batch of one lane and must finish every item it is given (or
+    leave it to a re-read when stopping)."""
 
     def __init__(
         self,
@@ -96,14 +132,16 @@ class Lanes:
         workers: int,
         max_in_flight: int,
         batch: int,
+        per_lane: int = 1,
     ) -> None:
         self._drain = drain
         self._batch = batch
+        self._per_lane = per_lane
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lane")
         self._room = threading.BoundedSemaphore(max_in_flight)
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Slot]] = {}
-        self._active: set[str] = set()
+        self._running: dict[str, int] = {}  # lane -> workers draining it now
 
     def add(self, key: str, slot: Slot, stop: threading.Event) -> bool:
         """Queue ``slot`` on lane ``key``; waits while ``max_in_flight`` are in flight. False when
@@ -113,9 +151,9 @@ class Lanes:
                 return False
         with self._lock:
             self._queues.setdefault(key, deque()).append(slot)
-            if key in self._active:
+            if self._running.get(key, 0) >= self._per_lane:
                 return True
-            self._active.add(key)
+            self._running[key] = self._running.get(key, 0) + 1
         self._pool.submit(self._run, key)
         return True
 
@@ -124,8 +162,10 @@ class Lanes:
             with self._lock:
                 queue = self._queues.get(key)
                 if not queue:
-                    self._queues.pop(key, None)
-                    self._active.discard(key)
+                    self._running[key] -= 1
+                    if not self._running[key]:
+                        del self._running[key]
+                        self._queues.pop(key, None)
                     return
                 batch = [queue.popleft() for _ in range(min(self._batch, len(queue)))]
             try:

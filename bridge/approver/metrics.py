@@ -40,6 +40,28 @@ class OwnershipCollector:
         yield lag
 
 
+class FleetCollector:
+    """``se_bridge_approver_fleet_vms`` and ``se_bridge_approver_fleet_events``: what the fleet view
+    holds (bridge.approver.fleet), read when scraped."""
+
+    def __init__(self) -> None:
+        self.counts: Any = None  # () -> (VMs, events)
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        if self.counts is None:
+            return
+        vms, events = self.counts()
+        yield GaugeMetricFamily("se_bridge_approver_fleet_vms", "VMs the fleet view knows.", value=vms)
+        yield GaugeMetricFamily(
+            "se_bridge_approver_fleet_events", "Open events the fleet view knows.", value=events
+        )
+
+
 class ApproverMetrics(PipelineMetrics):
     """The pipeline's sink/outbox series (same names as the agent's, so dashboards work for both)
     plus the approver's own, declared below. ``reason`` is a closed set (the decision schema's refusal
@@ -61,6 +83,16 @@ class ApproverMetrics(PipelineMetrics):
     source_ready = gauge(
         "se_bridge_approver_source_ready", "1 while the decisions source is open and reads succeed."
     )
+    fleet_claims_refused = counter(
+        "se_bridge_approver_fleet_claims_refused",
+        "Records of the events stream whose claims the fleet view refused, by reason (changedClaim, "
+        "malformed, tooManyEvents, tooManyResources, fleetFull).",
+        "reason",
+    )
+    standby_acted = counter(
+        "se_bridge_approver_standby_acted",
+        "Decisions another instance owned and had not finished within --standby-after, acted on here.",
+    )
     coordinated = counter(
         "se_bridge_approver_coordinated",
         "Coordinated verdicts acted on, by action (approve, leave) and why (allPrepared, deadline).",
@@ -72,3 +104,5 @@ class ApproverMetrics(PipelineMetrics):
         super().__init__()
         self.ownership = OwnershipCollector()
         self.registry.register(self.ownership)
+        self.fleet = FleetCollector()
+        self.registry.register(self.fleet)

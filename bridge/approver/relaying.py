@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from datetime import datetime
 from typing import Any
 
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
+from bridge.eligibility import check_event
 from bridge.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -75,29 +78,63 @@ class Relayer:
 
     def _through_arm(self, decisions: list[dict[str, Any]]) -> list[tuple[dict[str, Any] | None, str]]:
         """Acknowledge each decision's event through Azure Resource Manager (bridge.approver.arm), on
-        the target VM's resource, or another VM's of the event when the target's is not known."""
+        the target VM's resource, or another VM's of the event when the target's is not known; only
+        once the rule every approving path applies (bridge.eligibility) let it: the agents' relays
+        check the same against IMDS, here against what the agents reported."""
         assert self.arm is not None
-        out: list[tuple[dict[str, Any] | None, str]] = []
-        for decision in decisions:
-            event_id, resource_id = decision["eventId"], self.router.resource_id(decision)
-            if resource_id is None:
-                out.append((None, "ARM: no resource id known for the event's VMs"))
-                continue
-            answer = self.arm.acknowledge(resource_id, event_id)
-            result = {
-                "eventId": event_id,
-                "result": "approved" if answer.outcome == "approved" else "armError",
-                "detail": answer.detail,
-            }
-            finished = {
-                "decisionId": decision["decisionId"],
-                "outcome": answer.outcome,
-                "reason": answer.reason,
-                "detail": answer.detail,
-                "results": [result],
-                "relay": "arm",
-                "path": "arm",
-                "armCorrelationId": answer.correlation_id,
-            }
-            out.append((finished, ""))
-        return out
+        return [self._acknowledge(decision) for decision in decisions]
+
+    def _acknowledge(self, decision: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+        assert self.arm is not None
+        event_id = decision["eventId"]
+        scope = self.router.scope_vm(decision)
+        if scope is None:
+            return None, "ARM: no resource id known for the event's VMs"
+        refusal = check_event(
+            self.router.event_facts(event_id),
+            approver_names={scope.name.lower()},
+            target=decision.get("target"),
+            expires_at=_expires_at(decision),
+            now=time.time(),
+        )
+        if refusal is not None:
+            detail = f"not acknowledged through ARM: {refusal.detail}"
+            result = {"eventId": event_id, "result": refusal.result, "detail": refusal.detail}
+            return _answer(decision, "refused", refusal.result, detail, result, None), ""
+        answer = self.arm.acknowledge(scope.resource_id, event_id)
+        result = {
+            "eventId": event_id,
+            "result": "approved" if answer.outcome == "approved" else "armError",
+            "detail": answer.detail,
+        }
+        return _answer(
+            decision, answer.outcome, answer.reason, answer.detail, result, answer.correlation_id
+        ), ""
+
+
+def _answer(
+    decision: dict[str, Any],
+    outcome: str,
+    reason: str | None,
+    detail: str | None,
+    result: dict[str, Any],
+    correlation_id: str | None,
+) -> dict[str, Any]:
+    """The ARM path's answer, shaped like an agent's (the approver audits both alike)."""
+    return {
+        "decisionId": decision["decisionId"],
+        "outcome": outcome,
+        "reason": reason,
+        "detail": detail,
+        "results": [result],
+        "relay": "arm",
+        "path": "arm",
+        "armCorrelationId": correlation_id,
+    }
+
+
+def _expires_at(decision: dict[str, Any]) -> float | None:
+    try:
+        return datetime.fromisoformat(str(decision["expiresAt"])).timestamp()
+    except (KeyError, ValueError):
+        return None

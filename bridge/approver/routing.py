@@ -20,13 +20,14 @@ from __future__ import annotations
 import http.client
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+from bridge.approver.fleet import FleetView, Vm
 from bridge.approver.sources import DecisionSource
+from bridge.eligibility import EventFacts
 from bridge.netaddr import UnixHTTPConnection
 from bridge.signing import KeyRing, sign_request
 
@@ -203,8 +204,14 @@ class LocalRouter:
         return str(decision.get("target", "")).lower() in names
 
     def resource_id(self, decision: dict[str, Any]) -> str | None:
-        """This VM's ARM resource id (the ARM path's scope), once the agent told it."""
+        """This VM's ARM resource id, once the agent told it."""
         return self._resource_id
+
+    def scope_vm(self, decision: dict[str, Any]) -> Vm | None:
+        return None  # the ARM path is a fleet approver's (bridge.approver.build refuses it here)
+
+    def event_facts(self, event_id: str) -> EventFacts | None:
+        return None
 
     def this_vm(self) -> frozenset[str] | None:
         if self._names is not None or self._client is None:
@@ -233,87 +240,91 @@ class LocalRouter:
 
 
 class FleetRouter:
-    """Learns agents and events from the events stream (see the module docstring)."""
+    """Routes by what the fleet view learned from the events stream (see the module docstring and
+    :mod:`bridge.approver.fleet`: identities pinned, events bounded and forgotten)."""
 
-    def __init__(self, sources: list[DecisionSource], template: str = "http://{privateIp}:8710") -> None:
+    def __init__(
+        self,
+        sources: list[DecisionSource],
+        template: str = "http://{privateIp}:8710",
+        view: FleetView | None = None,
+    ) -> None:
         self.sources = sources
         self.template = template
+        self.view = view or FleetView(None)
         #: Also given every record read (the fleet coordinator: events and preparation records).
         self.observers: list[Callable[[dict[str, Any]], None]] = []
-        self._lock = threading.Lock()
-        self._vms: dict[str, dict[str, Any]] = {}  # lower-cased VM name or vmId -> vm block
-        self._events: dict[str, list[str]] = {}  # eventId -> Resources
         self._threads: list[threading.Thread] = []
+        self._caught_up: set[int] = set()  # sources read to their end once (readiness)
 
     def learn(self, record: dict[str, Any]) -> None:
-        vm = record.get("vm") or {}
-        if not isinstance(vm, dict) or not vm.get("name"):
-            return
-        with self._lock:
-            entry = {**vm, "seenAt": time.time()}
-            known = self._vms.get(str(vm["name"]).lower())
-            if known is None or known.get("privateIp") != vm.get("privateIp"):
-                log.info(
-                    "fleet: agent learned", extra={"vmName": vm["name"], "privateIp": vm.get("privateIp")}
-                )
-            self._vms[str(vm["name"]).lower()] = entry
-            if vm.get("vmId"):
-                self._vms[str(vm["vmId"]).lower()] = entry
-            for event in record.get("events") or []:
-                if isinstance(event, dict) and event.get("eventId"):
-                    self._events[event["eventId"]] = list(event.get("resources") or [])
+        self.view.learn(record)
 
     def knows(self, name: str) -> bool:
         """Whether an agent of VM ``name`` published anything (it runs the agent)."""
-        with self._lock:
-            return name.lower() in self._vms
+        return self.view.vm(name) is not None
 
     def owns(self, decision: dict[str, Any]) -> bool:
         """The fleet approver serves every VM it can reach."""
         return True
 
-    def candidates(self, decision: dict[str, Any]) -> list[str]:
-        with self._lock:
-            order = [decision.get("target", ""), *self._events.get(decision.get("eventId", ""), [])]
-            urls: list[str] = []
-            for name in order:
-                vm = self._vms.get(str(name).lower())
-                if vm is None or not vm.get("privateIp"):
-                    continue
-                url = self.template.format(
-                    privateIp=vm["privateIp"], name=vm["name"], vmId=vm.get("vmId") or ""
-                )
-                if url not in urls:
-                    urls.append(url)
-            return urls
+    def _order(self, decision: dict[str, Any]) -> list[str]:
+        """The decision's target first, then the other VMs of its event."""
+        event = self.view.event(str(decision.get("eventId", "")))
+        return [str(decision.get("target", "")), *(event.resources if event else ())]
 
-    def resource_id(self, decision: dict[str, Any]) -> str | None:
-        """The ARM resource id of the decision's target, or of another VM of its event (an approval
-        through any VM of an event releases it for all), from what the agents published."""
-        with self._lock:
-            order = [decision.get("target", ""), *self._events.get(decision.get("eventId", ""), [])]
-            for name in order:
-                vm = self._vms.get(str(name).lower())
-                if vm is not None and isinstance(vm.get("resourceId"), str):
-                    return str(vm["resourceId"])
+    def candidates(self, decision: dict[str, Any]) -> list[str]:
+        urls: list[str] = []
+        for name in self._order(decision):
+            vm = self.view.vm(name)
+            if vm is None or not vm.private_ip:
+                continue
+            url = self.template.format(privateIp=vm.private_ip, name=vm.name, vmId=vm.vm_id)
+            if url not in urls:
+                urls.append(url)
+        return urls
+
+    def scope_vm(self, decision: dict[str, Any]) -> Vm | None:
+        """The VM whose ARM scope acknowledges the decision's event: its target, or another VM of
+        its event (an approval through any VM of an event releases it for all)."""
+        for name in self._order(decision):
+            vm = self.view.vm(name)
+            if vm is not None and vm.resource_id:
+                return vm
         return None
 
+    def resource_id(self, decision: dict[str, Any]) -> str | None:
+        vm = self.scope_vm(decision)
+        return vm.resource_id if vm is not None else None
+
+    def event_facts(self, event_id: str) -> EventFacts | None:
+        event = self.view.event(event_id)
+        return event.facts() if event is not None else None
+
+    def caught_up(self) -> bool:
+        """Whether every events source was read to its end once: before, a decision may name a VM
+        or an event this approver has not learned yet (``/readyz``)."""
+        return len(self._caught_up) == len(self.sources)
+
     def start(self, stop: threading.Event) -> None:
-        for source in self.sources:
+        for index, source in enumerate(self.sources):
             thread = threading.Thread(
-                target=self._follow, args=(source, stop), name="fleet-learn", daemon=True
+                target=self._follow, args=(index, source, stop), name="fleet-learn", daemon=True
             )
             thread.start()
             self._threads.append(thread)
 
-    def _follow(self, source: DecisionSource, stop: threading.Event) -> None:
+    def _follow(self, index: int, source: DecisionSource, stop: threading.Event) -> None:
         # Nothing is committed: records are written only on changes, so after a restart the fleet must
         # be learned again from what the stream still retains.
         while not stop.is_set():
             try:
                 source.open()
                 while not stop.is_set():
-                    for message in source.poll(0.5):
+                    messages = source.poll(0.5)
+                    if not messages and source.assigned():
+                        self._caught_up.add(index)
+                    for message in messages:
                         try:
                             record = orjson.loads(message.payload)
                         except orjson.JSONDecodeError:

@@ -40,12 +40,13 @@ from bridge.approver import decision as decision_module
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.coordinator import FleetCoordinator
 from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
-from bridge.approver.dispatch import Lanes, OrderedCommits, Slot
+from bridge.approver.dispatch import Claims, Lanes, OrderedCommits, Slot
 from bridge.approver.messages import MAX_MESSAGE_BYTES, lane_of, loads_object, peek
 from bridge.approver.metrics import ApproverMetrics
 from bridge.approver.relaying import Relayer
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient
 from bridge.approver.sources import DecisionSource, Message, SourceError
+from bridge.approver.standby import Standby
 from bridge.approver.store import DecisionStore, lock_state_dir
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.errors import BridgeError
@@ -74,9 +75,12 @@ AUDIT_FIELD_LIMITS = {"decisionId": 128, "eventId": 128, "target": 128, "issuedB
 
 #: Lanes (VMs) processed at once, messages read and not finished, decisions per relay request
 #: (bridge.approver.dispatch); a relay request also stays below the agent's 64 KiB body limit.
-LANE_WORKERS = 8
-MAX_IN_FLIGHT = 256
+LANE_WORKERS = 16
+MAX_IN_FLIGHT = 1024
 LANE_BATCH = 50
+#: Batches of one VM in flight at once: a decision need not wait for the previous one's answer
+#: (the agent coalesces concurrent requests into one StartRequests per IMDS slot).
+PER_LANE = 4
 MAX_RELAY_BYTES = 32 * 1024
 
 #: What a state directory's file system answers when it cannot keep a write (full, quota, failing,
@@ -110,12 +114,17 @@ class Approver:
         arm_mode: str = "off",
         coordination_policy: CoordinationPolicy | None = None,
         instance: str = "",
+        standby_after: float = 0.0,
     ) -> None:
         self.source = source
         self.router = router
         self.policy = policy
         self.metrics = metrics or ApproverMetrics()
         self.metrics.ownership.source = source
+        if isinstance(router, FleetRouter):
+            self.metrics.fleet.counts = router.view.counts
+            refused = self.metrics.fleet_claims_refused
+            router.view.on_refused = lambda reason: refused.labels(reason).inc()
         self.stop_event = threading.Event()
         self.health = Health(self.metrics, on_fatal=lambda _why: self.stop_event.set())
         self._lock_fd = lock if lock is not None else lock_state_dir(state_dir)
@@ -135,8 +144,13 @@ class Approver:
         )
         self.commits = OrderedCommits(self._commit)
         self.lanes = Lanes(
-            self._drain_lane, workers=LANE_WORKERS, max_in_flight=MAX_IN_FLIGHT, batch=LANE_BATCH
+            self._drain_lane,
+            workers=LANE_WORKERS,
+            max_in_flight=MAX_IN_FLIGHT,
+            batch=LANE_BATCH,
+            per_lane=PER_LANE,
         )
+        self.claims = Claims()
         self.api: Listener | None = None
         self._source_open = False
         self._streak = ErrorStreak(log, f"reading decisions from {source.name}")
@@ -151,6 +165,24 @@ class Approver:
             )
             router.observers.append(self.coordinator.observe)
         self.instance = instance or "approver"
+        self.standby = self._build_standby(state_dir, standby_after)
+
+    def _build_standby(self, state_dir: Path, after: float) -> Standby | None:
+        """A fleet approver on a partitioned source stands by for its siblings (bridge.approver.standby)."""
+        if after <= 0 or not isinstance(self.router, FleetRouter):
+            return None
+        reader = self.source.standby(self.instance, state_dir / "standby")
+        if reader is None:
+            return None
+        acted = self.metrics.standby_acted
+        return Standby(reader, self.source, self._act_as_standby, after=after, on_acted=acted.inc)
+
+    def _act_as_standby(self, messages: list[Message]) -> None:
+        """Decisions another instance owns and did not finish in time: through the lanes like any
+        decision, never committed here (bridge.approver.standby)."""
+        for message in messages:
+            if not self.lanes.add(lane_of(message), Slot(message), self.stop_event):
+                return
 
     # -- one decision ---------------------------------------------------------------------------------
 
@@ -207,6 +239,7 @@ class Approver:
             "eventIds": [decision["eventId"]],
             "target": decision["target"],
             "issuedBy": decision["issuedBy"],
+            "expiresAt": decision["expiresAt"],  # the agent checks it too: relaying may take a while
         }
         return decision, body
 
@@ -325,26 +358,37 @@ class Approver:
         if self.stop_event.is_set():
             return  # not finished: not committed, read again after the restart
         prepared: list[tuple[Slot, dict[str, Any], dict[str, Any]]] = []
-        later: list[Slot] = []
-        ids: set[str] = set()
-        for slot in slots:
-            if peek(slot.message, "decisionId") in ids:
-                later.append(slot)  # the same decision twice in a batch: after the first is final
-                continue
-            try:
-                result = self._prepare(slot.message, sync=False)  # the batch is synced below, once
-            except Exception:
+        later: list[tuple[Slot, str]] = []
+        claimed: list[str] = []
+        try:
+            for slot in slots:
+                decision_id = peek(slot.message, "decisionId")
+                if decision_id is not None and not self.claims.claim(decision_id):
+                    later.append((slot, decision_id))  # another worker has this id: after it is final
+                    continue
+                if decision_id is not None:
+                    claimed.append(decision_id)
+                self._prepare_into(slot, prepared)
+            if prepared and self._synced([slot for slot, _, _ in prepared]):
+                self._relay_and_finish(prepared)  # every "started" is durable before anything is relayed
+        finally:
+            for decision_id in claimed:
+                self.claims.release(decision_id)
+        for slot, decision_id in later:
+            if self.claims.wait_released(decision_id, self.stop_event):
                 self._settle(slot)
-                continue
-            if isinstance(result, tuple):
-                prepared.append((slot, *result))
-                ids.add(result[0]["decisionId"])
-            else:
-                self.commits.finished(slot)
-        if prepared and self._synced([slot for slot, _, _ in prepared]):
-            self._relay_and_finish(prepared)  # every "started" is durable before anything is relayed
-        for slot in later:
+
+    def _prepare_into(self, slot: Slot, prepared: list[tuple[Slot, dict[str, Any], dict[str, Any]]]) -> None:
+        """Prepare one message of a lane batch: to relay (``prepared``), finished, or on its own."""
+        try:
+            result = self._prepare(slot.message, sync=False)  # the batch is synced by the caller, once
+        except Exception:
             self._settle(slot)
+            return
+        if isinstance(result, tuple):
+            prepared.append((slot, *result))
+        else:
+            self.commits.finished(slot)
 
     def _relay_and_finish(self, prepared: list[tuple[Slot, dict[str, Any], dict[str, Any]]]) -> None:
         for chunk in _chunks(prepared):
@@ -473,6 +517,10 @@ class Approver:
             path=path,
             arm_correlation_id=arm_correlation_id,
             coordination=coordination,
+            # One record per decision whichever instance writes it (bridge.approver.standby).
+            record_id=records.approver_record_id(
+                text("decisionId") if record_final else None, message.position, message.payload
+            ),
         )
         # Durable first, then the store, then (in the caller) the source commit: a crash anywhere
         # re-reads the message and ends with the same outcome. ``sync=False`` (a lane's chunk): the
@@ -525,11 +573,19 @@ class Approver:
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def ready(self) -> tuple[bool, str]:
-        """Ready while the decisions source is open and reading it has not failed for long."""
+        """Ready when a decision published now would be acted on at once: the decisions source is open
+        and its group gave this instance its share, a fleet approver has read the events stream to
+        its end and its standby is reading, and reading has not failed for long (issue 19)."""
         if self.health.fatal is not None:
             return False, f"component failed: {self.health.fatal}"
         if not self._source_open:
             return False, "decisions source not open yet"
+        if not self.source.assigned():
+            return False, "waiting for the consumer group to assign partitions"
+        if isinstance(self.router, FleetRouter) and not self.router.caught_up():
+            return False, "reading the events stream (agents and events not learned yet)"
+        if self.standby is not None and not self.standby.caught_up.is_set():
+            return False, "standby reader not caught up yet"
         if self._streak.failures:
             failing = time.monotonic() - self._streak.since
             if failing > READY_MAX_FAILURE:
@@ -560,6 +616,10 @@ class Approver:
             worker.open_at_start()
             worker.start()
         self.router.start(self.stop_event)
+        if self.standby is not None:
+            threading.Thread(
+                target=self.standby.run, args=(self.stop_event,), name="standby", daemon=True
+            ).start()
         if self.coordinator is not None:
             threading.Thread(
                 target=self.coordinator.run, args=(self.stop_event,), name="coordinator", daemon=True
@@ -581,7 +641,9 @@ class Approver:
         commits follow in read order as decisions finish (bridge.approver.dispatch)."""
         while not self.stop_event.is_set():
             try:
-                messages = self.source.poll(0.5)
+                # While decisions are in flight, come back soon to commit them as they finish: a
+                # standby elsewhere reads the group's commits to know what is done.
+                messages = self.source.poll(0.05 if self.commits.pending else 0.5)
             except Exception as exc:  # a broken source must not end the approver: back off
                 self._source_failed(exc)
                 self.stop_event.wait(2.0)

@@ -26,6 +26,15 @@ class Message:
     position: str  # where the message sits in its source: stable across re-reads
 
 
+def split_position(position: str) -> tuple[str, int]:
+    """A partitioned source's position, ``<partition>@<number>`` (Kafka ``topic/partition@offset``,
+    Event Hubs ``partition@sequence``), as (partition, number); ("", -1) for any other source."""
+    partition, sep, number = position.rpartition("@")
+    if not sep or not number.isdigit():
+        return "", -1
+    return partition, int(number)
+
+
 class SourceError(BridgeError):
     """A source that cannot be used (configuration: ``retryable=False``, the approver exits 2) or is
     unavailable for now (``retryable=True``: waited for)."""
@@ -90,6 +99,22 @@ class DecisionSource(ABC):
         """The partitions this instance reads now, each with its lag (messages not yet read, None when
         unknown): what ``/metrics`` shows of a fleet approver's share. Sources without partitions
         report ``{}``. Read from the HTTP thread: implementations return a snapshot."""
+        return {}
+
+    def assigned(self) -> bool:
+        """Whether the group gave this instance its share (it may be none) at least once: before, a
+        decision on the topic has no reader here yet, so the approver is not ready (``/readyz``)."""
+        return True
+
+    def standby(self, instance: str, state_dir: Path) -> DecisionSource | None:
+        """A second reader of every partition, for :mod:`bridge.approver.standby`: it starts where
+        the group's positions are, never commits and never joins the group. None for a source
+        without partitions (it has a single reader, nothing to stand by for)."""
+        return None
+
+    def group_progress(self) -> dict[str, int]:
+        """Per partition, the number (offset, sequence) of the last message the group finished: what
+        its owners committed. Asked by the standby, from its own thread."""
         return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook

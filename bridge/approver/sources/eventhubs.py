@@ -52,7 +52,7 @@ import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
@@ -325,6 +325,7 @@ class EventHubsSource(DecisionSource):
         self._sdk_store: Any = None  # the blob store inside self._store
         self._store_where = ""
         self._positions: dict[str, dict[str, Any]] = {}
+        self._opened_at: float | None = None
         if self.source_options.has_store:
             self._build_stores()
             self._check_store()
@@ -502,11 +503,8 @@ class EventHubsSource(DecisionSource):
         client, self._client = self._client, None
         if client is None:
             client = self._build_client()
-        if self._store is None and self._positions:
-            starting: Any = {p: str(v["offset"]) for p, v in self._positions.items()}
-            self._committed = {p: int(v.get("sequenceNumber", -1)) for p, v in self._positions.items()}
-        else:
-            starting = "-1"  # where no checkpoint exists: the start of the partition's retention
+        starting = self._starting()
+        self._opened_at = time.monotonic()
         thread = threading.Thread(
             target=self._receive, args=(client, starting), name="eventhubs-source", daemon=True
         )
@@ -514,6 +512,14 @@ class EventHubsSource(DecisionSource):
             self._client = client
             self._thread = thread
         thread.start()
+
+    def _starting(self) -> Any:
+        """Where reading starts: this instance's own positions (no checkpoint store), else the SDK's
+        checkpoints, and where none exists the start of the partition's retention ("-1")."""
+        if self._store is None and self._positions:
+            self._committed = {p: int(v.get("sequenceNumber", -1)) for p, v in self._positions.items()}
+            return {p: str(v["offset"]) for p, v in self._positions.items()}
+        return "-1"
 
     def _receive(self, client: Any, starting: Any) -> None:
         try:
@@ -564,6 +570,14 @@ class EventHubsSource(DecisionSource):
         """The partitions this instance reads (lag is not tracked on Event Hubs: None)."""
         return dict.fromkeys(sorted(self._owned))
 
+    def assigned(self) -> bool:
+        """A partition claimed; or, for an instance the balance leaves none, two balancing rounds
+        gone by since it opened (the SDK reports no round that claimed nothing)."""
+        if self._owned or self._store is None:
+            return True
+        rounds = 2 * self.source_options.load_balancing_interval
+        return self._opened_at is not None and time.monotonic() - self._opened_at >= rounds
+
     def _on_partition_initialize(self, context: Any) -> None:
         with self._cond:
             self._owned = self._owned | {str(context.partition_id)}
@@ -593,6 +607,29 @@ class EventHubsSource(DecisionSource):
                 "reason": getattr(reason, "name", str(reason)),
             },
         )
+
+    # -- the standby (bridge.approver.standby) ----------------------------------------------------
+
+    def standby(self, instance: str, state_dir: Path) -> EventHubsStandbyReader | None:
+        """Reads every partition in the consumer group ``<group>-standby`` (an epoch reader of the
+        group itself would disconnect the owners' readers: Event Hubs allows one per partition)."""
+        if self._committer is None:
+            return None  # no checkpoint store: a single reader per group, nothing to stand by for
+        return EventHubsStandbyReader(self.spec, state_dir, self.consumer_group, start=self.group_progress)
+
+    def group_progress(self) -> dict[str, int]:
+        """The group's checkpoints (the sequence number of each partition's last finished event)."""
+        if self._committer is None:
+            return {}
+        namespace = getattr(self._client, "_address", None)
+        namespace = getattr(namespace, "hostname", None) or self.options.namespace
+        try:
+            checkpoints = self._committer.list_checkpoints(namespace, self.hub, self.consumer_group)
+        except Exception as exc:
+            raise SourceError(
+                f"eventhubs source {self.name}: checkpoints unreadable: {one_line(exc)}", retryable=True
+            ) from None
+        return {str(c["partition_id"]): int(c["sequence_number"]) for c in checkpoints}
 
     def _take_error_locked(self) -> str | None:
         if self._errors:
@@ -698,6 +735,34 @@ class EventHubsSource(DecisionSource):
             if store is not None:
                 with contextlib.suppress(Exception):
                     store.close()
+
+
+def standby_group(group: str) -> str:
+    """The consumer group of the standby readers of ``group`` (created next to it: infra/)."""
+    return f"{group.lstrip('$')}-standby"[:50]
+
+
+class EventHubsStandbyReader(EventHubsSource):
+    """Every partition of the hub in consumer group ``<group>-standby``, without a checkpoint store
+    or ownership, starting after the owners' checkpoints; never commits (bridge.approver.standby)."""
+
+    def __init__(self, spec: str, state_dir: Path, group: str, start: Any) -> None:
+        parts = urlsplit(spec)
+        values = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+                  if not k.startswith("checkpoint_") and k != "consumer_group"]  # fmt: skip
+        values.append(("consumer_group", standby_group(group)))
+        super().__init__(urlunsplit(parts._replace(query=urlencode(values))), state_dir)
+        self._start = start  # -> the owners' group progress, {partition: last finished sequence}
+
+    def _starting(self) -> Any:
+        return dict(self._start())  # sequence numbers, exclusive; partitions without one: "-1"
+
+    def commit(self, message: Message) -> None:
+        with self._cond:
+            self._pending.pop(message.position, None)  # the standby owns no position
+
+    def ownership(self) -> dict[str, int | None]:
+        return {}
 
 
 def _receive_error(name: str, error: str) -> SourceError:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from bridge.approver.sources.base import DecisionSource, Message, SourceError, owner
 from bridge.transports import kafka
@@ -36,6 +36,8 @@ _rdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
 OWNER = owner("kafka source")
 #: Seconds between two lag snapshots (``/metrics``).
 LAG_EVERY = 5.0
+#: Seconds a topic's partition list is trusted (a partition added later is read within this).
+PARTITIONS_EVERY = 30.0
 
 
 class KafkaSource(DecisionSource):
@@ -50,6 +52,10 @@ class KafkaSource(DecisionSource):
         self._consumer: Any = None
         self._owned: dict[str, int | None] = {}  # "topic/partition" -> lag (a snapshot, see ownership)
         self._lag_checked = 0.0
+        self._progress_consumer: Any = None  # asks the group's committed offsets (the standby's thread)
+        self._assigned = False
+        self._partitions: list[int] = []
+        self._partitions_at = 0.0
 
     @classmethod
     def create(cls, spec: str, state_dir: Path, group: str) -> KafkaSource:
@@ -92,6 +98,7 @@ class KafkaSource(DecisionSource):
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        self._assigned = True  # an empty share counts: more instances than partitions
         self._owned = {**self._owned, **{f"{p.topic}/{p.partition}": None for p in partitions}}
         log.info("partitions assigned", extra={"source": self.name, "partitions": sorted(self._owned)})
 
@@ -102,6 +109,9 @@ class KafkaSource(DecisionSource):
 
     def ownership(self) -> dict[str, int | None]:
         return dict(self._owned)
+
+    def assigned(self) -> bool:
+        return self._assigned
 
     def _refresh_lag(self) -> None:
         """Lag of each owned partition (high watermark - position), from librdkafka's cached
@@ -181,3 +191,92 @@ class KafkaSource(DecisionSource):
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._progress_consumer is not None:
+            self._progress_consumer.close()
+            self._progress_consumer = None
+
+    # -- the standby (bridge.approver.standby) ----------------------------------------------------
+
+    def standby(self, instance: str, state_dir: Path) -> KafkaStandbyReader:
+        return KafkaStandbyReader(self.spec, f"{self.group}-standby", start=self.group_progress)
+
+    def partitions(self) -> list[int]:
+        """The topic's partitions, from the cluster's metadata (cached for ``PARTITIONS_EVERY``)."""
+        now = time.monotonic()
+        if self._partitions and now - self._partitions_at < PARTITIONS_EVERY:
+            return self._partitions
+        consumer = self._progress()
+        try:
+            topic = consumer.list_topics(self.topic, timeout=5).topics.get(self.topic)
+        except KafkaException as exc:
+            raise SourceError(f"kafka source {self.name}: no metadata: {exc}", retryable=True) from None
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise SourceError(f"kafka source {self.name}: topic {self.topic} unknown", retryable=True)
+        self._partitions, self._partitions_at = sorted(topic.partitions), now
+        return self._partitions
+
+    def group_progress(self) -> dict[str, int]:
+        """The group's committed offsets (OffsetFetch for the group, by a consumer that never joins
+        it), as the offset of the last finished message per partition."""
+        consumer = self._progress()
+        wanted = [TopicPartition(self.topic, p) for p in self.partitions()]
+        try:
+            committed = consumer.committed(wanted, timeout=5)
+        except KafkaException as exc:
+            raise SourceError(f"kafka source {self.name}: committed offsets: {exc}", retryable=True) from None
+        return {f"{tp.topic}/{tp.partition}": tp.offset - 1 for tp in committed if tp.offset >= 0}
+
+    def _progress(self) -> Any:
+        """A consumer of this group that only asks (metadata, committed offsets): it never
+        subscribes, so it never joins the group or moves a partition. The standby's thread only."""
+        if self._progress_consumer is None:
+            config = {**self.consumer_config(), "enable.auto.offset.store": False}
+            self._progress_consumer = Consumer(config)
+        return self._progress_consumer
+
+
+class KafkaStandbyReader(KafkaSource):
+    """Every partition of the topic, assigned by hand (no group membership, no rebalance), starting
+    after the group's committed offsets; never commits (bridge.approver.standby)."""
+
+    def __init__(self, spec: str, group: str, start: Any) -> None:
+        super().__init__(spec, group)
+        self._start = start  # -> the owners' group progress, {"topic/partition": last finished}
+        self._partitions_read: set[int] = set()
+        self._assigned_at = 0.0
+
+    def open(self) -> None:
+        try:
+            self._consumer = Consumer(self.consumer_config())
+        except (KafkaException, TypeError, ValueError) as exc:
+            raise OWNER.refuse(f"invalid consumer configuration: {exc}") from None
+        self._partitions_read = set()
+        self._assign_new()
+
+    def _assign_new(self) -> None:
+        """Assign the partitions not assigned yet, each after the group's last finished message."""
+        self._assigned_at = time.monotonic()
+        new = [p for p in self.partitions() if p not in self._partitions_read]
+        if not new:
+            return
+        done = self._start()
+        keys = {p: f"{self.topic}/{p}" for p in new}
+        first = [
+            TopicPartition(self.topic, p, done[keys[p]] + 1 if keys[p] in done else OFFSET_BEGINNING)
+            for p in new
+        ]
+        self._consumer.incremental_assign(first)
+        self._partitions_read.update(new)
+        self._assigned = True
+        log.info("standby reads", extra={"source": self.name, "partitions": sorted(self._partitions_read)})
+
+    def poll(self, timeout: float) -> list[Message]:
+        if time.monotonic() - self._assigned_at >= PARTITIONS_EVERY:
+            self._assign_new()
+        return super().poll(timeout)
+
+    def commit_many(self, messages: list[Message]) -> None:
+        return None  # the standby owns no position
+
+    def ownership(self) -> dict[str, int | None]:
+        return {}

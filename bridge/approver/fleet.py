@@ -1,0 +1,333 @@
+"""What a fleet approver knows of the fleet: its VMs and their events, learned from the events
+stream, bounded, forgotten when over, and not believed blindly.
+
+The events stream is written by every agent: any VM (or anything holding a VM's publish
+credential) can put any record on it. So what a record *claims* is treated as a claim:
+
+* **Pinned on first sight.** A VM's identity (``vmId``, ``resourceId``, ``privateIp``) is recorded
+  the first time its name is seen, in the state directory (``fleet-pins.jsonl``, kept across
+  restarts: a restart must not be the moment to swap an address). A later record claiming another
+  identity for that name, or that vmId for another name, is refused, counted
+  (``se_bridge_approver_fleet_claims_refused_total{reason}``) and logged at error, never followed:
+  a poisoned ``privateIp`` would send signed relay requests elsewhere, a poisoned ``resourceId``
+  would move the ARM acknowledgement to another scope. An operator who really moved a VM removes its
+  line from the file (docs/security.md).
+* **Bounded per publisher.** A record names at most ``MAX_EVENTS_PER_RECORD`` events and an event at
+  most ``MAX_RESOURCES`` VMs (an availability set holds at most 200); names longer than Azure allows
+  are refused. The fleet holds at most ``max_vms`` VMs.
+* **Forgotten when over.** An event is kept while some VM's latest record still shows it; once
+  none does, or a day past its ``NotBefore`` (``FORGET_AFTER``), it is dropped. Memory therefore
+  follows the fleet and its open events, not the history of the stream (issue 23: it used to keep
+  every event ever seen).
+
+Values are interned and kept in slotted objects: 100 000 VMs cost tens of megabytes, not hundreds.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bridge.eligibility import EventFacts
+from bridge.fsutil import write_atomic
+from bridge.observability import RateLimitedLog
+
+log = logging.getLogger(__name__)
+
+MAX_EVENTS_PER_RECORD = 32
+MAX_RESOURCES = 1000
+MAX_NAME = 128
+#: An event is dropped this long after its NotBefore even if a silent VM still lists it.
+FORGET_AFTER = 86400.0
+#: How often the forgetting sweep runs (seconds).
+SWEEP_EVERY = 60.0
+PINS_FILE = "fleet-pins.jsonl"
+
+
+@dataclass(slots=True)
+class Vm:
+    name: str
+    vm_id: str
+    resource_id: str
+    private_ip: str
+    events: tuple[str, ...] = ()  # the event ids of its latest record
+
+
+@dataclass(slots=True)
+class Event:
+    resources: tuple[str, ...]
+    status: str
+    not_before: float | None
+    first_seen: float
+    reporters: set[str] = field(default_factory=set)  # VM names whose latest record shows it
+
+    def facts(self) -> EventFacts:
+        return EventFacts(self.status, self.resources)
+
+
+class ClaimRefused(Exception):
+    """A record's claim the fleet does not believe (``reason``: a bounded word for the metric)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class FleetView:
+    def __init__(
+        self,
+        state_dir: Path | None,
+        *,
+        max_vms: int = 200_000,
+        pin: bool = True,
+        on_refused: Any = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._vms: dict[str, Vm] = {}  # lower-cased name -> Vm
+        self._by_id: dict[str, str] = {}  # lower-cased vmId -> lower-cased name
+        self._events: dict[str, Event] = {}  # upper-cased EventId -> Event
+        self.max_vms = max_vms
+        self.pin = pin
+        self._pins_path = None if state_dir is None else state_dir / PINS_FILE
+        self.on_refused = on_refused  # reason -> None (a metric)
+        self._refusals = RateLimitedLog(log, every=60.0, level=logging.ERROR)
+        self._swept = time.monotonic()
+        self._load_pins()
+
+    # -- what the router and the coordinator ask -------------------------------------------------
+
+    def vm(self, name: str) -> Vm | None:
+        key = name.lower()
+        with self._lock:
+            vm = self._vms.get(key)
+            if vm is None and key in self._by_id:
+                vm = self._vms.get(self._by_id[key])
+            return vm
+
+    def event(self, event_id: str) -> Event | None:
+        with self._lock:
+            return self._events.get(event_id.upper())
+
+    def counts(self) -> tuple[int, int]:
+        """(VMs, events) known: the ``se_bridge_approver_fleet_*`` gauges."""
+        with self._lock:
+            return len(self._vms), len(self._events)
+
+    # -- learning ---------------------------------------------------------------------------------
+
+    def learn(self, record: dict[str, Any], now: float | None = None) -> Vm | None:
+        """Take one ``scheduledEvents`` record; the VM it is from, or None when refused."""
+        now = time.time() if now is None else now
+        try:
+            vm = self._claimed_vm(record)
+            events = _events_of(record, now)
+            with self._lock:
+                entry = self._pinned(vm)
+                self._replace_events(entry, events, now)
+        except ClaimRefused as refused:
+            self._refused(refused, record)
+            return None
+        self._sweep(now)
+        return entry
+
+    def _claimed_vm(self, record: dict[str, Any]) -> Vm:
+        block = record.get("vm")
+        if not isinstance(block, dict):
+            raise ClaimRefused("malformed", "record without a vm block")
+        name = _text(block.get("name"))
+        if not name:
+            raise ClaimRefused("malformed", "record without a VM name")
+        private_ip = _text(block.get("privateIp"), 64)
+        if private_ip:
+            try:  # an address, nothing else: it is formatted into the relay URL
+                private_ip = str(ipaddress.ip_address(private_ip))
+            except ValueError:
+                raise ClaimRefused("malformed", "privateIp is not an IP address") from None
+        return Vm(
+            name=sys.intern(name),
+            vm_id=_text(block.get("vmId")),
+            resource_id=_text(block.get("resourceId"), 512),
+            private_ip=private_ip,
+        )
+
+    def _pinned(self, claim: Vm) -> Vm:
+        """The VM as pinned, after checking ``claim`` against it (lock held)."""
+        key = claim.name.lower()
+        known = self._vms.get(key)
+        if known is None:
+            owner = self._by_id.get(claim.vm_id.lower()) if claim.vm_id else None
+            if owner is not None and owner != key and self.pin:
+                raise ClaimRefused("changedClaim", f"vmId {claim.vm_id} already belongs to {owner}")
+            if len(self._vms) >= self.max_vms:
+                raise ClaimRefused("fleetFull", f"the fleet already holds {self.max_vms} VMs")
+            self._vms[key] = claim
+            if claim.vm_id:
+                self._by_id[claim.vm_id.lower()] = key
+            self._append_pin(claim)
+            log.info("fleet: VM learned", extra={"vmName": claim.name, "privateIp": claim.private_ip})
+            return claim
+        changed = [
+            k for k in ("vm_id", "resource_id", "private_ip")
+            if getattr(claim, k) and getattr(known, k) and getattr(claim, k) != getattr(known, k)
+        ]  # fmt: skip
+        if changed and self.pin:
+            raise ClaimRefused("changedClaim", f"{claim.name}: {', '.join(changed)} differ from the pin")
+        for k in ("vm_id", "resource_id", "private_ip"):  # fill what the pin lacked (never overwrite)
+            if not getattr(known, k) and getattr(claim, k):
+                setattr(known, k, getattr(claim, k))
+        return known
+
+    def _replace_events(self, vm: Vm, events: list[tuple[str, Event]], now: float) -> None:
+        """The VM's latest record shows ``events``: update them, and drop the VM from the events
+        it no longer shows (an event no VM shows any more is over)."""
+        key = vm.name.lower()
+        shown = tuple(event_id for event_id, _ in events)
+        for event_id in set(vm.events) - set(shown):
+            self._unreport(event_id, key)
+        for event_id, fresh in events:
+            known = self._events.get(event_id)
+            if known is None:
+                self._events[event_id] = known = fresh
+            else:
+                known.status, known.resources = fresh.status, fresh.resources
+                known.not_before = fresh.not_before if fresh.not_before is not None else known.not_before
+            known.reporters.add(key)
+        vm.events = shown
+
+    def _unreport(self, event_id: str, vm_key: str) -> None:
+        event = self._events.get(event_id)
+        if event is None:
+            return
+        event.reporters.discard(vm_key)
+        if not event.reporters:
+            del self._events[event_id]
+
+    def _sweep(self, now: float) -> None:
+        """Drop events a day past their NotBefore (or first sight): a VM that went silent while
+        showing one must not keep it for ever."""
+        if time.monotonic() - self._swept < SWEEP_EVERY:
+            return
+        self._swept = time.monotonic()
+        with self._lock:
+            stale = [
+                event_id for event_id, e in self._events.items()
+                if (e.not_before if e.not_before is not None else e.first_seen) + FORGET_AFTER < now
+            ]  # fmt: skip
+            for event_id in stale:
+                for vm_key in self._events[event_id].reporters:
+                    vm = self._vms.get(vm_key)
+                    if vm is not None:
+                        vm.events = tuple(e for e in vm.events if e != event_id)
+                del self._events[event_id]
+
+    def _refused(self, refused: ClaimRefused, record: dict[str, Any]) -> None:
+        if self.on_refused is not None:
+            self.on_refused(refused.reason)
+        vm = record.get("vm") if isinstance(record.get("vm"), dict) else {}
+        name = (vm or {}).get("name")
+        self._refusals.log(
+            "fleet: a record's claim refused (not learned)",
+            reason=refused.reason,
+            detail=str(refused)[:300],
+            vmName=name[:MAX_NAME] if isinstance(name, str) else None,
+        )
+
+    # -- pins -------------------------------------------------------------------------------------
+
+    def _load_pins(self) -> None:
+        if self._pins_path is None or not self.pin:
+            return
+        try:
+            lines = self._pins_path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return
+        for line in lines:
+            try:
+                data = orjson.loads(line)
+                vm = Vm(
+                    sys.intern(str(data["name"])),
+                    str(data["vmId"]),
+                    str(data["resourceId"]),
+                    str(data["privateIp"]),
+                )
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line after a crash: that VM is pinned again on its next record
+            self._vms[vm.name.lower()] = vm
+            if vm.vm_id:
+                self._by_id[vm.vm_id.lower()] = vm.name.lower()
+        # Compacted: one line per VM, whatever the file went through.
+        write_atomic(self._pins_path, b"".join(_pin_line(v) for v in self._vms.values()))
+
+    def _append_pin(self, vm: Vm) -> None:
+        if self._pins_path is None or not self.pin:
+            return
+        try:
+            with open(self._pins_path, "ab") as pins:
+                pins.write(_pin_line(vm))
+        except OSError as exc:  # kept in memory; pinned again from its next record after a restart
+            log.error("fleet: pin not saved", extra={"error": str(exc), "vmName": vm.name})
+
+
+def _pin_line(vm: Vm) -> bytes:
+    data = {"name": vm.name, "vmId": vm.vm_id, "resourceId": vm.resource_id, "privateIp": vm.private_ip}
+    return orjson.dumps(data) + b"\n"
+
+
+def _events_of(record: dict[str, Any], now: float) -> list[tuple[str, Event]]:
+    events = record.get("events")
+    if not isinstance(events, list):
+        raise ClaimRefused("malformed", "events is not a list")
+    if len(events) > MAX_EVENTS_PER_RECORD:
+        raise ClaimRefused(
+            "tooManyEvents", f"{len(events)} events in a record (at most {MAX_EVENTS_PER_RECORD})"
+        )
+    out = []
+    for item in events:
+        if not isinstance(item, dict):
+            raise ClaimRefused("malformed", "an event is not an object")
+        event_id = _text(item.get("eventId")).upper()
+        resources = item.get("resources") or []
+        if not event_id or not isinstance(resources, list):
+            raise ClaimRefused("malformed", "an event without eventId or resources")
+        if len(resources) > MAX_RESOURCES:
+            raise ClaimRefused("tooManyResources", f"an event names {len(resources)} VMs")
+        names = tuple(sys.intern(n) for n in _names(resources))
+        event = Event(
+            names, sys.intern(_text(item.get("eventStatus"), 32)), _epoch(item.get("notBefore")), now
+        )
+        out.append((sys.intern(event_id), event))
+    return out
+
+
+def _names(values: Iterable[Any]) -> list[str]:
+    names = [_text(v) for v in values]
+    if not all(names):
+        raise ClaimRefused("malformed", "a resource name is empty, not text or too long")
+    return names
+
+
+def _text(value: Any, limit: int = MAX_NAME) -> str:
+    if not isinstance(value, str) or len(value) > limit:
+        if value is None or value == "":
+            return ""
+        raise ClaimRefused("malformed", "a field is not text or too long")
+    return value
+
+
+def _epoch(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,56 @@
+"""Azure resource ids: the grammar a VM's id must follow before any of it reaches a URL, and the
+scopes an operator allows (``--arm-scope``).
+
+Why a module of its own: resource ids arrive in records anyone on the events stream may publish, and
+the same rules serve the configuration (an allowed scope is checked when it is read), the ARM path
+(the scope of an acknowledgement) and Azure's own channel (an event's VM). One grammar, one place.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote
+
+_GUID_TEXT = r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
+#: Azure's naming rules (learn.microsoft.com, "Naming rules and restrictions for Azure resources"):
+#: a resource group 1-90 of letters, digits, ``_ - . ( )``, not ending with ``.``; a VM or scale set
+#: 1-64 of letters, digits, ``_ - .``; a scale-set instance id, digits. Nothing else reaches a URL:
+#: no ``..`` path walk, no ``?``/``#`` cut, no ``%2F``.
+_RG = r"[-\w().]{0,89}[-\w()]"
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+_VM = re.compile(
+    rf"^/subscriptions/(?P<sub>{_GUID_TEXT})/resourceGroups/(?P<rg>{_RG})/providers/Microsoft\.Compute/"
+    rf"(?:virtualMachineScaleSets/(?P<set>{_NAME})/virtualMachines/\d{{1,10}}|virtualMachines/(?P<vm>{_NAME}))$",
+    re.IGNORECASE | re.ASCII,
+)
+_SCOPE = re.compile(rf"^/subscriptions/(?P<sub>{_GUID_TEXT})(?:/resourceGroups/(?P<rg>{_RG}))?$", re.I | re.A)
+
+
+class ScopeRefused(ValueError):
+    """A resource id that is no VM's, or a VM outside the configured ``--arm-scope`` s."""
+
+
+def parse_allowed_scope(text: str) -> tuple[str, str | None]:
+    """``/subscriptions/<id>[/resourceGroups/<name>]`` as (subscription, group) in lower case."""
+    match = _SCOPE.match(text.strip().rstrip("/"))
+    if match is None:
+        raise ValueError("expected /subscriptions/<guid> or /subscriptions/<guid>/resourceGroups/<name>")
+    return match["sub"].lower(), match["rg"].lower() if match["rg"] else None
+
+
+def event_scope(resource_id: str, allowed: tuple[tuple[str, str | None], ...] = ()) -> str:
+    """The ARM scope whose scheduled events a VM's are: the VM itself, or the scale set of a scale-set
+    instance, with every segment checked against Azure's naming rules and quoted, inside one of the
+    ``allowed`` scopes (subscription, optional group) when any is given. :class:`ScopeRefused`
+    otherwise: a resource id comes from records anyone on the events stream may publish."""
+    match = _VM.match(resource_id.strip())
+    if match is None or match["rg"].endswith("."):
+        raise ScopeRefused(f"not a virtual machine's resource id: {resource_id[:200]!r}")
+    sub, rg = match["sub"].lower(), match["rg"].lower()
+    if allowed and not any(sub == a_sub and a_rg in (None, rg) for a_sub, a_rg in allowed):
+        raise ScopeRefused(f"resource group {match['rg']} of subscription {sub} is outside --arm-scope")
+    group = quote(match["rg"], safe="")
+    base = f"/subscriptions/{quote(sub)}/resourcegroups/{group}/providers/Microsoft.Compute"
+    if match["set"]:
+        return f"{base}/virtualMachineScaleSets/{quote(match['set'], safe='')}"
+    return f"{base}/virtualMachines/{quote(match['vm'], safe='')}"

@@ -1,0 +1,78 @@
+"""The fleet view (bridge/approver/fleet.py): what a fleet approver believes of records anyone on the
+events stream may publish (issue 23 items 2 and 7; issue 19 item 3's event status)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import bridge.approver.fleet as fleet_module
+from bridge.approver.fleet import FleetView
+
+SUB = "/subscriptions/8d10da13-8125-4ba9-a717-bf7490507b3d/resourceGroups/rg/providers/Microsoft.Compute"
+
+
+def record(name: str, *events: dict[str, Any], ip: str = "10.0.0.4", vm_id: str = "", rid: str = "") -> dict:
+    vm = {"name": name, "vmId": vm_id or f"id-{name}", "privateIp": ip,
+          "resourceId": rid or f"{SUB}/virtualMachines/{name}"}  # fmt: skip
+    return {"recordType": "scheduledEvents", "vm": vm, "events": list(events)}
+
+
+def event(event_id: str, *resources: str, status: str = "Scheduled", not_before: str | None = None) -> dict:
+    return {"eventId": event_id, "eventStatus": status, "resources": list(resources), "notBefore": not_before}
+
+
+def test_an_identity_is_pinned_on_first_sight_and_a_changed_claim_refused(tmp_path: Path) -> None:
+    refused: list[str] = []
+    view = FleetView(tmp_path, on_refused=refused.append)
+    assert view.learn(record("vm1", ip="10.0.0.4")) is not None
+    assert view.learn(record("vm1", ip="10.9.9.9")) is None  # a poisoned address is not followed
+    assert view.learn(record("vm1", rid=f"{SUB.replace('8d10', 'ffff')}/virtualMachines/vm1")) is None
+    assert view.learn(record("vm2", vm_id="id-vm1")) is None  # vm1's vmId claimed for another name
+    vm = view.vm("VM1")
+    assert vm is not None and vm.private_ip == "10.0.0.4" and vm.resource_id.endswith("/vm1")
+    assert refused == ["changedClaim"] * 3 and view.vm("vm2") is None
+    # Pins outlive a restart: a restart is not the moment an address may change.
+    again = FleetView(tmp_path)
+    assert again.learn(record("vm1", ip="10.9.9.9")) is None
+    assert again.vm("id-vm1") is not None and again.vm("id-vm1").private_ip == "10.0.0.4"  # type: ignore[union-attr]
+
+
+def test_what_one_publisher_can_claim_is_bounded(tmp_path: Path) -> None:
+    refused: list[str] = []
+    view = FleetView(tmp_path, max_vms=3, on_refused=refused.append)
+    many = [event(f"E{i}", "vm1") for i in range(fleet_module.MAX_EVENTS_PER_RECORD + 1)]
+    assert view.learn(record("vm1", *many)) is None
+    assert view.learn(record("vm1", event("E1", *[f"v{i}" for i in range(1001)]))) is None
+    assert view.learn(record("vm1", ip="evil.example/x#")) is None  # formatted into the relay URL
+    assert view.learn(record("x" * 200)) is None
+    for name in ("vm1", "vm2", "vm3"):
+        assert view.learn(record(name)) is not None
+    assert view.learn(record("vm4")) is None  # the fleet holds at most max_vms
+    assert refused == ["tooManyEvents", "tooManyResources", "malformed", "malformed", "fleetFull"]
+    assert view.counts() == (3, 0)
+
+
+def test_an_event_is_forgotten_once_no_vm_shows_it(tmp_path: Path) -> None:
+    view = FleetView(tmp_path)
+    view.learn(record("vm1", event("E1", "vm1", "vm2")))
+    view.learn(record("vm2", event("E1", "vm1", "vm2")))
+    facts = view.event("e1")
+    assert facts is not None and facts.facts().status == "Scheduled"
+    view.learn(record("vm1", event("E1", "vm1", "vm2", status="Started")))
+    assert view.event("E1").status == "Started"  # type: ignore[union-attr]
+    view.learn(record("vm1"))  # gone from vm1's document; vm2 still shows it
+    assert view.event("E1") is not None
+    view.learn(record("vm2"))
+    assert view.event("E1") is None and view.counts() == (2, 0)
+
+
+def test_an_event_a_silent_vm_still_shows_is_forgotten_a_day_past_its_not_before(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(fleet_module, "SWEEP_EVERY", 0.0)
+    view = FleetView(tmp_path)
+    view.learn(record("vm1", event("E1", "vm1", not_before="2026-01-01T00:00:00Z")), now=1_767_225_600)
+    assert view.event("E1") is not None
+    view.learn(record("vm2"), now=1_767_225_600 + fleet_module.FORGET_AFTER + 1)
+    assert view.event("E1") is None and view.vm("vm1").events == ()  # type: ignore[union-attr]
