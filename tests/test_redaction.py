@@ -518,21 +518,21 @@ def test_redact_is_idempotent_on_any_text(text: str, secret: str) -> None:
 # What a sink shows: its name (metric label, dead letters, logs) and its errors
 # --------------------------------------------------------------------------------------------------
 
+# A webhook sink is shown as scheme://host/<hidden:fingerprint> (bridge.sinks.webhook.display_name):
+# the second element is what must be shown, the path never.
 WEBHOOK_SPECS = {
     "slack": (
         "https://hooks.slack.com/services/T0AAAA/B0BBBB/{t}#format=json",
-        "https://hooks.slack.com/services/***",
+        "https://hooks.slack.com/<hidden:",
     ),
-    "teams": (
-        TEAMS_PREFIX + "{t}/" + GUID + "#format=json",
-        "https://contoso.webhook.office.com/webhookb2/***",
-    ),
-    "discord": ("https://discord.com/api/webhooks/1234567890/{t}", "https://discord.com/api/webhooks/***"),
+    "teams": (TEAMS_PREFIX + "{t}/" + GUID + "#format=json", "https://contoso.webhook.office.com/<hidden:"),
+    "discord": ("https://discord.com/api/webhooks/1234567890/{t}", "https://discord.com/<hidden:"),
     "logic apps": (
         "https://prod-1.westeurope.logic.azure.com/workflows/w/triggers/manual/paths/invoke?api-version=2016-10-01"
         "&sp=%2Ft&sv=1.0&sig={t}#format=cloudevents",
-        "&sv=1.0&sig=***#format=cloudevents",
+        "https://prod-1.westeurope.logic.azure.com/<hidden:",
     ),
+    "unknown host": ("https://chat.example.com/services/T000/B000/{t}", "https://chat.example.com/<hidden:"),
 }
 
 
@@ -549,7 +549,8 @@ def test_webhook_sink_names_carry_no_token(kind: str) -> None:
     sink = create_sink(template.format(t=token))
     assert shown in sink.name and token not in sink.name and token not in sink.id
     assert token not in sink_info_label(sink)
-    assert token not in str(SinkError(f"POST to {sink.spec} failed"))
+    if kind != "unknown host":  # free text: only the shapes the table knows (the second defence)
+        assert token not in str(SinkError(f"POST to {sink.spec} failed"))
 
 
 def built_sinks(tb: TracebackType | None) -> Iterator[Sink]:
@@ -615,10 +616,7 @@ def test_dead_letters_logs_and_metrics_never_carry_a_webhook_token(
     assert receiver.requests()[0].target == url  # the real URL was used ...
     dead = worker.dead_letter_path.read_text()
     (letter,) = [orjson.loads(line) for line in dead.splitlines()]
-    assert (
-        letter["sink"]
-        == f"http://hooks.slack.com/services/***#allow_http=true&proxy={receiver.url}&timeout=5"
-    )
+    assert letter["sink"] == sink.name and letter["sink"].startswith("http://hooks.slack.com/<hidden:")
     assert "404" in letter["reason"]
     logged = stream.getvalue()
     assert "moved to dead-letter file" in logged

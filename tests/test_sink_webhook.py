@@ -30,7 +30,7 @@ from procs import Agent, Emulator, wait_until
 
 from bridge.pipeline import Entry, RecordMeta
 from bridge.sinks import SinkError, create_sink
-from bridge.sinks.webhook import EVENT_TYPE, MAX_RETRY_AFTER, WebhookSink
+from bridge.sinks.webhook import EVENT_TYPE, MAX_RETRY_AFTER, WebhookSink, display_name
 
 HMAC_KEY = secrets.token_hex(32)  # 64 ASCII bytes, like `openssl rand -hex 32`
 LOGIC_APPS_QUERY = "api-version=2016-10-01&sp=%2Ftriggers%2Fmanual%2Frun&sv=1.0&sig={sig}"
@@ -151,8 +151,10 @@ def test_secrets_from_the_environment_and_files_are_checked_at_open(tmp_path: Pa
 def test_logic_apps_url_is_posted_as_given_and_its_sig_never_shown(receiver: HttpReceiver) -> None:
     sig = secrets.token_urlsafe(32)
     query = LOGIC_APPS_QUERY.format(sig=sig)
-    s = sink(f"{receiver.url}{LOGIC_APPS_PATH}?{query}#format=cloudevents&timeout=5")
-    assert "sig=***" in s.name and sig not in s.name and sig not in s.id
+    spec = f"{receiver.url}{LOGIC_APPS_PATH}?{query}#format=cloudevents&timeout=5"
+    s = sink(spec)
+    assert s.name == display_name(spec) and sig not in s.name and sig not in s.id
+    assert "/workflows/" not in s.name and "sp=" not in s.name
     s.deliver(entry(1))
     (req,) = receiver.requests()
     assert req.target == f"{LOGIC_APPS_PATH}?{query}"  # sp stays %2F-encoded, the fragment is not sent
@@ -413,12 +415,43 @@ def test_logic_apps_sig_and_keys_never_reach_logs_or_metrics(
     assert {r.target for r in receiver.requests()} == {f"{LOGIC_APPS_PATH}?{query}"}
     metrics = agent.get("/metrics").text
     info = [line for line in metrics.splitlines() if line.startswith("se_bridge_sink_info{")]
-    assert any(f"?{LOGIC_APPS_QUERY.format(sig='***')}#format=cloudevents" in line for line in info), info
+    shown = display_name(spec)  # scheme, host and a fingerprint: the path and query never appear
+    assert any(f'name="{shown}"' in line for line in info) and shown.endswith(">"), info
     assert agent.terminate() == 0
     log = agent.log_path.read_text()
-    assert "answered 500" in log and "sig=***" in log  # the failure was logged, masked
-    for secret in (sig, HMAC_KEY):
+    assert "answered 500" in log and shown in log  # the failure was logged, naming the sink safely
+    for secret in (sig, HMAC_KEY, "/workflows/"):
         assert secret not in log and secret not in metrics
+
+
+def test_a_webhook_on_a_host_the_shape_table_does_not_know_never_shows_its_token(
+    emulator: Emulator, make_agent, receiver: HttpReceiver, tmp_path: Path
+) -> None:
+    """Issue 19: a Slack-compatible endpoint on another host (its token in the path) was written in
+    full to the logs, /metrics and dead letters. The URL is a secret as a whole (Alertmanager's
+    rule): wherever it is shown, scheme + host + fingerprint; the server's error echoing the URL, and
+    requests' own error text naming it, are scrubbed too."""
+    token = secrets.token_hex(12)
+    path = f"/services/T000/B000/{token}"
+    receiver.default = Answer(400, f'{{"error": "no such hook {path}"}}'.encode())
+    spec = f"{receiver.url}{path}"
+    agent = make_agent(emulator.url, *file_sink(tmp_path), sink=spec).start()
+    agent.wait_for_change(emulator.add_event(eventType="Freeze"), "scheduled")
+    sink_id = create_sink(spec).id
+    dead = agent.state_dir / "dead-letter" / f"{sink_id}.jsonl"
+    wait_until(lambda: dead.exists() and dead.read_bytes().strip(), what="a dead letter")
+    metrics = agent.get("/metrics").text
+    agent.kill()
+    receiver.default = Answer(drop=True)  # and a connection error, whose text names the URL
+    unreachable = create_sink(f"http://127.0.0.1:9{path}")
+    with pytest.raises(SinkError) as failed:
+        unreachable.open()
+        unreachable.deliver(Entry(1, RecordMeta("r", "scheduledEvents", "vm"), 0.0, b"{}"))
+    texts = {"log": agent.log_path.read_text(), "metrics": metrics, "dead letter": dead.read_text(),
+             "error": str(failed.value), "name": unreachable.name}  # fmt: skip
+    for where, text in texts.items():
+        assert token not in text and "/services/" not in text, (where, text)
+    assert display_name(spec) in texts["metrics"] and "<hidden:" in texts["error"]
 
 
 def test_agent_json_and_eventgrid_formats_with_custom_headers(

@@ -46,7 +46,7 @@ import ssl
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import SplitResult, quote, unquote, unquote_plus, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, quote, unquote, unquote_plus, urlsplit, urlunsplit
 
 import orjson
 import requests
@@ -86,10 +86,6 @@ _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _SENSITIVE_HEADER = re.compile(
     r"(?i)(authoriz|cookie|key|token|secret|signature|passw|sas|credential|session)"
 )
-_INLINE_SECRET_HEADER = re.compile(
-    r"(?i)([#&]header\.[^=&#]*(?:authoriz|cookie|key|token|secret|signature|passw|sas|credential|session)"
-    r"[^=&#]*=)[^&#]*"
-)
 # Headers the sink sets itself.
 _RESERVED_HEADERS = {"content-type", "content-length", "host", "transfer-encoding", "connection"}
 _TRUE = {"1", "true", "yes", "on"}
@@ -119,8 +115,10 @@ class WebhookSink(SynchronousSink):
         # are two destinations.
         self.scheme = parts.scheme.lower()
         super().__init__(spec)
-        # An inline credential header is refused below; the refusal must not print it either.
-        self.name = _INLINE_SECRET_HEADER.sub(r"\1***", self.name)
+        # Shown everywhere (logs, the sink_info label, errors, dead letters) as scheme, host and a
+        # fingerprint: a webhook URL is a secret as a whole (Alertmanager treats it so), whatever
+        # its host. The table of secret shapes stays the second line of defence for free text.
+        self.name = display_name(spec)
         if self.scheme not in ("http", "https"):
             raise self._config_error(f"webhook sink needs an http(s):// URL, got {self.name!r}")
         try:
@@ -489,18 +487,38 @@ class WebhookSink(SynchronousSink):
 # --------------------------------------------------------------------------------------------------
 
 
+def display_name(spec: str) -> str:
+    """How a webhook sink is shown: ``scheme://host[:port]/<hidden:fingerprint>``, the fingerprint
+    the first 8 hex digits of the SHA-256 of the whole spec (two sinks to one host stay apart; a
+    rotated token shows as another fingerprint). Path, query, user info and options never appear."""
+    parts = urlsplit(spec.strip())
+    try:
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        host, port = "?", ""
+    host = f"[{host}]" if ":" in host else host
+    fingerprint = hashlib.sha256(spec.strip().encode()).hexdigest()[:8]
+    return f"{(parts.scheme or '?').lower()}://{host}{port}/<hidden:{fingerprint}>"
+
+
 def _url_secrets(parts: SplitResult) -> list[str]:
-    """The credential values of the target URL (those :func:`redact` masks: a query's ``sig``, a
-    password, a Slack/Teams/Discord path token), raw and decoded, whole and, for a path, per segment
-    (a server may echo only the token segment). Longest first, so a value is never half-replaced."""
+    """What of the target URL must never appear in a message, raw and decoded: its path and query
+    whole (an HTTP library's error names the URL it failed on), every path segment and query value
+    long enough to be a token (a server may echo one alone), the password, and what :func:`redact`
+    recognises. Longest first, so a value is never half-replaced."""
     found: set[str] = set()
     if parts.password:
         found.add(parts.password)
     url = urlunsplit((parts.scheme, parts.netloc, parts.path, parts.query, ""))
-    for value in secrets_in(url):
+    pieces = [*secrets_in(url), parts.path, parts.query, f"{parts.path}?{parts.query}" if parts.query else ""]
+    pieces += [segment for segment in parts.path.split("/") if len(segment) >= MIN_SCRUB_CHARS]
+    pieces += [value for _, value in parse_qsl(parts.query) if len(value) >= MIN_SCRUB_CHARS]
+    for value in pieces:
         for v in (value, *value.split("/")):
             found.update((v, unquote(v), unquote_plus(v)))
     found.discard("")
+    found.discard("/")
     return sorted(found, key=len, reverse=True)
 
 
