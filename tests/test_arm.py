@@ -296,13 +296,14 @@ def test_the_arm_path_refuses_what_every_agent_refuses(arm: FakeArm, tmp_path: P
 
 def test_no_arm_fallback_when_the_agent_may_have_posted(arm: FakeArm, tmp_path: Path) -> None:
     """An agent that accepted the connection and never answered may have posted the StartRequest
-    already: approving through ARM as well could approve twice. The decision fails instead
-    (``relayUnavailable``), and ARM is never called."""
+    already: approving through ARM as well could approve twice. The decision is retried instead
+    until it expires, then ends ``unknown`` (reason ``expired``: a request may have
+    reached the agent), and ARM is never called."""
     import socket
 
     with socket.socket() as hung:
         hung.bind(("127.0.0.1", 0))
         hung.listen(16)  # accepts (the kernel does), never reads or answers
-        written = run_fleet_approver(arm, tmp_path, hung.getsockname()[1])
-    assert (written["outcome"], written["reason"]) == ("failed", "relayUnavailable")
+        written = run_fleet_approver(arm, tmp_path, hung.getsockname()[1], ttl=4)
+    assert (written["outcome"], written["reason"]) == ("unknown", "expired"), written
     assert "path" not in written and arm.requests == []

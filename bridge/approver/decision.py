@@ -130,6 +130,14 @@ def validate(decision: Any, policy: ValidationPolicy, now: float) -> dict[str, A
     return decision
 
 
+def expires_at(decision: dict[str, Any]) -> float:
+    """A validated decision's ``expiresAt`` as Unix time (``inf`` for one without: never expires)."""
+    try:
+        return datetime.fromisoformat(str(decision["expiresAt"])).timestamp()
+    except (KeyError, ValueError, OverflowError):
+        return float("inf")
+
+
 def _fmt(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,10 +37,57 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Slot:
-    """One message read and not yet committed."""
+    """One message read and not yet committed (and, while no agent answers, its retries)."""
 
     message: Message
     done: bool = False
+    unreached: int = 0  # relay rounds in which no agent of the event answered
+    maybe_sent: bool = False  # one of them may have reached an agent (connected, no answer)
+    unreached_since: float | None = None
+
+
+class Parking:
+    """Decisions that reached no agent wait here, uncommitted, and go back to their lane when due
+    (issue 23: a decision an agent provably never got was given up after ~1.5 s, and a restarting
+    agent made the approver drop decisions for good). ``expire(slot)`` ends one whose decision
+    expired while it waited; ``resubmit(slot)`` queues it on its lane again."""
+
+    def __init__(self, resubmit: Callable[[Slot], bool], expire: Callable[[Slot], None]) -> None:
+        self._resubmit = resubmit
+        self._expire = expire
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[float, float, int, Slot]] = []  # (due, expires, order, slot)
+        self._order = 0
+
+    def park(self, slot: Slot, delay: float, expires_at: float) -> None:
+        with self._cond:
+            self._order += 1
+            due = time.time() + delay
+            self._waiting.append((min(due, expires_at), expires_at, self._order, slot))
+            self._waiting.sort(key=lambda item: item[:3])
+            self._cond.notify_all()
+
+    @property
+    def count(self) -> int:
+        with self._cond:
+            return len(self._waiting)
+
+    def run(self, stop: threading.Event) -> None:
+        """Hand back what is due until ``stop`` (what still waits then is read again after a restart:
+        it was never committed)."""
+        while not stop.is_set():
+            with self._cond:
+                now = time.time()
+                due = [item for item in self._waiting if item[0] <= now]
+                self._waiting = [item for item in self._waiting if item[0] > now]
+                wait = self._waiting[0][0] - now if self._waiting else 0.5
+            for _, expires_at, _, slot in due:
+                if expires_at <= time.time():
+                    self._expire(slot)
+                elif not self._resubmit(slot):
+                    return  # stopping
+            with self._cond:
+                self._cond.wait(min(max(wait, 0.01), 0.5))
 
 
 class OrderedCommits:

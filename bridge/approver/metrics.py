@@ -89,6 +89,10 @@ class ApproverMetrics(PipelineMetrics):
         "malformed, tooManyEvents, tooManyResources, fleetFull).",
         "reason",
     )
+    parked = gauge(
+        "se_bridge_approver_parked",
+        "Decisions waiting, uncommitted, for an agent of their event to answer (retried until expiry).",
+    )
     standby_acted = counter(
         "se_bridge_approver_standby_acted",
         "Decisions another instance owned and had not finished within --standby-after, acted on here.",

@@ -12,15 +12,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime
+from dataclasses import dataclass
 from typing import Any
 
 from bridge.approver.arm import ArmAcknowledger
+from bridge.approver.decision import expires_at
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
 from bridge.eligibility import check_event
 from bridge.retry import Backoff
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Unreached:
+    """No agent of the event answered: why, and whether provably no request reached one (then
+    nothing can have been posted, and another path may approve without approving twice)."""
+
+    why: str
+    never_sent: bool
+
+    def __str__(self) -> str:
+        return self.why
 
 
 class Relayer:
@@ -42,10 +55,12 @@ class Relayer:
         self.arm_mode = arm_mode if arm is not None else "off"
 
     def relay(
-        self, decisions: list[dict[str, Any]], bodies: list[dict[str, Any]]
-    ) -> list[tuple[dict[str, Any] | None, str]]:
-        """Relay decisions for one VM in one request (their order kept), trying each candidate agent
-        (fleet failover) a few times; ``(None, why)`` for each when none answered."""
+        self, decisions: list[dict[str, Any]], bodies: list[dict[str, Any]], *, fallback: bool = True
+    ) -> list[tuple[dict[str, Any] | None, Unreached | None]]:
+        """Relay decisions for one VM in one request (their order kept), to each candidate agent in
+        turn (fleet failover), ``attempts`` rounds; ``(None, Unreached)`` for each when none answered
+        (the approver parks them and tries again later). ``fallback``: the ARM path may be taken now
+        if it is configured and no request can have reached an agent."""
         if self.arm_mode == "only":
             return self._through_arm(decisions)
         errors: list[str] = []
@@ -67,16 +82,18 @@ class Relayer:
                         extra={"relay": url, "error": str(exc), "attempt": attempt + 1},
                     )
                     continue
-                return [({**answer, "relay": url, "path": "relay"}, "") for answer in answers]
+                return [({**answer, "relay": url, "path": "relay"}, None) for answer in answers]
             if attempt + 1 < self.attempts and not self.stop_event.is_set():
                 self.stop_event.wait(backoff.next_delay())
         why = "; ".join(errors[-3:])
-        if self.arm_mode == "fallback" and never_sent:
+        if fallback and self.arm_mode == "fallback" and never_sent:
             log.warning("no agent of the event could be reached: approving through ARM", extra={"error": why})
             return self._through_arm(decisions)
-        return [(None, why)] * len(bodies)
+        return [(None, Unreached(why, never_sent))] * len(bodies)
 
-    def _through_arm(self, decisions: list[dict[str, Any]]) -> list[tuple[dict[str, Any] | None, str]]:
+    def _through_arm(
+        self, decisions: list[dict[str, Any]]
+    ) -> list[tuple[dict[str, Any] | None, Unreached | None]]:
         """Acknowledge each decision's event through Azure Resource Manager (bridge.approver.arm), on
         the target VM's resource, or another VM's of the event when the target's is not known; only
         once the rule every approving path applies (bridge.eligibility) let it: the agents' relays
@@ -84,23 +101,23 @@ class Relayer:
         assert self.arm is not None
         return [self._acknowledge(decision) for decision in decisions]
 
-    def _acknowledge(self, decision: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    def _acknowledge(self, decision: dict[str, Any]) -> tuple[dict[str, Any] | None, Unreached | None]:
         assert self.arm is not None
         event_id = decision["eventId"]
         scope = self.router.scope_vm(decision)
         if scope is None:
-            return None, "ARM: no resource id known for the event's VMs"
+            return None, Unreached("ARM: no resource id known for the event's VMs", never_sent=True)
         refusal = check_event(
             self.router.event_facts(event_id),
             approver_names={scope.name.lower()},
             target=decision.get("target"),
-            expires_at=_expires_at(decision),
+            expires_at=expires_at(decision),
             now=time.time(),
         )
         if refusal is not None:
             detail = f"not acknowledged through ARM: {refusal.detail}"
             result = {"eventId": event_id, "result": refusal.result, "detail": refusal.detail}
-            return _answer(decision, "refused", refusal.result, detail, result, None), ""
+            return _answer(decision, "refused", refusal.result, detail, result, None), None
         answer = self.arm.acknowledge(scope.resource_id, event_id)
         result = {
             "eventId": event_id,
@@ -131,10 +148,3 @@ def _answer(
         "path": "arm",
         "armCorrelationId": correlation_id,
     }
-
-
-def _expires_at(decision: dict[str, Any]) -> float | None:
-    try:
-        return datetime.fromisoformat(str(decision["expiresAt"])).timestamp()
-    except (KeyError, ValueError):
-        return None

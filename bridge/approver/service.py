@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -39,11 +40,11 @@ from bridge.apiguard import ApiGuard
 from bridge.approver import decision as decision_module
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.coordinator import FleetCoordinator
-from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
-from bridge.approver.dispatch import Claims, Lanes, OrderedCommits, Slot
+from bridge.approver.decision import DecisionRefused, ValidationPolicy, expires_at, validate
+from bridge.approver.dispatch import Claims, Lanes, OrderedCommits, Parking, Slot
 from bridge.approver.messages import MAX_MESSAGE_BYTES, lane_of, loads_object, peek
 from bridge.approver.metrics import ApproverMetrics
-from bridge.approver.relaying import Relayer
+from bridge.approver.relaying import Relayer, Unreached
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient
 from bridge.approver.sources import DecisionSource, Message, SourceError
 from bridge.approver.standby import Standby
@@ -69,6 +70,8 @@ T = TypeVar("T")
 
 #: Attempts at a message whose processing raises before it is refused as ``unprocessable``.
 POISON_ATTEMPTS = 3
+#: The outcomes an approver's audit record may carry (approval.v1 schema); anything else is "failed".
+AUDIT_OUTCOMES = frozenset({"approved", "refused", "failed", "partial", "unknown"})
 #: The decision schema's length bounds of the fields an audit record repeats.
 AUDIT_FIELD_LIMITS = {"decisionId": 128, "eventId": 128, "target": 128, "issuedBy": 256}
 
@@ -86,6 +89,13 @@ MAX_RELAY_BYTES = 32 * 1024
 #: What a state directory's file system answers when it cannot keep a write (full, quota, failing,
 #: read-only): the decision waits for the disk, it is never counted as a poison attempt.
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+
+#: Rounds without an agent before the ARM fallback may be taken (about 1.5 s with the parking's backoff).
+ARM_AFTER = 3
+#: Longest wait between two tries of a parked decision (a restarted agent is reached within it).
+PARKED_MAX_DELAY = 5.0
+#: Parked decisions at most; reading waits beyond (memory stays bounded while agents are down).
+MAX_PARKED = 10_000
 
 #: The approver is not ready once reading decisions has failed for this long (a broker blip is not).
 READY_MAX_FAILURE = 30.0
@@ -107,7 +117,7 @@ class Approver:
         sinks: list[Sink],
         state_dir: Path,
         *,
-        relay_attempts: int = 3,
+        relay_attempts: int = 1,
         metrics: ApproverMetrics | None = None,
         lock: int | None = None,
         arm: ArmAcknowledger | None = None,
@@ -151,6 +161,8 @@ class Approver:
             per_lane=PER_LANE,
         )
         self.claims = Claims()
+        self.parking = Parking(self._resubmit, self._expire_parked)
+        self._parked_log = RateLimitedLog(log, every=10.0, level=logging.WARNING)
         self.api: Listener | None = None
         self._source_open = False
         self._streak = ErrorStreak(log, f"reading decisions from {source.name}")
@@ -186,14 +198,23 @@ class Approver:
 
     # -- one decision ---------------------------------------------------------------------------------
 
-    def process(self, message: Message, now: float | None = None) -> dict[str, Any]:
-        """Take one message to a final outcome and publish its audit record. Returns the audit."""
+    def process(
+        self, message: Message, now: float | None = None, slot: Slot | None = None
+    ) -> dict[str, Any] | None:
+        """Take one message to a final outcome and publish its audit record. Returns the audit, or
+        None when no agent answered: the decision then waits in the parking (uncommitted) and is
+        relayed again later, until an agent answers or it expires."""
         prepared = self._prepare(message, now)
         if not isinstance(prepared, tuple):
             return prepared
         decision, body = prepared
-        answer, detail = self._relay(decision, body)
-        return self._finish_relayed(decision, message, answer, detail)
+        slot = slot or Slot(message)
+        answer, unreached = self._relay(decision, body, fallback=self._may_fall_back([slot]))
+        if answer is None:
+            assert unreached is not None
+            self._park(slot, decision, unreached)
+            return None
+        return self._finish_relayed(decision, message, answer)
 
     def _prepare(
         self, message: Message, now: float | None = None, *, sync: bool = True
@@ -247,23 +268,11 @@ class Approver:
         self,
         decision: dict[str, Any],
         message: Message,
-        answer: dict[str, Any] | None,
-        detail: str,
+        answer: dict[str, Any],
         *,
         sync: bool = True,
         coordination: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        if answer is None:
-            return self._finish(
-                decision,
-                message,
-                "failed",
-                "relayUnavailable",
-                detail,
-                [],
-                sync=sync,
-                coordination=coordination,
-            )
         return self._finish(
             decision,
             message,
@@ -296,8 +305,55 @@ class Approver:
         except Exception as exc:  # a check that could not run proves nothing: refuse
             raise DecisionRefused("schema", f"cannot be validated: {type(exc).__name__}: {exc}") from None
 
-    def _relay(self, decision: dict[str, Any], body: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-        return self.relayer.relay([decision], [body])[0]
+    def _relay(
+        self, decision: dict[str, Any], body: dict[str, Any], *, fallback: bool = True
+    ) -> tuple[dict[str, Any] | None, Unreached | None]:
+        return self.relayer.relay([decision], [body], fallback=fallback)[0]
+
+    # -- decisions no agent answered: parked, retried, or ended at their expiry --------------------
+
+    def _may_fall_back(self, slots: list[Slot]) -> bool:
+        """Whether the ARM fallback may be taken in this round: after ``ARM_AFTER`` rounds without an
+        agent, none of which can have reached one (else the agent may have posted already)."""
+        return all(not s.maybe_sent and s.unreached + 1 >= ARM_AFTER for s in slots)
+
+    def _park(self, slot: Slot, decision: dict[str, Any], unreached: Unreached) -> None:
+        """No agent answered: keep the decision, uncommitted, and relay it again after a backoff
+        (0.5 s doubling to 5 s), until an agent answers or the decision expires."""
+        slot.unreached += 1
+        slot.maybe_sent = slot.maybe_sent or not unreached.never_sent
+        slot.unreached_since = slot.unreached_since or time.time()
+        delay = min(PARKED_MAX_DELAY, 0.5 * 2 ** (slot.unreached - 1)) * random.uniform(0.8, 1.0)
+        self.parking.park(slot, delay, expires_at(decision))
+        self.metrics.parked.set(self.parking.count)
+        self._parked_log.log(
+            "decision waits for an agent of its event (not committed; retried until it expires)",
+            decisionId=decision["decisionId"],
+            target=decision["target"],
+            attempts=slot.unreached,
+            retryInSeconds=round(delay, 2),
+            error=unreached.why,
+        )
+
+    def _resubmit(self, slot: Slot) -> bool:
+        self.metrics.parked.set(self.parking.count)
+        return self.lanes.add(lane_of(slot.message), slot, self.stop_event)
+
+    def _expire_parked(self, slot: Slot) -> None:
+        """A parked decision expired before any agent answered: its one final outcome. ``failed``
+        when provably no request reached an agent (nothing was posted), ``unknown`` when one may
+        have (connected, no answer: the agent's ledger and audit tell)."""
+        decision = loads_object(slot.message.payload) or {}
+        outcome = "unknown" if slot.maybe_sent else "failed"
+        since = slot.unreached_since or time.time()
+        detail = (
+            f"no agent of the event answered in {slot.unreached} attempts over {time.time() - since:.0f} s "
+            f"before the decision expired{'; one may have reached an agent' if slot.maybe_sent else ''}"
+        )
+        finish = lambda: self._finish(decision, slot.message, outcome, "expired", detail, [])  # noqa: E731
+        if self._until_stored(finish, slot.message) is not None:
+            self.commits.finished(slot)
+        self.metrics.parked.set(self.parking.count)
 
     # -- coordinated approval (bridge.approver.coordinator) ---------------------------------------------
 
@@ -339,14 +395,14 @@ class Approver:
         self.store.started(decision["decisionId"], message.position)
         body = {k: decision[k] for k in ("decisionId", "target", "issuedBy")}
         body.update(eventIds=[decision["eventId"]], coordination=account)
-        answer, detail = self._relay(decision, body)
+        answer, unreached = self._relay(decision, body)
         if answer is None:
             log.warning(
                 "coordinated approval reached no agent of the event; trying again later",
-                extra={"eventId": decision["eventId"], "error": detail},
+                extra={"eventId": decision["eventId"], "error": str(unreached)},
             )
             return False
-        self._finish_relayed(decision, message, answer, detail, coordination=account)
+        self._finish_relayed(decision, message, answer, coordination=account)
         return True
 
     # -- many decisions at once: lanes (bridge.approver.dispatch) ---------------------------------------
@@ -392,17 +448,24 @@ class Approver:
 
     def _relay_and_finish(self, prepared: list[tuple[Slot, dict[str, Any], dict[str, Any]]]) -> None:
         for chunk in _chunks(prepared):
+            fallback = self._may_fall_back([slot for slot, _, _ in chunk])
             try:
-                results = self.relayer.relay([d for _, d, _ in chunk], [b for _, _, b in chunk])
+                results = self.relayer.relay(
+                    [d for _, d, _ in chunk], [b for _, _, b in chunk], fallback=fallback
+                )
             except Exception:
                 log.exception("relaying a batch failed; each decision is retried on its own")
                 for slot, _, _ in chunk:
                     self._settle(slot)
                 continue
             done: list[tuple[Slot, dict[str, Any]]] = []
-            for (slot, decision, _), (answer, detail) in zip(chunk, results, strict=True):
+            for (slot, decision, _), (answer, unreached) in zip(chunk, results, strict=True):
+                if answer is None:
+                    assert unreached is not None
+                    self._park(slot, decision, unreached)  # its "started" is durable already
+                    continue
                 try:
-                    audit = self._finish_relayed(decision, slot.message, answer, detail, sync=False)
+                    audit = self._finish_relayed(decision, slot.message, answer, sync=False)
                 except Exception:
                     self._settle(slot)  # waits for outbox room, or ends a poison message
                 else:
@@ -441,7 +504,7 @@ class Approver:
             except (OutboxFull, OSError) as exc:
                 self._outbox_streak.failure("outbox", f"not stored yet: {exc}", position=message.position)
             self.stop_event.wait(backoff.next_delay())
-        return False
+        return None
 
     def _synced(self, slots: list[Slot]) -> bool:
         """Sync the decision store for a lane's batch. When the disk refuses (EIO, ENOSPC), each
@@ -460,7 +523,7 @@ class Approver:
             return False
 
     def _settle(self, slot: Slot) -> None:
-        if self._handle(slot.message):
+        if self._handle(slot):
             self.commits.finished(slot)
 
     def _commit(self, messages: list[Message]) -> None:
@@ -503,7 +566,7 @@ class Approver:
             target=text("target"),
             issued_by=text("issuedBy"),
             requester=relay,
-            outcome=outcome if outcome in ("approved", "refused", "failed", "partial") else "failed",
+            outcome=outcome if outcome in AUDIT_OUTCOMES else "failed",
             reason=reason,
             detail=(detail or None) and str(detail)[:500],
             results=[
@@ -620,6 +683,9 @@ class Approver:
             threading.Thread(
                 target=self.standby.run, args=(self.stop_event,), name="standby", daemon=True
             ).start()
+        threading.Thread(
+            target=self.parking.run, args=(self.stop_event,), name="parking", daemon=True
+        ).start()
         if self.coordinator is not None:
             threading.Thread(
                 target=self.coordinator.run, args=(self.stop_event,), name="coordinator", daemon=True
@@ -640,6 +706,10 @@ class Approver:
         """Read decisions and hand each to its VM's lane until stopped or the source is exhausted;
         commits follow in read order as decisions finish (bridge.approver.dispatch)."""
         while not self.stop_event.is_set():
+            if self.parking.count >= MAX_PARKED:  # agents away: hold reading, keep committing
+                self.commits.commit_ready()
+                self.stop_event.wait(0.5)
+                continue
             try:
                 # While decisions are in flight, come back soon to commit them as they finish: a
                 # standby elsewhere reads the group's commits to know what is done.
@@ -687,18 +757,21 @@ class Approver:
         self.metrics.source_ready.set(0)
         self._streak.failure(kind, str(exc))
 
-    def _handle(self, message: Message) -> bool:
-        """Process and commit one message (order is kept: the next message waits). A failure to store
-        the outcome (disk full) is retried until it works; any other error is retried a few times and
-        then ends the message as ``unprocessable``, audited and committed: a poison message must not
-        hold every later decision back. Returns False when stopping before it was finished. The
-        caller commits (in read order: :class:`~bridge.approver.dispatch.OrderedCommits`)."""
+    def _handle(self, slot: Slot) -> bool:
+        """Process one message to its end. A failure to store the outcome (disk full) is retried
+        until it works; any other error is retried a few times and then ends the message as
+        ``unprocessable``, audited: a poison message must not hold every later decision back.
+        True when the message is final (the caller commits, in read order:
+        :class:`~bridge.approver.dispatch.OrderedCommits`); False when stopping before that, or when
+        it waits in the parking for an agent."""
+        message = slot.message
         backoff = Backoff(base=1.0, cap=30.0)
         errors = 0
         while True:
             try:
                 if errors < POISON_ATTEMPTS:
-                    self.process(message)
+                    if self.process(message, slot=slot) is None:
+                        return False  # parked: relayed again later, committed once final
                 else:
                     self._give_up(message)
                 self._outbox_streak.success()

@@ -190,17 +190,18 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
     from bridge.sinks import create_sink
 
     class BrokenRouter(LocalRouter):
-        calls = 0
+        calls: dict[str, int] = {}
 
         def candidates(self, decision: dict[str, Any]) -> list[str]:
-            BrokenRouter.calls += 1
+            BrokenRouter.calls[decision["eventId"]] = BrokenRouter.calls.get(decision["eventId"], 0) + 1
             if decision["eventId"] == BOOM:
                 raise RuntimeError("a bug")
-            return []  # no agent: the decision fails as relayUnavailable, which is an outcome
+            return []  # no agent: retried until the decision expires (2 s), which is an outcome
 
     monkeypatch.setattr(service_module, "Backoff", lambda **_: Backoff(base=0.001, cap=0.001))
     decisions = tmp_path / "decisions.jsonl"
-    decisions.write_bytes(orjson.dumps(signed(BOOM)) + b"\n" + orjson.dumps(signed(NEXT)) + b"\n")
+    soon = new_decision(NEXT, "vm-bridge-0", "tests", 2)
+    decisions.write_bytes(orjson.dumps(signed(BOOM)) + b"\n" + orjson.dumps(sign(soon, "ops", KEY)) + b"\n")
     service = service_module.Approver(
         source=FileSource(f"file://{decisions}", tmp_path / "src"),
         router=BrokenRouter("http://127.0.0.1:9"),
@@ -228,13 +229,16 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
     finally:
         service.stop_event.set()
         runner.join(30)
-    assert sorted((a["eventIds"], a["outcome"], a["reason"]) for a in audits()) == sorted([
-        ([BOOM], "failed", "unprocessable"),
-        ([NEXT], "failed", "relayUnavailable"),
-    ])
-    # Both went to one lane and were relayed as one batch; the poison broke the batch, so each was
-    # retried on its own: BOOM until it was given up, NEXT once.
-    assert BrokenRouter.calls == 1 + service_module.POISON_ATTEMPTS + 1
+    assert sorted((a["eventIds"], a["outcome"], a["reason"]) for a in audits()) == sorted(
+        [
+            ([BOOM], "failed", "unprocessable"),
+            ([NEXT], "failed", "expired"),
+        ]
+    )
+    # The poison broke its batch and was retried on its own until given up; NEXT reached no agent
+    # and waited, retried, until it expired (never given up as failed before).
+    assert BrokenRouter.calls[BOOM] in (service_module.POISON_ATTEMPTS, service_module.POISON_ATTEMPTS + 1)
+    assert BrokenRouter.calls[NEXT] >= 2
 
 
 def _outbox_audits(outbox: Path) -> list[dict[str, Any]]:
