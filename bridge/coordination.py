@@ -23,7 +23,7 @@ passed in.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -60,10 +60,11 @@ class Verdict:
     pending: tuple[str, ...]  # run the agent, not prepared yet (or prepareFailed)
     failed: tuple[str, ...]  # reported prepareFailed
     without_agent: tuple[str, ...]  # members nobody knows an agent of: not waited for
+    silent: tuple[str, ...] = ()  # waited for, never answered (pending too): down, partitioned, starting
 
     def to_json(self, coordinator: str, on_deadline: str) -> dict[str, Any]:
         """The audit record's ``coordination`` block: who waited for whom, and why it ended."""
-        return {
+        account = {
             "coordinator": coordinator,
             "why": self.why,
             "onDeadline": on_deadline,
@@ -73,6 +74,9 @@ class Verdict:
             "prepareFailed": list(self.failed),
             "withoutAgent": list(self.without_agent),
         }
+        if self.silent:
+            account["silent"] = list(self.silent)
+        return account
 
     def left_detail(self) -> str:
         """The audit detail of a verdict that leaves the event to the platform."""
@@ -90,18 +94,22 @@ def assess(
     not_before: str | None,
     now: float,
     policy: CoordinationPolicy,
+    silent: Collection[str] = (),
 ) -> Verdict:
     """The verdict for one event. ``reports`` has an entry (lower-cased name) for each member that
-    runs the agent: its last report (``prepared``, ``prepareFailed``), or None before any."""
+    runs the agent, or is expected to: its last report (``prepared``, ``prepareFailed``), or None
+    before any. ``silent``: expected members that never answered (waited for like the others, and
+    named as such in the audit: a silent VM may be the one about to be rebooted unprepared)."""
     names = members(resources)
     waited = tuple(n for n in names if n in reports)
     prepared = tuple(n for n in waited if reports[n] == PREPARED)
     failed = tuple(n for n in waited if reports[n] == PREPARE_FAILED)
     pending = tuple(n for n in waited if reports[n] != PREPARED)
     without = tuple(n for n in names if n not in reports)
+    quiet = tuple(n for n in pending if n in silent)
 
     def verdict(action: Literal["wait", "approve", "leave"], why: str) -> Verdict:
-        return Verdict(action, why, waited, prepared, pending, failed, without)
+        return Verdict(action, why, waited, prepared, pending, failed, without, quiet)
 
     if waited and not pending:
         return verdict("approve", "allPrepared")

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -126,6 +127,39 @@ def sign_request(
         H_NONCE: nonce,
         H_SIGNATURE: request_signature(key, timestamp, nonce, method, path, body),
     }
+
+
+def sign_answer(
+    key_id: str, key: bytes, nonce: str, answer: dict[str, Any], now: float | None = None
+) -> dict[str, Any]:
+    """``answer`` signed for the request whose nonce was ``nonce`` (a peer's ``/v1/preparations``):
+    the signature covers the answer and that nonce, so it answers that request and no other, and a
+    forged or replayed answer is no answer (issue 23: a forged ``prepared`` released a whole set)."""
+    body = {**answer, "answeredAt": int(time.time() if now is None else now), "nonce": nonce}
+    value = hmac.new(key, b"answer." + orjson.dumps(body, option=orjson.OPT_SORT_KEYS), hashlib.sha256)
+    return {**body, "signature": {"keyId": key_id, "value": value.hexdigest()}}
+
+
+def verify_answer(keys: KeyRing, nonce: str, answer: Any, now: float | None = None) -> dict[str, Any]:
+    """The answer to the request sent with ``nonce`` once its signature is proven (a known key, that
+    nonce, answered within the replay window); ``PermissionError`` with the reason otherwise."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("signature"), dict):
+        raise PermissionError("unsigned answer")
+    signature = answer["signature"]
+    key = keys.get(str(signature.get("keyId")))
+    if key is None:
+        raise PermissionError("answer signed with an unknown key")
+    if answer.get("nonce") != nonce:
+        raise PermissionError("answer to another request")
+    answered = answer.get("answeredAt")
+    now = time.time() if now is None else now
+    if not isinstance(answered, int) or abs(now - answered) > REPLAY_WINDOW:
+        raise PermissionError("answer outside the replay window")
+    body = {k: v for k, v in answer.items() if k != "signature"}
+    expected = hmac.new(key, b"answer." + orjson.dumps(body, option=orjson.OPT_SORT_KEYS), hashlib.sha256)
+    if not hmac.compare_digest(expected.hexdigest(), str(signature.get("value"))):
+        raise PermissionError("bad answer signature")
+    return body
 
 
 class NonceStore:

@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from procs import Agent, Emulator, approver_api, scrape, start_approver, wait_until
 
@@ -95,7 +96,9 @@ def test_a_peer_is_asked_with_a_bounded_answer_and_only_until_the_coordinator_an
     answer, so not live); a VM asks the VMs before it only until one answers, and only the coordinator
     asks everyone. Each peer is a real HTTP server of its own."""
     from bridge.agent.coordinator import MAX_ANSWER, PeerCoordinator
-    from bridge.signing import KeyRing
+    from bridge.signing import KeyRing, sign_answer
+
+    KEY = b"r" * 40
 
     asked: list[str] = []
     servers = []
@@ -107,10 +110,18 @@ def test_a_peer_is_asked_with_a_bounded_answer_and_only_until_the_coordinator_an
 
             def do_GET(self) -> None:
                 asked.append(name)
+                answer = {"vm": name, "preparations": {"E1": {"result": "prepared"}}}
+                nonce = self.headers.get("X-SE-Bridge-Nonce") or ""
                 if name == "vm-huge":
                     body = b'{"preparations": {}, "pad": "' + b"x" * (10 << 20) + b'"}'
+                elif name == "vm-forged":  # unsigned: anyone on the network could say it
+                    body = orjson.dumps(answer)
+                elif name == "vm-replayed":  # signed, but for another request
+                    body = orjson.dumps(sign_answer("relay", KEY, "n" * 32, answer))
+                elif name == "vm-otherkey":
+                    body = orjson.dumps(sign_answer("relay", b"x" * 40, nonce, answer))
                 else:
-                    body = b'{"vm": "%s", "preparations": {"E1": {"result": "prepared"}}}' % name.encode()
+                    body = orjson.dumps(sign_answer("relay", KEY, nonce, answer))
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -123,12 +134,12 @@ def test_a_peer_is_asked_with_a_bounded_answer_and_only_until_the_coordinator_an
 
     try:
         names = ["vm-a", "vm-huge", "vm-m", "vm-z"]
-        peers = {n: peer_server(n) for n in names}
+        peers = {n: peer_server(n) for n in [*names, "vm-forged", "vm-replayed", "vm-otherkey"]}
 
         def coordinator(me: str) -> PeerCoordinator:
             return PeerCoordinator(
                 CoordinationPolicy(), this_vm=lambda: me, event=lambda _: None, own_report=lambda _: None,
-                approve=lambda *_: None, leave=lambda *_: None, keys=KeyRing({"relay": b"r" * 40}),
+                approve=lambda *_: None, leave=lambda *_: None, keys=KeyRing({"relay": KEY}),
                 peers=peers, template="http://{name}:1", stop=threading.Event(), takeover=10,
             )  # fmt: skip
 
@@ -138,6 +149,10 @@ def test_a_peer_is_asked_with_a_bounded_answer_and_only_until_the_coordinator_an
         middle = coordinator("vm-m")
         middle._ask("vm-huge", "E1", seen, reports)
         assert "vm-huge" not in seen and "vm-huge" not in reports  # oversized: not an answer
+        # Issue 23: only an answer signed with the relay key, for this request, is an answer.
+        for forged in ("vm-forged", "vm-replayed", "vm-otherkey"):
+            middle._ask(forged, "E1", seen, reports)
+            assert forged not in seen and forged not in reports, forged
         asked.clear()
         started = time.monotonic()
         assert middle._round(names, "vm-m", "E1", seen, reports, started) == "vm-a"
@@ -255,6 +270,28 @@ def test_peers_approve_once_only_when_every_vm_is_prepared(aset: AvailabilitySet
     # What a peer coordinator asks; remote callers need a signature or the read token.
     answer = aset.agents["fleet-vm-001"].get("/v1/preparations").json()
     assert answer["vm"] == "fleet-vm-001"
+
+
+def test_a_silent_peer_is_waited_for_until_the_deadline_not_dropped(aset: AvailabilitySet) -> None:
+    """Issue 23: a VM whose agent is down when the event appears used to count as running no agent
+    (withoutAgent), and the set was approved without it 2.6 s later: the VM that is restarting or
+    partitioned is exactly the one that gets rebooted unprepared. Now every VM of the event is
+    waited for until the deadline; the default policy then approves nothing, and the audit names
+    the silent VM."""
+    aset.start_agents(
+        "--coordinate", "peers", "--approve-after-prepare", "true", "--coordinate-deadline", "30",
+    )  # fmt: skip
+    aset.agents["fleet-vm-002"].kill()  # its VM is restarting: it cannot answer
+    event_id = aset.add_event(notice=40)
+    aset.prepare("fleet-vm-000")
+    aset.prepare("fleet-vm-001")
+    wait_until(lambda: aset.coordinated("fleet-vm-000", event_id), 40, what="the deadline's verdict")
+    (audit,) = aset.coordinated("fleet-vm-000", event_id)
+    account = audit["coordination"]
+    assert (audit["outcome"], audit["reason"], account["why"]) == ("refused", "leftToPlatform", "deadline")
+    assert account["silent"] == account["pending"] == ["fleet-vm-002"] and account["withoutAgent"] == []
+    assert aset.ledger(event_id)["startRequests"] == 0  # nothing approved without the silent VM
+    assert_valid([audit])
 
 
 def test_at_the_deadline_the_coordinator_approves_anyway_by_policy(aset: AvailabilitySet) -> None:

@@ -7,7 +7,11 @@ event's ``Resources`` (lower-cased, sorted; :func:`bridge.coordination.members`)
 relay key; Azure DNS resolves VM names inside a VNet, ``--peer`` names others) until one answers,
 and the coordinator asks every VM of the event, so it knows:
 
-* who runs the agent (answered at least once during this event) and what each reported;
+* what each VM of the event reported; every VM of the event is expected to run the agent: one that
+  never answered (down, partitioned, starting) is waited for until the deadline like an unprepared
+  one, and named ``silent`` in the audit, never dropped from the vote;
+* that an answer is real: it is signed with the relay key for the request's own nonce
+  (:func:`bridge.signing.verify_answer`); anything else is no answer;
 * who is live: answered within the last ``takeover`` seconds. Every peer counts as live when the
   wait starts, so an agent that is still starting is not skipped: a VM takes over only after the
   VMs before it stayed silent for ``takeover`` seconds.
@@ -37,7 +41,8 @@ import orjson
 from bridge import coordination
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.imds.document import SCHEDULED, ScheduledEvent
-from bridge.signing import KeyRing, sign_request
+from bridge.observability import RateLimitedLog
+from bridge.signing import H_NONCE, KeyRing, sign_request, verify_answer
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +85,7 @@ class PeerCoordinator:
         self._timeout = timeout
         self._session = requests.Session()
         self._session.trust_env = False  # peers are in the VNet: never through a proxy
+        self._forged = RateLimitedLog(log, every=60.0, level=logging.WARNING)
 
     def coordinate(self, event_id: str) -> None:
         """Wait for the event's verdict, acting on it when this VM coordinates; returns when the
@@ -106,8 +112,12 @@ class PeerCoordinator:
             reports[me] = self._own_report(event_id)
             coordinator = self._round(names, me, event_id, last_seen, reports, started)
             if coordinator == me:
+                # Every VM of the event is expected: one that never answered is waited for until
+                # the deadline like an unprepared one, never dropped from the vote (issue 23).
+                silent = [n for n in names if n != me and n not in last_seen]
+                expected = {**dict.fromkeys(names), **reports}
                 verdict = coordination.assess(
-                    event.resources, reports, event.not_before, time.time(), self.policy
+                    event.resources, expected, event.not_before, time.time(), self.policy, silent=silent
                 )
                 if verdict.action != "wait":
                     self._act(event, verdict, me, takeover=names.index(me) > 0)
@@ -173,10 +183,10 @@ class PeerCoordinator:
     ) -> None:
         """One peer's report for the event (``last_seen``/``reports`` updated when it answered)."""
         url = self._peers.get(name) or self._template.format(name=name)
-        headers = {}
         signer = self._keys.first()
-        if signer is not None:
-            headers = sign_request(signer[0], signer[1], "GET", PREPARATIONS_PATH)
+        if signer is None:
+            return  # nothing to sign with, nothing to believe (the agent refuses to start so)
+        headers = sign_request(signer[0], signer[1], "GET", PREPARATIONS_PATH)
         try:
             # At most MAX_ANSWER bytes are read: a hostile or broken peer cannot make this agent
             # buffer an unbounded answer (an oversized one is not JSON, so not an answer).
@@ -188,7 +198,14 @@ class PeerCoordinator:
         except Exception as exc:  # unreachable, refused, not JSON: not live this round
             log.debug("peer did not answer", extra={"peer": name, "error": type(exc).__name__})
             return
-        if not isinstance(answer, dict) or not isinstance(answer.get("preparations"), dict):
+        try:  # signed by a holder of the relay key, for this very request
+            answer = verify_answer(self._keys, headers[H_NONCE], answer)
+        except PermissionError as exc:
+            self._forged.log(
+                "peer answer refused: not proven (no answer this round)", peer=name, error=str(exc)
+            )
+            return
+        if not isinstance(answer.get("preparations"), dict):
             return
         last_seen[name] = time.monotonic()
         entry = answer["preparations"].get(event_id)

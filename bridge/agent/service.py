@@ -44,7 +44,7 @@ from bridge.imds.document import ScheduledEvent
 from bridge.listener import Limits, Listener, Request, Response, Route, json_response, probe_routes
 from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxFull, OutboxLocked, RecordMeta
 from bridge.retry import Backoff
-from bridge.signing import KeyRing, NonceStore, RequestVerifier
+from bridge.signing import H_NONCE, KeyRing, NonceStore, RequestVerifier, sign_answer
 from bridge.sinks import Sink, SinkError, create_sink
 
 log = logging.getLogger(__name__)
@@ -291,10 +291,16 @@ class Agent:
             ("POST", RELAY_PATH): self._start_requests,
         }
 
-    def _preparations(self, _: Request) -> Response:
-        """``GET /v1/preparations``: this VM's reports per event (what peer coordinators ask)."""
+    def _preparations(self, request: Request) -> Response:
+        """``GET /v1/preparations``: this VM's reports per event (what peer coordinators ask). A
+        signed request gets a signed answer bound to its nonce (bridge.signing.sign_answer): a peer
+        believes no answer it cannot prove came from an agent holding the relay key."""
         reports = self.policy.preparations() if self.policy is not None else {}
-        return json_response(200, {"vm": self.identity.current.name, "preparations": reports})
+        answer: dict[str, Any] = {"vm": self.identity.current.name, "preparations": reports}
+        nonce, signer = request.headers.get(H_NONCE), self.verifier.keys.first()
+        if nonce and signer is not None:
+            answer = sign_answer(signer[0], signer[1], nonce, answer)
+        return json_response(200, answer)
 
     def _start_requests(self, request: Request) -> Response:
         """``POST /v1/start-requests``; the access policy authenticated the caller already."""
