@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 PRIVATE_FILE = 0o600
@@ -134,6 +136,44 @@ def lock_directory(directory: Path) -> int | None:
             f"{directory} is in use by another process (one agent or approver per state directory)"
         ) from None
     return fd
+
+
+def lock_lost(fd: int | None, directory: Path) -> str | None:
+    """Why the lock taken by :func:`lock_directory` no longer guards ``directory``, or None: its
+    file was unlinked (the directory deleted, or cleaned), or another file now has its name. The
+    process would go on writing into unlinked files, and a second process could start beside it."""
+    if fd is None:
+        return None
+    try:
+        held = os.fstat(fd)
+        if held.st_nlink == 0:
+            return f"{directory} was deleted while in use (its lock file is unlinked)"
+        current = os.stat(directory / ".lock")
+    except FileNotFoundError:
+        return f"{directory}/.lock is gone: the state directory was deleted or emptied while in use"
+    except OSError as exc:
+        return f"{directory} cannot be checked: {exc.strerror}"
+    if (current.st_dev, current.st_ino) != (held.st_dev, held.st_ino):
+        return f"{directory}/.lock was replaced while in use"
+    return None
+
+
+def watch_lock(
+    check: Callable[[], str | None], lost: Callable[[str], None], stop: threading.Event, every: float = 5.0
+) -> threading.Thread:
+    """Run ``check`` (a :func:`lock_lost` of the caller's) every ``every`` seconds in a daemon
+    thread; ``lost(why)`` once when it answers."""
+
+    def run() -> None:
+        while not stop.wait(every):
+            why = check()
+            if why is not None:
+                lost(why)
+                return
+
+    thread = threading.Thread(target=run, name="state-dir-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def _unlink_quietly(path: Path | str) -> None:

@@ -628,3 +628,38 @@ def test_a_full_disk_holds_decisions_back_and_loses_none(
             assert emulator.state()["startRequests"] == dict.fromkeys(events, 1)
         finally:
             approver.stop()
+
+
+def test_a_state_directory_deleted_under_a_running_approver_stops_it(setup) -> None:
+    """Issue 23: deleting the approver's state directory went unnoticed (it kept writing into unlinked
+    files, /readyz said ok, a second approver could start on the same path, and the restart made a
+    new consumer group that read the whole topic again). Now it stops (exit 70) naming the cause,
+    and its instance id, derived from the host and the path, comes back the same."""
+    import shutil
+
+    emulator, agent, approver = setup
+    approver.start()
+    api = approver_api(approver.workdir)
+    wait_until(lambda: get(api + "/readyz").status_code == 200, what="ready")
+    state = approver.workdir / "approver-state"
+    instance = (state / "instance-id").read_text()
+    shutil.rmtree(state)
+    assert approver.proc is not None
+    assert approver.proc.wait(30) == 70
+    assert approver.logged("component failed; the service stops and exits non-zero so that it is restarted")
+    assert "was deleted" in (approver.workdir / "approver.log").read_text()
+    approver.start()
+    wait_until(lambda: (state / "instance-id").exists(), what="a new state directory")
+    assert (state / "instance-id").read_text() == instance  # the same consumer group after a loss
+    eid = emulator.add_event(eventType="Freeze")
+    agent.wait_for_change(eid, "scheduled")
+    assert audit_for(approver, approver.decide(eid)["decisionId"])["outcome"] == "approved"
+
+
+def test_a_state_directory_deleted_under_a_running_agent_stops_it(emulator: Emulator, make_agent) -> None:
+    import shutil
+
+    agent = make_agent(emulator.url).start()
+    shutil.rmtree(agent.state_dir)
+    assert agent.proc is not None and agent.proc.wait(30) == 70
+    assert "was deleted" in agent.log_path.read_text() or ".lock is gone" in agent.log_path.read_text()

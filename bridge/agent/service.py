@@ -38,7 +38,7 @@ from bridge.agent.relay import Relay
 from bridge.agent.state import BaselineStore, IdentityCache
 from bridge.config import AgentConfig, ConfigError
 from bridge.coordination import CoordinationPolicy, Verdict
-from bridge.fsutil import ensure_private_dir
+from bridge.fsutil import ensure_private_dir, watch_lock
 from bridge.imds.client import ImdsClient
 from bridge.imds.document import ScheduledEvent
 from bridge.listener import Limits, Listener, Request, Response, Route, json_response, probe_routes
@@ -263,6 +263,9 @@ class Agent:
     # -- HTTP endpoints ---------------------------------------------------------------------------
 
     def ready(self) -> tuple[bool, str]:
+        lost = self.outbox.lock_lost()
+        if lost is not None:
+            return False, lost
         if self.poller.first_success is None:
             return False, "no successful poll yet"
         failing = self.poller.failing_for()
@@ -325,6 +328,9 @@ class Agent:
         if self.api is not None:
             self.api.start()
         self.identity.start(self.stop_event)
+        # A state directory deleted under a running agent: records would go into unlinked files
+        # and be gone at the next start. Stop (exit 70) so the service manager starts it afresh.
+        watch_lock(self.outbox.lock_lost, lambda why: self.health.failed("stateDir", why), self.stop_event)
         log.info(
             "agent started",
             extra={

@@ -51,6 +51,7 @@ from bridge.approver.standby import Standby
 from bridge.approver.store import DecisionStore, lock_state_dir
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.errors import BridgeError
+from bridge.fsutil import lock_lost, watch_lock
 from bridge.listener import Listener, probe_routes
 from bridge.observability import ErrorStreak, RateLimitedLog
 from bridge.pipeline import (
@@ -138,6 +139,7 @@ class Approver:
         self.stop_event = threading.Event()
         self.health = Health(self.metrics, on_fatal=lambda _why: self.stop_event.set())
         self._lock_fd = lock if lock is not None else lock_state_dir(state_dir)
+        self.state_dir = state_dir
         self.store = DecisionStore(state_dir)
         try:
             self.outbox = Outbox(state_dir / "outbox", [s.id for s in sinks], metrics=self.metrics)
@@ -635,12 +637,19 @@ class Approver:
         host, port = address
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
+    def lock_lost(self) -> str | None:
+        """Why the state directory's lock no longer guards it, or None (bridge.fsutil.lock_lost)."""
+        return lock_lost(self._lock_fd, self.state_dir)
+
     def ready(self) -> tuple[bool, str]:
         """Ready when a decision published now would be acted on at once: the decisions source is open
         and its group gave this instance its share, a fleet approver has read the events stream to
         its end and its standby is reading, and reading has not failed for long (issue 19)."""
         if self.health.fatal is not None:
             return False, f"component failed: {self.health.fatal}"
+        lost = self.lock_lost()
+        if lost is not None:
+            return False, lost
         if not self._source_open:
             return False, "decisions source not open yet"
         if not self.source.assigned():
@@ -686,6 +695,9 @@ class Approver:
         threading.Thread(
             target=self.parking.run, args=(self.stop_event,), name="parking", daemon=True
         ).start()
+        # A state directory deleted under a running approver (issue 23): it would go on writing into
+        # unlinked files, and a second approver could start on the same path. Stop (exit 70).
+        watch_lock(self.lock_lost, lambda why: self.health.failed("stateDir", why), self.stop_event)
         if self.coordinator is not None:
             threading.Thread(
                 target=self.coordinator.run, args=(self.stop_event,), name="coordinator", daemon=True

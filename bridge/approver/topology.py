@@ -24,8 +24,8 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
-import secrets
 import socket
 import urllib.parse
 from pathlib import Path
@@ -93,7 +93,10 @@ def check(mode: str, spec: str) -> None:
 
 
 def instance_id(state_dir: Path) -> str:
-    """This approver's id, made once and kept in the state directory."""
+    """This approver's id, kept in the state directory. A new one is derived from the host name and
+    the state directory's path, not drawn at random: a state directory lost (deleted, a new disk)
+    gives the same id back, so a local approver's consumer group (``<group>-<id>``) is the same and
+    resumes at its committed offsets instead of reading the whole topic again (issue 23)."""
     path = state_dir / INSTANCE_FILE
     try:
         value = path.read_text().strip()
@@ -101,7 +104,8 @@ def instance_id(state_dir: Path) -> str:
         value = ""
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,80}", value):
         host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:48] or "host"
-        value = f"{host}-{secrets.token_hex(4)}"
+        where = hashlib.sha256(f"{socket.gethostname()}|{state_dir.resolve()}".encode()).hexdigest()[:8]
+        value = f"{host}-{where}"
         write_atomic(path, value.encode() + b"\n")
     return value
 

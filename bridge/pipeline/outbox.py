@@ -63,6 +63,7 @@ from bridge.fsutil import (
     datasync,
     ensure_private_dir,
     lock_directory,
+    lock_lost,
     sync_dir,
     write_atomic,
 )
@@ -594,6 +595,11 @@ class Outbox:
         """(records, bytes) held for the slowest sink."""
         with self._lock:
             return len(self._index), self._index.bytes
+
+    def lock_lost(self) -> str | None:
+        """Why this outbox's directory lock no longer guards it (the state directory was deleted),
+        or None: :func:`bridge.fsutil.lock_lost`."""
+        return lock_lost(self._lock_fd, self.dir)
 
     def close(self) -> None:
         self._save_cursors()
