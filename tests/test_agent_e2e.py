@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import orjson
 import pytest
 from procs import Emulator, wait_until
 
@@ -171,6 +172,35 @@ def test_unknown_event_type_and_status_are_forwarded(emulator: Emulator, make_ag
     assert record["events"][0]["eventType"] == "Hibernate" and record["events"][0]["eventStatus"] == "Pending"
     assert validate_record(record) == []
     assert agent.metric("se_bridge_events", type="other", status="other") == 1
+
+
+def test_one_bad_element_neither_hides_the_other_events_nor_ends_its_own(
+    emulator: Emulator, make_agent
+) -> None:
+    """Issue 23: one unreadable element of Events hid every event while it lasted. Now the good ones
+    are recorded, the bad one is counted and logged, and an event whose element goes bad for a
+    moment is not reported gone (then back as new)."""
+    agent = make_agent(emulator.url).start()
+
+    def event(event_id: str, **more: object) -> dict[str, object]:
+        return {"EventId": event_id, "EventType": "Freeze", "EventStatus": "Scheduled", "ResourceType":
+                "VirtualMachine", "Resources": ["vm-bridge-0"], "NotBefore": "", **more}  # fmt: skip
+
+    def serve(incarnation: int, *events: object) -> None:
+        emulator.control("PUT", "raw", {"body": orjson.dumps(
+            {"DocumentIncarnation": incarnation, "Events": list(events)}).decode()})  # fmt: skip
+
+    serve(10, event("good-1"), event("bad-1", Resources="vm-bridge-0"))
+    agent.wait_for_change("good-1", "scheduled")
+    serve(11, event("good-1"), event("bad-1"))  # repaired: a new event, recorded
+    agent.wait_for_change("bad-1", "scheduled")
+    serve(12, event("good-1", Resources=7), event("bad-1", EventStatus="Started"))  # good-1 goes bad
+    agent.wait_for_change("bad-1", "started")
+    serve(13, event("good-1"))
+    wait_until(lambda: agent.records()[-1]["documentIncarnation"] == 13, what="the repaired document")
+    assert [c for c in agent.changes() if c[0] == "good-1"] == [("good-1", "scheduled")]  # never gone
+    assert agent.metric("se_bridge_document_errors_total", reason="bad_event") >= 2
+    assert_consistent(agent.records())
 
 
 def test_incarnation_going_backwards_or_repeating_with_new_content_is_a_change(

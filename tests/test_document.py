@@ -111,13 +111,6 @@ def test_unreadable_not_before_keeps_the_event_with_a_warning() -> None:
         ),  # found by hypothesis
         (b'{"DocumentIncarnation": 1}', "missing_events"),
         (b'{"DocumentIncarnation": 1, "Events": {}}', "bad_events"),
-        (b'{"DocumentIncarnation": 1, "Events": [1]}', "bad_event"),
-        (b'{"DocumentIncarnation": 1, "Events": [{"EventId": "a"}]}', "bad_event"),
-        (
-            b'{"DocumentIncarnation": 1, "Events": [{"EventId": "a", "EventType": "Freeze", '
-            b'"EventStatus": "Scheduled", "Resources": "vm"}]}',
-            "bad_event",
-        ),
     ],
 )
 def test_malformed_documents_are_refused_with_a_reason(body: bytes, reason: str) -> None:
@@ -125,6 +118,34 @@ def test_malformed_documents_are_refused_with_a_reason(body: bytes, reason: str)
         parse_document(body)
     assert info.value.reason == reason
     assert str(info.value)  # a human explanation, for the log line
+
+
+@pytest.mark.parametrize(
+    ("bad", "readable_id"),
+    [
+        (1, None),
+        ({"EventId": "a"}, "a"),
+        ({"EventId": "a", "EventType": "Freeze", "EventStatus": "Scheduled", "Resources": "vm"}, "a"),
+        ({**DOC_2020["Events"][0]}, DOC_2020["Events"][0]["EventId"]),  # a repeated EventId
+    ],
+)
+def test_one_bad_element_is_left_out_and_the_other_events_kept(bad: object, readable_id: str | None) -> None:
+    """Issue 23: one unreadable element hid every event of the document while it lasted."""
+    raw = {"DocumentIncarnation": 1, "Events": [DOC_2020["Events"][0], bad]}
+    doc = parse_document(orjson.dumps(raw))
+    assert [e.event_id for e in doc.events] == [DOC_2020["Events"][0]["EventId"]]
+    ((index, event_id, why),) = doc.rejected
+    assert (index, event_id) == (1, readable_id) and why and doc.warnings
+
+
+def test_an_event_gone_bad_for_a_moment_keeps_its_last_good_version() -> None:
+    """An element that cannot be read is not an event that left: no canceled/completed for it."""
+    good = parse_document(orjson.dumps(DOC_2020))
+    broken = {**DOC_2020["Events"][0], "Resources": "vm"}
+    bad = parse_document(orjson.dumps({"DocumentIncarnation": 2, "Events": [broken]}))
+    assert bad.events == () and bad.keeping(good).events == good.events
+    assert bad.keeping(good).digest == good.digest  # no content change to report
+    assert bad.keeping(None).events == ()
 
 
 def test_digest_ignores_event_order_but_not_content() -> None:

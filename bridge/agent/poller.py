@@ -166,6 +166,9 @@ class Poller:
             self.metrics.document_errors.labels(err.reason).inc()
             self._doc_streak.failure(err.reason, str(err), incarnationKept=self._kept_incarnation())
             return "invalid"
+        if doc.rejected:
+            self.metrics.document_errors.labels("bad_event").inc(len(doc.rejected))
+            doc = doc.keeping(self.baseline)
         self._observed(doc, resp.received_at)
         if not is_change(self.baseline, doc):
             self._last_body = resp.body

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -106,9 +106,25 @@ class EventsDocument:
     api_version: str
     digest: str
     warnings: tuple[str, ...] = ()
+    #: Elements of ``Events`` that could not be read (kept out of ``events``, never the document):
+    #: (index, its EventId when one was readable, why). One bad element used to hide every event.
+    rejected: tuple[tuple[int, str | None, str], ...] = ()
 
     def by_id(self) -> dict[str, ScheduledEvent]:
         return {e.event_id: e for e in self.events}
+
+    def keeping(self, previous: EventsDocument | None) -> EventsDocument:
+        """This document with the last good version of each event it names but could not read:
+        an element gone bad for a moment is not an event gone (no ``canceled`` or ``completed``
+        for an event still there), nor a change to report."""
+        if previous is None or not self.rejected:
+            return self
+        known = previous.by_id()
+        carried = [known[i] for _, i, _ in self.rejected if i is not None and i in known]
+        if not carried:
+            return self
+        events = (*self.events, *carried)
+        return replace(self, events=events, digest=content_digest(events))
 
 
 def parse_document(body: bytes | str, api_version: str = DEFAULT_API_VERSION) -> EventsDocument:
@@ -135,11 +151,19 @@ def document_from_json(raw: Any, api_version: str = DEFAULT_API_VERSION) -> Even
     strip_underscore = api_version < _UNDERSCORE_UNTIL
     warnings: list[str] = []
     events: list[ScheduledEvent] = []
+    rejected: list[tuple[int, str | None, str]] = []
     seen: set[str] = set()
     for index, item in enumerate(items):
-        event = _event(item, index, strip_underscore, warnings)
-        if event.event_id in seen:
-            raise DocumentError("bad_event", f"Events[{index}] repeats EventId {event.event_id[:64]!r}")
+        try:
+            event = _event(item, index, strip_underscore, warnings)
+            if event.event_id in seen:
+                raise DocumentError("bad_event", f"Events[{index}] repeats EventId {event.event_id[:64]!r}")
+        except DocumentError as err:  # the other events stand: one bad element hides nothing else
+            event_id = item.get("EventId") if isinstance(item, dict) else None
+            readable = event_id if isinstance(event_id, str) and 0 < len(event_id) <= 128 else None
+            rejected.append((index, readable, str(err)))
+            warnings.append(f"{err}; element left out, the other events kept")
+            continue
         seen.add(event.event_id)
         events.append(event)
     return EventsDocument(
@@ -149,6 +173,7 @@ def document_from_json(raw: Any, api_version: str = DEFAULT_API_VERSION) -> Even
         api_version=api_version,
         digest=content_digest(events),
         warnings=tuple(warnings),
+        rejected=tuple(rejected),
     )
 
 
