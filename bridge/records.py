@@ -123,6 +123,7 @@ def approval_record(
     arm_correlation_id: str | None = None,
     coordination: dict[str, Any] | None = None,
     record_id: str | None = None,
+    unverified: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One approval attempt, by the agent's relay (with its VM and how many StartRequests it posted)
     or by the approver (``vm`` null: the decision may never have reached an agent; ``record_id``
@@ -156,6 +157,8 @@ def approval_record(
             record["armCorrelationId"] = arm_correlation_id
     if coordination is not None:  # a coordinated approval: who waited for whom, and why it ended
         record["coordination"] = coordination
+    if unverified is not None:  # what a message refused before it was proven claimed to be
+        record["unverified"] = unverified
     return record
 
 

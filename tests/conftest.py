@@ -52,6 +52,7 @@ FAST_MODULES = frozenset(
         "test_document",
         "test_emulator",
         "test_ledger",
+        "test_decision",
         "test_fleet_view",
         "test_imds_client",
         "test_observability",

@@ -24,6 +24,12 @@ PY = sys.executable
 RELAY_KEY = b"relay-key-of-the-test-suite-0123456789abcdef"
 
 
+def names_decision(audit: dict[str, Any], decision_id: str) -> bool:
+    """Whether an approver's audit record is about ``decision_id``: as its own id, or (a message
+    refused before it was proven) as what it claimed, under ``unverified``."""
+    return decision_id in (audit.get("decisionId"), (audit.get("unverified") or {}).get("decisionId"))
+
+
 def relay_post(api: str, body: Any, timeout: float = 60.0) -> tuple[int, dict[str, Any]]:
     """POST ``body`` to an agent's relay API (``http://host:port``), signed with the suite's relay key."""
     from bridge.signing import sign_request

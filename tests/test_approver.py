@@ -18,7 +18,17 @@ from typing import Any
 import orjson
 import pytest
 import requests
-from procs import RELAY_KEY, Agent, Emulator, approver_api, decide, scrape, start_approver, wait_until
+from procs import (
+    RELAY_KEY,
+    Agent,
+    Emulator,
+    approver_api,
+    decide,
+    names_decision,
+    scrape,
+    start_approver,
+    wait_until,
+)
 
 from bridge.approver.decision import new_decision, sign
 from bridge.schemas import validate_record
@@ -90,7 +100,7 @@ def get(url: str, **headers: str) -> requests.Response:
 
 def audit_for(approver: Approver, decision_id: str) -> dict[str, Any]:
     return wait_until(
-        lambda: next((a for a in approver.audits() if a["decisionId"] == decision_id), None),
+        lambda: next((a for a in approver.audits() if names_decision(a, decision_id)), None),
         30,
         what=f"audit of {decision_id}",
     )
@@ -177,6 +187,12 @@ def test_refusals_are_audited_and_post_nothing(setup) -> None:
         else:
             assert audit["outcome"] == "refused", (reason, audit)
             assert audit["reason"] == reason, (reason, audit)
+        if reason in ("badSignature", "unknownKey", "unsigned", "schema"):
+            # Never proven: what it claims is "unverified", not the record's own decisionId (issue 23).
+            assert audit["decisionId"] is None and audit["eventIds"] == [], audit
+            assert audit["unverified"]["decisionId"] == decision["decisionId"]
+        else:
+            assert audit["decisionId"] == decision["decisionId"] and "unverified" not in audit
     wait_until(
         lambda: any(a["decisionId"] is None and a["reason"] == "schema" for a in approver.audits()),
         what="audit of the non-JSON message",

@@ -15,11 +15,16 @@ only when every check passes, in this order (the first failure is the refusal re
 
 Canonical form (what is signed), so that a Logic App, a script or another language can produce a
 valid decision: the decision object **without** its ``signature`` member, serialized as RFC 8785
-JSON Canonicalization Scheme. For these fields (strings and one small integer) that is exactly
-``json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")`` in
-Python or ``JSON.stringify`` of an object whose keys were inserted in sorted order in JavaScript.
-The signature value is the lowercase hex HMAC-SHA256 of those bytes under the key named by
+JSON Canonicalization Scheme (the ``rfc8785`` package: keys sorted by UTF-16 code units, ES6 number
+formatting, so ``1.0`` is ``1``). For the decision's fields (strings and one small integer) that is
+also what ``json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` gives, or
+``JSON.stringify`` of an object whose keys were inserted in sorted order in JavaScript. The
+signature value is the lowercase hex HMAC-SHA256 of those bytes under the key named by
 ``signature.keyId``.
+
+A decision is read strictly (I-JSON, RFC 7493): a member repeated in one object is refused, since a
+reader that keeps the first and one that keeps the last would see two different decisions under
+one signature; ``expiresAt`` must come after ``issuedAt``.
 """
 
 from __future__ import annotations
@@ -38,18 +43,41 @@ SCHEMA_FILE = "decision.v1.schema.json"
 
 
 class DecisionRefused(Exception):
-    """A decision that is not proven valid. ``reason`` is a short code (audit records, metrics)."""
+    """A decision that is not proven valid. ``reason`` is a short code (audit records, metrics).
+    ``authentic``: its signature was proven before it was refused (expired, issuer not allowed...),
+    so what it says of itself (its decisionId, eventId) may be repeated in the audit as its own."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, *, authentic: bool = False) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+        self.authentic = authentic
 
 
 def canonical(decision: dict[str, Any]) -> bytes:
-    """RFC 8785 canonical JSON of the decision without its signature (see the module docstring)."""
+    """RFC 8785 canonical JSON of the decision without its signature (see the module docstring).
+    A value RFC 8785 cannot represent (NaN, an integer beyond 2**53) is a ``ValueError``."""
+    import rfc8785
+
     body = {k: v for k, v in decision.items() if k != "signature"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    try:
+        return bytes(rfc8785.dumps(body))
+    except (rfc8785.CanonicalizationError, TypeError) as exc:
+        raise ValueError(f"not canonicalizable (RFC 8785): {exc}") from None
+
+
+def loads_strict(payload: bytes) -> Any:
+    """JSON whose objects repeat no member (I-JSON); ``ValueError`` naming the first repeated one."""
+
+    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise ValueError(f"member {key[:64]!r} appears twice in one object")
+            out[key] = value
+        return out
+
+    return json.loads(payload, object_pairs_hook=no_repeats)
 
 
 def sign(decision: dict[str, Any], key_id: str, key: bytes) -> dict[str, Any]:
@@ -115,18 +143,34 @@ def validate(decision: Any, policy: ValidationPolicy, now: float) -> dict[str, A
         key = policy.keys.get(signature["keyId"])
         if key is None:
             raise DecisionRefused("unknownKey", f"signature key id {signature['keyId']!r} is not configured")
-        expected = hmac.new(key, canonical(decision), hashlib.sha256).hexdigest()
+        try:
+            signed_bytes = canonical(decision)
+        except ValueError as exc:
+            raise DecisionRefused("schema", str(exc)) from None
+        expected = hmac.new(key, signed_bytes, hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, signature["value"]):
             raise DecisionRefused("badSignature", "signature does not match the decision")
+    authentic = signature is not None  # from here on, a refusal names a decision that is its own
     if policy.issuers and decision["issuedBy"] not in policy.issuers:
-        raise DecisionRefused("issuerNotAllowed", f"issuer {decision['issuedBy']!r} is not allowed")
+        detail = f"issuer {decision['issuedBy']!r} is not allowed"
+        raise DecisionRefused("issuerNotAllowed", detail, authentic=authentic)
     issued, expires = _parse(decision, "issuedAt"), _parse(decision, "expiresAt")
-    if expires <= now:
-        raise DecisionRefused("expired", f"decision expired at {decision['expiresAt']}")
-    if issued > now + policy.max_skew:
-        raise DecisionRefused("issuedInFuture", f"issuedAt {decision['issuedAt']} is in the future")
-    if expires - issued > policy.max_ttl:
-        raise DecisionRefused("ttlTooLong", f"decision lives longer than {policy.max_ttl:.0f} s")
+    for reason, refused, detail in (
+        ("schema", expires <= issued, "expiresAt is not after issuedAt"),
+        ("expired", expires <= now, f"decision expired at {decision['expiresAt']}"),
+        (
+            "issuedInFuture",
+            issued > now + policy.max_skew,
+            f"issuedAt {decision['issuedAt']} is in the future",
+        ),
+        (
+            "ttlTooLong",
+            expires - issued > policy.max_ttl,
+            f"decision lives longer than {policy.max_ttl:.0f} s",
+        ),
+    ):
+        if refused:
+            raise DecisionRefused(reason, detail, authentic=authentic)
     return decision
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import ssl
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -57,13 +58,27 @@ def _never_connected(exc: BaseException) -> bool:
 
     if isinstance(exc, requests.exceptions.ConnectTimeout):
         return True
-    if not isinstance(exc, requests.exceptions.ConnectionError) or isinstance(
-        exc, requests.exceptions.SSLError
-    ):
+    if not isinstance(exc, requests.exceptions.ConnectionError):
         return False
     inner = exc.args[0] if exc.args else None
     reason = inner.reason if isinstance(inner, MaxRetryError) else inner
+    if isinstance(exc, requests.exceptions.SSLError):
+        # A certificate that failed verification ends the handshake: nothing was sent. Any other
+        # TLS failure may come after the request was written.
+        return _cause_is(reason, ssl.SSLCertVerificationError)
     return isinstance(reason, NewConnectionError | ConnectTimeoutError)
+
+
+def _cause_is(exc: BaseException | None, kind: type[BaseException]) -> bool:
+    """Whether ``exc``, its arguments or its causes (a bounded walk) include a ``kind``."""
+    for _ in range(6):
+        if exc is None:
+            return False
+        if isinstance(exc, kind):
+            return True
+        inner = next((a for a in getattr(exc, "args", ()) if isinstance(a, BaseException)), None)
+        exc = inner or exc.__cause__ or exc.__context__
+    return False
 
 
 class RelayClient:

@@ -40,7 +40,7 @@ from bridge.apiguard import ApiGuard
 from bridge.approver import decision as decision_module
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.coordinator import FleetCoordinator
-from bridge.approver.decision import DecisionRefused, ValidationPolicy, expires_at, validate
+from bridge.approver.decision import DecisionRefused, ValidationPolicy, expires_at, loads_strict, validate
 from bridge.approver.dispatch import Claims, Lanes, OrderedCommits, Parking, Slot
 from bridge.approver.messages import MAX_MESSAGE_BYTES, lane_of, loads_object, peek
 from bridge.approver.metrics import ApproverMetrics
@@ -231,10 +231,17 @@ class Approver:
         try:
             decision = self._validated(message, now)
         except DecisionRefused as refusal:
-            raw = loads_object(message.payload)
+            # A message never proven to be a decision does not speak for one: what it claims goes
+            # under "unverified" (never as the audit's decisionId), and one too large is not parsed.
+            raw = loads_object(message.payload) if refusal.reason != "tooLarge" else None
+            if refusal.authentic:
+                return self._finish(
+                    raw, message, "refused", refusal.reason, refusal.detail, [], record_final=False
+                )
             return self._finish(
-                raw, message, "refused", refusal.reason, refusal.detail, [], record_final=False
-            )
+                None, message, "refused", refusal.reason, refusal.detail, [], record_final=False,
+                unverified=_claims(raw),
+            )  # fmt: skip
         if not self.router.owns(decision):
             # Another VM's approver acts on it (local mode): no audit here, but never unseen, since a
             # target no VM has is skipped by every approver (one line a minute, with the count).
@@ -300,6 +307,10 @@ class Approver:
         decision = loads_object(message.payload)
         if decision is None:
             raise DecisionRefused("schema", "message is not a JSON object")
+        try:
+            loads_strict(message.payload)  # I-JSON: no member twice (bridge.approver.decision)
+        except ValueError as exc:
+            raise DecisionRefused("schema", f"not I-JSON: {exc}") from None
         try:
             return validate(decision, self.policy, now)
         except DecisionRefused:
@@ -549,6 +560,7 @@ class Approver:
         path: str | None = None,
         arm_correlation_id: str | None = None,
         coordination: dict[str, Any] | None = None,
+        unverified: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         d = decision if isinstance(decision, dict) else {}
 
@@ -582,6 +594,7 @@ class Approver:
             path=path,
             arm_correlation_id=arm_correlation_id,
             coordination=coordination,
+            unverified=unverified,
             # One record per decision whichever instance writes it (bridge.approver.standby).
             record_id=records.approver_record_id(
                 text("decisionId") if record_final else None, message.position, message.payload
@@ -841,6 +854,19 @@ class Approver:
         self.source.close()
         self.close()
         log.info("approver stopped")
+
+
+def _claims(raw: dict[str, Any] | None) -> dict[str, str] | None:
+    """What an unproven message says of itself, bounded as the decision schema bounds it: the
+    audit's ``unverified`` part (to find the real decision it may imitate), never its identity."""
+    if raw is None:
+        return None
+    out = {
+        key: value
+        for key in ("decisionId", "eventId", "target", "issuedBy")
+        if isinstance(value := raw.get(key), str) and 0 < len(value) <= AUDIT_FIELD_LIMITS[key]
+    }
+    return out or None
 
 
 def _chunks(prepared: list[Any]) -> list[list[Any]]:
