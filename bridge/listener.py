@@ -19,6 +19,9 @@ listener has hard bounds instead:
 * **bodies** need ``Content-Length`` (at most ``max_body`` bytes); ``Transfer-Encoding`` is refused
   (411) and the connection closed, so no body byte is ever parsed as a request.
 * the listen backlog is 128, so a burst of connections waits in the kernel instead of being dropped.
+* **strict requests**: exactly one well-formed ``Host`` (``host[:port]``: no user info, nothing
+  after it; HTTP/1.0 too), one ``Content-Length`` at most, and no query string (no route takes one,
+  and a request signature covers the path alone): anything else is a 400 before any route.
 
 It serves TCP (IPv4, IPv6; optionally TLS) or a Unix socket (``unix:/path``, mode 0660): over a Unix
 socket the peer's uid is known (``SO_PEERCRED``) and file permissions decide who may connect.
@@ -35,6 +38,7 @@ import http.client
 import io
 import logging
 import os
+import re
 import selectors
 import socket
 import socketserver
@@ -198,7 +202,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, body: bytes) -> None:
         srv = self.server
         srv.deadlines.disarm(self.request)  # the request is in; the route may take its time (IMDS)
-        path = self.path.split("?", 1)[0]
+        malformed = _malformed(self.headers, self.path)
+        if malformed is not None:
+            self._refuse(400, malformed, "malformed")
+            return
+        path = self.path
         request = Request(
             self.command, path, self.headers, body, *srv.peer(self.request, self.client_address)
         )
@@ -497,6 +505,25 @@ class Listener:
         if self.unix_path is not None:
             with contextlib.suppress(OSError):
                 self.unix_path.unlink()
+
+
+#: A Host header: a name, an IPv4 or a bracketed IPv6 address, and an optional port; nothing else
+#: (no ``@``, no path, no second value).
+_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?")
+
+
+def _malformed(headers: HTTPMessage, target: str) -> str | None:
+    """What makes a request one a strict server answers 400 (issue 23): not exactly one well-formed
+    ``Host`` (HTTP/1.0 requests included), ``Content-Length`` given twice (request smuggling), or a
+    query string (no route takes one, and signatures cover the path alone)."""
+    hosts = headers.get_all("Host") or []
+    if len(hosts) != 1 or not _HOST.fullmatch(hosts[0].strip()):
+        return "exactly one Host header, host[:port], is required"
+    if len(headers.get_all("Content-Length") or []) > 1:
+        return "Content-Length given more than once"
+    if "?" in target or "#" in target:
+        return "query strings are not accepted"
+    return None
 
 
 def json_response(status: int, payload: Any) -> Response:

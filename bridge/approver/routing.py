@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 RELAY_PATH = "/v1/start-requests"
 DOCUMENT_PATH = "/v1/document"
 MAX_ANSWER = 1024 * 1024
+#: Seconds to connect to an agent (the answer has --relay-timeout): a rebooting VM drops SYNs.
+CONNECT_TIMEOUT = 3.0
 
 
 class RelayUnavailable(Exception):
@@ -100,6 +102,9 @@ class RelayClient:
         self._session.mount("https://", adapter)
         self._keys = keys
         self._timeout = timeout
+        # A VM that is down (rebooting: no RST, the SYN goes unanswered) must not hold a lane worker
+        # for the whole answer timeout: connecting gets a few seconds of its own.
+        self._http_timeout = (min(CONNECT_TIMEOUT, timeout), timeout)
         self._verify: str | bool = ca_file or True  # TLS verification is never off
 
     def start_requests(self, relay_url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +164,7 @@ class RelayClient:
         else:
             try:
                 resp = self._session.get(
-                    relay_url.rstrip("/") + DOCUMENT_PATH, timeout=self._timeout, verify=self._verify
+                    relay_url.rstrip("/") + DOCUMENT_PATH, timeout=self._http_timeout, verify=self._verify
                 )
             except self._requests.RequestException as exc:
                 raise RelayUnavailable(f"{relay_url}: {type(exc).__name__}") from None
@@ -176,7 +181,7 @@ class RelayClient:
         url = relay_url.rstrip("/") + RELAY_PATH
         try:
             resp = self._session.post(
-                url, data=data, headers=headers, timeout=self._timeout, verify=self._verify
+                url, data=data, headers=headers, timeout=self._http_timeout, verify=self._verify
             )
         except self._requests.RequestException as exc:
             raise RelayUnavailable(

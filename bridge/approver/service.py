@@ -94,7 +94,7 @@ STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 #: Rounds without an agent before the ARM fallback may be taken (about 1.5 s with the parking's backoff).
 ARM_AFTER = 3
 #: Longest wait between two tries of a parked decision (a restarted agent is reached within it).
-PARKED_MAX_DELAY = 5.0
+PARKED_MAX_DELAY = 2.0
 #: Parked decisions at most; reading waits beyond (memory stays bounded while agents are down).
 MAX_PARKED = 10_000
 
@@ -332,7 +332,7 @@ class Approver:
 
     def _park(self, slot: Slot, decision: dict[str, Any], unreached: Unreached) -> None:
         """No agent answered: keep the decision, uncommitted, and relay it again after a backoff
-        (0.5 s doubling to 5 s), until an agent answers or the decision expires."""
+        (0.5 s doubling to ``PARKED_MAX_DELAY``), until an agent answers or the decision expires."""
         slot.unreached += 1
         slot.maybe_sent = slot.maybe_sent or not unreached.never_sent
         slot.unreached_since = slot.unreached_since or time.time()

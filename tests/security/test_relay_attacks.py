@@ -218,6 +218,33 @@ def test_a_chunked_body_is_refused_and_never_parsed_as_a_request(scheduled) -> N
     assert emulator.state()["startRequests"] == {}
 
 
+def test_what_a_strict_server_refuses_is_refused_with_400(scheduled) -> None:
+    """Issue 23: the loopback listener accepted ``Host: 127.0.0.1:<port>@evil``, an empty or doubled
+    Host, HTTP/1.0 without Host, two Content-Length headers, and a query string no signature
+    covers. Each is a 400 now, before any route or signature check, and nothing is posted."""
+    emulator, _, event_id, address = scheduled
+    body = relay_body(event_id)
+    host = f"127.0.0.1:{address[1]}"
+    post = "POST /v1/start-requests HTTP/1.1\r\nContent-Type: application/json\r\n"
+    length = f"Content-Length: {len(body)}\r\n"
+    cases = {
+        "userinfo in Host": f"{post}Host: {host}@evil.example\r\nContent-Length: {len(body)}\r\n\r\n",
+        "empty Host": f"{post}Host: \r\nContent-Length: {len(body)}\r\n\r\n",
+        "two Hosts": f"{post}Host: {host}\r\nHost: evil.example\r\nContent-Length: {len(body)}\r\n\r\n",
+        "HTTP/1.0 without Host": f"POST /v1/start-requests HTTP/1.0\r\nContent-Length: {len(body)}\r\n\r\n",
+        "two Content-Length": f"{post}Host: {host}\r\n{length}Content-Length: 0\r\n\r\n",
+        "query string": f"POST /v1/start-requests?x=1 HTTP/1.1\r\nHost: {host}\r\n{length}\r\n",
+    }  # fmt: skip
+    for case, head in cases.items():
+        with socket.create_connection(address, timeout=10) as s:
+            s.sendall(head.encode() + body)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request"), (case, answer[:200])
+    assert emulator.state()["startRequests"] == {}
+
+
 @pytest.mark.parametrize(
     "header, value",
     [("X-SE-Bridge-Timestamp", "\u00b2" * 10), ("X-SE-Bridge-Signature", "sha256=" + "\u00e9" * 64)],
