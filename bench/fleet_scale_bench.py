@@ -1,0 +1,295 @@
+"""The fleet approver at 1 000 to 100 000 VMs, by simulation (issue 19 item 6, issue 23 item 7).
+
+One machine cannot run 10 000 agents, but it can run what a fleet approver meets: the events stream
+of a fleet, and decisions. This bench produces straight to a local Tansu broker the records of N
+synthetic VMs (each its own name, vmId, resource id and loopback address 127.x.y.z), then a
+simulated month of maintenance (``--waves`` waves: in each, every VM's record shows one Scheduled
+event, then a record without it, as an agent publishes an event that came and went), and measures
+one real fleet approver (``python -m bridge approver --mode fleet``) reading it:
+
+* **RSS** after it learned the fleet, and after every wave (the curve must stay flat: events are
+  forgotten once no VM shows them);
+* **ingest**: records/s the events reader took in (time until ``se_bridge_approver_fleet_vms``
+  reached N), and the lag left;
+* **decisions**: a burst of ``--decisions`` signed decisions for random VMs of the open wave:
+  decisions/s (first publish -> last audit record), the approver's CPU per decision.
+
+What is not real: the agents. Their relay is one stand-in HTTP server on 0.0.0.0 (every 127.x.y.z
+reaches it) that answers every relay request ``approved``, as an agent whose IMDS took the
+StartRequest would: 10 000 agents cannot run here, and the approver's side is what is measured.
+Everything else is the real approver over real sockets (Kafka protocol, HTTP).
+
+    .venv/bin/python bench/fleet_scale_bench.py --vms 1000 5000 10000 --json out.json
+    .venv/bin/python bench/fleet_scale_bench.py --vms 100000 --waves 30 --decisions 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py)
+
+from benchkit import stop_process  # noqa: E402
+from brokers import TansuBroker  # noqa: E402
+
+from bridge.approver.decision import new_decision, sign  # noqa: E402
+
+OPS_KEY = b"fleet-scale-ops-key-" + b"o" * 32
+RELAY_KEY = b"fleet-scale-relay-key-" + b"r" * 32
+SUB = "8d10da13-8125-4ba9-a717-bf7490507b3d"
+TARGETS = {"rss_mb_10k": 200.0, "decisions_per_s_10k": 200.0}
+
+
+class StandInAgents(ThreadingHTTPServer):
+    """Every synthetic VM's relay: answers each decision ``approved`` (see the module docstring)."""
+
+    daemon_threads = True
+    request_queue_size = 512
+
+    def __init__(self) -> None:
+        super().__init__(("0.0.0.0", 0), _Relay)
+        self.relayed = 0
+        self.lock = threading.Lock()
+
+
+class _Relay(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = orjson.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        many = body.get("decisions") or [body]
+        answers = [
+            {"decisionId": d["decisionId"], "outcome": "approved", "reason": None, "documentIncarnation": 2,
+             "results": [{"eventId": e, "result": "approved", "detail": None} for e in d["eventIds"]]}
+            for d in many
+        ]  # fmt: skip
+        with self.server.lock:  # type: ignore[attr-defined]
+            self.server.relayed += len(many)  # type: ignore[attr-defined]
+        data = orjson.dumps({"answers": answers} if "decisions" in body else answers[0])
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def vm(index: int) -> dict[str, Any]:
+    name = f"sim-vm-{index:06d}"
+    return {
+        "vmId": str(uuid.uuid5(uuid.NAMESPACE_URL, name)),
+        "name": name,
+        "resourceId": f"/subscriptions/{SUB}/resourceGroups/rg-{index // 1000}/providers/"
+        f"Microsoft.Compute/virtualMachines/{name}",
+        "privateIp": f"127.{1 + index // 65025}.{(index // 255) % 255}.{1 + index % 255}",
+    }
+
+
+def record(machine: dict[str, Any], events: list[dict[str, Any]]) -> bytes:
+    return orjson.dumps({"schemaVersion": 1, "recordType": "scheduledEvents", "vm": machine, "events": events,
+                         "changes": [], "recordId": str(uuid.uuid4())})  # fmt: skip
+
+
+def wave_event(wave: int, index: int, set_size: int = 5) -> dict[str, Any]:
+    """The event of VM ``index`` in ``wave``: one per availability set of ``set_size`` VMs."""
+    first = index - index % set_size
+    return {
+        "eventId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"wave-{wave}-set-{first}")).upper(),
+        "eventType": "Freeze",
+        "eventStatus": "Scheduled",
+        "resources": [vm(i)["name"] for i in range(first, first + set_size)],
+        "notBefore": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 900)),
+    }
+
+
+class Scale:
+    def __init__(self, workdir: Path, args: argparse.Namespace) -> None:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        self.workdir, self.args = workdir, args
+        self.broker = TansuBroker(workdir).start()
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
+        for future in admin.create_topics([NewTopic("events", 8), NewTopic("decisions", 4)]).values():
+            future.result(30)
+        self.producer = Producer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 20,
+                                  "queue.buffering.max.messages": 1_000_000})  # fmt: skip
+        self.agents = StandInAgents()
+        threading.Thread(target=self.agents.serve_forever, daemon=True).start()
+        (workdir / "ops.key").write_bytes(OPS_KEY)
+        (workdir / "relay.key").write_bytes(RELAY_KEY)
+        self.port = _free_port()
+        self.log = open(workdir / "approver.log", "wb")  # noqa: SIM115 - closed in close()
+        bootstrap = self.broker.bootstrap
+        self.approver = subprocess.Popen(
+            [sys.executable, "-m", "bridge", "approver", "--mode", "fleet", "--group", "scale",
+             "--source", f"kafka://{bootstrap}/decisions", "--events-source", f"kafka://{bootstrap}/events",
+             "--relay-url-template", f"http://{{privateIp}}:{self.agents.server_address[1]}",
+             "--key", f"ops={workdir / 'ops.key'}", "--relay-key", f"relay={workdir / 'relay.key'}",
+             "--sink", f"file://{workdir}/audit.jsonl", "--state-dir", str(workdir / "state"),
+             "--listen", f"127.0.0.1:{self.port}", "--standby-after", "0"],
+            env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=self.log, cwd=workdir,
+        )  # fmt: skip
+
+    def produce(self, values: list[tuple[str, bytes]]) -> None:
+        for key, value in values:
+            while True:
+                try:
+                    self.producer.produce("events", value, key=key.encode())
+                    break
+                except BufferError:
+                    self.producer.poll(0.1)
+            self.producer.poll(0)
+        self.producer.flush(120)
+
+    def metric(self, name: str) -> float:
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+            conn.request("GET", "/metrics")
+            for line in conn.getresponse().read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+        return -1.0
+
+    def wait_metric(self, name: str, value: float, timeout: float) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if self.metric(name) == value:
+                return time.monotonic() - started
+            time.sleep(0.1)
+        raise RuntimeError(f"{name} never reached {value} (now {self.metric(name)})")
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", "/readyz")
+                if conn.getresponse().status == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError("the approver never became ready")
+
+    def rss_mb(self) -> float:
+        status = Path(f"/proc/{self.approver.pid}/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.approver.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def audits(self) -> int:
+        path = self.workdir / "audit.jsonl"
+        return len(path.read_bytes().splitlines()) if path.exists() else 0
+
+    def close(self) -> None:
+        stop_process(self.approver)
+        self.agents.shutdown()
+        self.broker.stop()
+        self.log.close()
+
+
+def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="se-fleet-scale-") as tmp:
+        run = Scale(Path(tmp), args)
+        try:
+            machines = [vm(i) for i in range(n)]
+            run.wait_ready(120)  # its readers are up: ingest measures reading, not starting
+            started = time.monotonic()
+            run.produce([(m["name"], record(m, [])) for m in machines])
+            learned = run.wait_metric("se_bridge_approver_fleet_vms", n, 600)
+            ingest = time.monotonic() - started
+            figures: dict[str, Any] = {
+                "vms": n,
+                "ingestRecordsPerS": round(n / ingest),
+                "learnSeconds": round(learned, 1),
+            }
+            figures["rssLearnedMb"] = round(run.rss_mb(), 1)
+            rss_after_waves = []
+            for wave in range(args.waves):
+                run.produce([(m["name"], record(m, [wave_event(wave, i)])) for i, m in enumerate(machines)])
+                run.wait_metric("se_bridge_approver_fleet_events", n // 5, 600)
+                if wave == args.waves - 1:
+                    figures.update(decisions(run, machines, wave, args.decisions))
+                run.produce([(m["name"], record(m, [])) for m in machines])  # the wave is over
+                run.wait_metric("se_bridge_approver_fleet_events", 0, 600)
+                rss_after_waves.append(round(run.rss_mb(), 1))
+            figures["rssAfterWavesMb"] = rss_after_waves
+            figures["rssMb"] = max([figures["rssLearnedMb"], *rss_after_waves])
+            return figures
+        finally:
+            run.close()
+
+
+def decisions(run: Scale, machines: list[dict[str, Any]], wave: int, count: int) -> dict[str, Any]:
+    """A burst of ``count`` signed decisions for random VMs of the open wave."""
+    from confluent_kafka import Producer
+
+    rng = random.Random(wave)
+    picks = [rng.randrange(len(machines)) for _ in range(count)]
+    drafts = [new_decision(wave_event(wave, i)["eventId"], machines[i]["name"], "bench", 900) for i in picks]
+    signed = [sign(draft, "ops", OPS_KEY) for draft in drafts]
+    producer = Producer({"bootstrap.servers": run.broker.bootstrap, "linger.ms": 5})
+    before_cpu, before = run.cpu_s(), run.audits()
+    first = time.monotonic()
+    for decision in signed:
+        producer.produce("decisions", orjson.dumps(decision), key=decision["target"].encode())
+    producer.flush(30)
+    deadline = time.monotonic() + 300
+    while run.audits() < before + count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    took = time.monotonic() - first
+    return {
+        "decisions": count,
+        "decisionsAudited": run.audits() - before,
+        "decisionsPerS": round(count / took, 1),
+        "cpuMsPerDecision": round((run.cpu_s() - before_cpu) * 1000 / count, 2),
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vms", type=int, nargs="+", default=[1000, 5000, 10000])
+    parser.add_argument("--waves", type=int, default=3, help="simulated maintenance waves (a month: 30)")
+    parser.add_argument("--decisions", type=int, default=1000)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = [measure(n, args) for n in args.vms]
+    print(f"\n{'VMs':>8} {'RSS MB':>8} {'after waves':>24} {'ingest/s':>9} {'dec/s':>7} {'CPU ms/dec':>10}")
+    for r in results:
+        waves = ",".join(str(x) for x in r["rssAfterWavesMb"])
+        print(f"{r['vms']:>8} {r['rssMb']:>8} {waves:>24} {r['ingestRecordsPerS']:>9} "
+              f"{r['decisionsPerS']:>7} {r['cpuMsPerDecision']:>10}")  # fmt: skip
+    if args.json:
+        args.json.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
