@@ -408,6 +408,13 @@ class AgentConfig(ConfigBase):
         metavar="SECONDS",
     )
     log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
+    heartbeat_interval: float = setting(
+        300.0,
+        number(0, 86400),
+        "Seconds between heartbeat records (the agent is alive and watching; records otherwise come "
+        "only with changes): what tells a console or an alert a quiet VM from a dead agent. 0: none.",
+        metavar="SECONDS",
+    )
     relay_key: tuple[str, ...] = setting(
         (),
         key_spec,

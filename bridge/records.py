@@ -15,6 +15,9 @@
 * ``preparation`` (``schemas/preparation.v1.schema.json``): one VM's readiness for one event, after
   its prepare hook (:mod:`bridge.coordination`). Derivable like a change: the id comes from the VM,
   the event and the result, so a hook run again after a restart republishes the same id.
+* ``heartbeat`` (``schemas/heartbeat.v1.schema.json``): the agent is alive and watching, every
+  ``--heartbeat-interval`` seconds; scheduledEvents records come only with changes, so without it a
+  quiet VM and a dead agent look the same.
 * the ``/v1/document`` view of the agent's API: the current events as records show them.
 
 Routing metadata next to each record comes from :meth:`bridge.pipeline.RecordMeta.of`, which reads
@@ -41,6 +44,7 @@ SCHEMA_VERSION = 1
 SCHEDULED_EVENTS = "scheduledEvents"
 APPROVAL = "approval"
 PREPARATION = "preparation"
+HEARTBEAT = "heartbeat"
 # Namespace of record ids (uuid5); fixed forever so ids stay comparable across versions of the agent.
 RECORD_NAMESPACE = uuid.UUID("5b0f3d38-6c1e-4c61-9d43-5fd0d0f0a2b1")
 
@@ -185,6 +189,30 @@ def preparation_record(
         "resources": list(event.get("resources") or []),
         "result": result,
         "hook": hook,
+    }
+
+
+def heartbeat_record(
+    vm: VmIdentity,
+    document: EventsDocument | None,
+    imds_ok: bool,
+    interval: float,
+    now: float,
+) -> dict[str, Any]:
+    """The agent is alive (``schemas/heartbeat.v1.schema.json``): one per interval, its id derived
+    from the VM and the interval's number, so a heartbeat sent again after a crash is the same."""
+    slot = int(now // interval)
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "recordType": HEARTBEAT,
+        "recordId": str(uuid.uuid5(RECORD_NAMESPACE, f"{vm.key}|heartbeat|{interval:g}|{slot}")),
+        "observedAt": rfc3339(now),
+        "source": {"agentVersion": __version__},
+        "vm": vm.to_record(),
+        "intervalSeconds": interval,
+        "documentIncarnation": None if document is None else document.incarnation,
+        "openEvents": 0 if document is None else len(document.events),
+        "imdsOk": imds_ok,
     }
 
 

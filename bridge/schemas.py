@@ -25,6 +25,7 @@ SCHEMAS = {
     "approval": "approval.v1.schema.json",
     "decision": "decision.v1.schema.json",
     "preparation": "preparation.v1.schema.json",
+    "heartbeat": "heartbeat.v1.schema.json",
 }
 
 

@@ -268,3 +268,16 @@ def test_two_sinks_file_and_stdout_get_the_same_records_in_order(emulator: Emula
     from_stdout = [orjson.loads(line)["recordId"] for line in out.splitlines()]
     from_file = [orjson.loads(line)["recordId"] for line in sink_file.read_bytes().splitlines()]
     assert from_stdout == from_file and len(from_file) == 3
+
+
+def test_heartbeats_tell_a_quiet_vm_from_a_dead_agent(emulator: Emulator, make_agent) -> None:
+    """Records come only with changes: a VM with no maintenance is silent for weeks. A heartbeat
+    every --heartbeat-interval (here 1 s) says the agent is alive and watching; its id is derived
+    from the VM and the interval, so a resend is the same record."""
+    agent = make_agent(emulator.url, "--heartbeat-interval", "1").start()
+    beats = wait_until(lambda: b if len(b := agent.records("heartbeat")) >= 2 else None, 15, what="two beats")
+    assert all(validate_record(b) == [] for b in beats)
+    assert len({b["recordId"] for b in beats}) == len(beats)
+    first = beats[0]
+    assert (first["intervalSeconds"], first["imdsOk"], first["openEvents"]) == (1.0, True, 0)
+    assert first["vm"]["name"] == "vm-bridge-0" and isinstance(first["documentIncarnation"], int)

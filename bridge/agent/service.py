@@ -199,6 +199,25 @@ class Agent:
         )
         self._publish(record)
 
+    def _heartbeats(self) -> None:
+        """A heartbeat record every ``heartbeat_interval`` seconds, on the interval's boundaries (so
+        every agent's heartbeats of one interval carry the same deterministic slot). Never waits for
+        the outbox: a heartbeat is no change, and one that cannot be stored now is simply skipped."""
+        interval = self.config.heartbeat_interval
+        while not self.stop_event.wait(interval - time.time() % interval):
+            current = self.poller.current
+            record = records.heartbeat_record(
+                self.identity.current,
+                current.document if current else None,
+                self.poller.failing_for() == 0 and self.poller.first_success is not None,
+                interval,
+                time.time(),
+            )
+            try:
+                self.outbox.append(RecordMeta.of(record), records.encode(record))
+            except (OutboxFull, OSError) as exc:
+                log.warning("heartbeat skipped: the outbox cannot take it now", extra={"error": str(exc)})
+
     def _publish(self, record: dict[str, Any]) -> None:
         """Append a record the agent made itself (preparation, coordination audit) to the outbox,
         waiting for room or a working disk: such a record is never dropped (until the agent stops)."""
@@ -328,6 +347,8 @@ class Agent:
         if self.api is not None:
             self.api.start()
         self.identity.start(self.stop_event)
+        if self.config.heartbeat_interval > 0:
+            threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
         # A state directory deleted under a running agent: records would go into unlinked files
         # and be gone at the next start. Stop (exit 70) so the service manager starts it afresh.
         watch_lock(self.outbox.lock_lost, lambda why: self.health.failed("stateDir", why), self.stop_event)

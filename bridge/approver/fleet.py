@@ -30,8 +30,9 @@ import logging
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -54,13 +55,53 @@ SWEEP_EVERY = 60.0
 PINS_FILE = "fleet-pins.jsonl"
 
 
-@dataclass(slots=True)
 class Vm:
-    name: str
-    vm_id: str
-    resource_id: str
-    private_ip: str
-    events: tuple[str, ...] = ()  # the event ids of its latest record
+    """A VM as the fleet knows it, stored compactly (100 000 of them must fit in tens of MB): the
+    vmId as 16 bytes, the address packed, the resource id as an interned prefix (the subscription
+    and group most VMs share) and its own tail. The properties give the usual text back."""
+
+    __slots__ = ("_id", "_ip", "_prefix", "_tail", "events", "name")
+
+    def __init__(self, name: str, vm_id: str = "", resource_id: str = "", private_ip: str = "") -> None:
+        self.name = sys.intern(name)
+        self._id = _packed_id(vm_id)
+        self._ip = ipaddress.ip_address(private_ip).packed if private_ip else b""
+        prefix, sep, tail = resource_id.rpartition("/providers/Microsoft.Compute/")
+        self._prefix = sys.intern(prefix + sep) if sep else ""
+        self._tail = tail if sep else resource_id
+        self.events: tuple[str, ...] = ()  # the event ids of its latest record
+
+    @property
+    def vm_id(self) -> str:
+        return str(uuid.UUID(bytes=self._id)) if len(self._id) == 16 else self._id.decode()
+
+    @property
+    def resource_id(self) -> str:
+        return self._prefix + self._tail
+
+    @property
+    def private_ip(self) -> str:
+        return str(ipaddress.ip_address(self._ip)) if self._ip else ""
+
+    def differs(self, other: Vm) -> list[str]:
+        """The identity fields both know and that differ."""
+        pairs = {"vmId": (self._id, other._id), "privateIp": (self._ip, other._ip),
+                 "resourceId": (self.resource_id.encode(), other.resource_id.encode())}  # fmt: skip
+        return [k for k, (a, b) in pairs.items() if a and b and a != b]
+
+    def fill(self, other: Vm) -> None:
+        """Take what this pin lacked from ``other`` (never overwrite)."""
+        self._id = self._id or other._id
+        self._ip = self._ip or other._ip
+        if not self._tail:
+            self._prefix, self._tail = other._prefix, other._tail
+
+
+def _packed_id(vm_id: str) -> bytes:
+    try:
+        return uuid.UUID(vm_id).bytes if vm_id else b""
+    except ValueError:
+        return vm_id.lower().encode()
 
 
 @dataclass(slots=True)
@@ -69,7 +110,7 @@ class Event:
     status: str
     not_before: float | None
     first_seen: float
-    reporters: set[str] = field(default_factory=set)  # VM names whose latest record shows it
+    reporters: int = 0  # VMs whose latest record shows it
 
     def facts(self) -> EventFacts:
         return EventFacts(self.status, self.resources)
@@ -94,7 +135,7 @@ class FleetView:
     ) -> None:
         self._lock = threading.Lock()
         self._vms: dict[str, Vm] = {}  # lower-cased name -> Vm
-        self._by_id: dict[str, str] = {}  # lower-cased vmId -> lower-cased name
+        self._by_id: dict[bytes, str] = {}  # packed vmId -> lower-cased name
         self._events: dict[str, Event] = {}  # upper-cased EventId -> Event
         self.max_vms = max_vms
         self.pin = pin
@@ -110,8 +151,9 @@ class FleetView:
         key = name.lower()
         with self._lock:
             vm = self._vms.get(key)
-            if vm is None and key in self._by_id:
-                vm = self._vms.get(self._by_id[key])
+            if vm is None:
+                owner = self._by_id.get(_packed_id(key))
+                vm = self._vms.get(owner) if owner is not None else None
             return vm
 
     def event(self, event_id: str) -> Event | None:
@@ -153,47 +195,37 @@ class FleetView:
                 private_ip = str(ipaddress.ip_address(private_ip))
             except ValueError:
                 raise ClaimRefused("malformed", "privateIp is not an IP address") from None
-        return Vm(
-            name=sys.intern(name),
-            vm_id=_text(block.get("vmId")),
-            resource_id=_text(block.get("resourceId"), 512),
-            private_ip=private_ip,
-        )
+        return Vm(name, _text(block.get("vmId")), _text(block.get("resourceId"), 512), private_ip)
 
     def _pinned(self, claim: Vm) -> Vm:
         """The VM as pinned, after checking ``claim`` against it (lock held)."""
         key = claim.name.lower()
         known = self._vms.get(key)
         if known is None:
-            owner = self._by_id.get(claim.vm_id.lower()) if claim.vm_id else None
+            owner = self._by_id.get(claim._id) if claim._id else None
             if owner is not None and owner != key and self.pin:
                 raise ClaimRefused("changedClaim", f"vmId {claim.vm_id} already belongs to {owner}")
             if len(self._vms) >= self.max_vms:
                 raise ClaimRefused("fleetFull", f"the fleet already holds {self.max_vms} VMs")
             self._vms[key] = claim
-            if claim.vm_id:
-                self._by_id[claim.vm_id.lower()] = key
+            if claim._id:
+                self._by_id[claim._id] = key
             self._append_pin(claim)
-            log.info("fleet: VM learned", extra={"vmName": claim.name, "privateIp": claim.private_ip})
+            log.debug("fleet: VM learned", extra={"vmName": claim.name, "privateIp": claim.private_ip})
             return claim
-        changed = [
-            k for k in ("vm_id", "resource_id", "private_ip")
-            if getattr(claim, k) and getattr(known, k) and getattr(claim, k) != getattr(known, k)
-        ]  # fmt: skip
+        changed = known.differs(claim)
         if changed and self.pin:
             raise ClaimRefused("changedClaim", f"{claim.name}: {', '.join(changed)} differ from the pin")
-        for k in ("vm_id", "resource_id", "private_ip"):  # fill what the pin lacked (never overwrite)
-            if not getattr(known, k) and getattr(claim, k):
-                setattr(known, k, getattr(claim, k))
+        known.fill(claim)
         return known
 
     def _replace_events(self, vm: Vm, events: list[tuple[str, Event]], now: float) -> None:
         """The VM's latest record shows ``events``: update them, and drop the VM from the events
         it no longer shows (an event no VM shows any more is over)."""
-        key = vm.name.lower()
         shown = tuple(event_id for event_id, _ in events)
-        for event_id in set(vm.events) - set(shown):
-            self._unreport(event_id, key)
+        before = set(vm.events)
+        for event_id in before - set(shown):
+            self._unreport(event_id)
         for event_id, fresh in events:
             known = self._events.get(event_id)
             if known is None:
@@ -201,15 +233,16 @@ class FleetView:
             else:
                 known.status, known.resources = fresh.status, fresh.resources
                 known.not_before = fresh.not_before if fresh.not_before is not None else known.not_before
-            known.reporters.add(key)
+            if event_id not in before:
+                known.reporters += 1
         vm.events = shown
 
-    def _unreport(self, event_id: str, vm_key: str) -> None:
+    def _unreport(self, event_id: str) -> None:
         event = self._events.get(event_id)
         if event is None:
             return
-        event.reporters.discard(vm_key)
-        if not event.reporters:
+        event.reporters -= 1
+        if event.reporters <= 0:
             del self._events[event_id]
 
     def _sweep(self, now: float) -> None:
@@ -223,12 +256,14 @@ class FleetView:
                 event_id for event_id, e in self._events.items()
                 if (e.not_before if e.not_before is not None else e.first_seen) + FORGET_AFTER < now
             ]  # fmt: skip
+            if not stale:
+                return
             for event_id in stale:
-                for vm_key in self._events[event_id].reporters:
-                    vm = self._vms.get(vm_key)
-                    if vm is not None:
-                        vm.events = tuple(e for e in vm.events if e != event_id)
                 del self._events[event_id]
+            gone = set(stale)
+            for vm in self._vms.values():  # once per sweep that found stale events: cheap enough
+                if vm.events and gone.intersection(vm.events):
+                    vm.events = tuple(e for e in vm.events if e not in gone)
 
     def _refused(self, refused: ClaimRefused, record: dict[str, Any]) -> None:
         if self.on_refused is not None:
@@ -254,17 +289,12 @@ class FleetView:
         for line in lines:
             try:
                 data = orjson.loads(line)
-                vm = Vm(
-                    sys.intern(str(data["name"])),
-                    str(data["vmId"]),
-                    str(data["resourceId"]),
-                    str(data["privateIp"]),
-                )
-            except (orjson.JSONDecodeError, KeyError, TypeError):
+                vm = Vm(str(data["name"]), str(data["vmId"]), str(data["resourceId"]), str(data["privateIp"]))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue  # a torn last line after a crash: that VM is pinned again on its next record
             self._vms[vm.name.lower()] = vm
-            if vm.vm_id:
-                self._by_id[vm.vm_id.lower()] = vm.name.lower()
+            if vm._id:
+                self._by_id[vm._id] = vm.name.lower()
         # Compacted: one line per VM, whatever the file went through.
         write_atomic(self._pins_path, b"".join(_pin_line(v) for v in self._vms.values()))
 
