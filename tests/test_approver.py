@@ -556,10 +556,8 @@ def test_fleet_mode_learns_agents_and_fails_over_to_another_vm_of_the_event(tmp_
         vms["vm-a"][1].kill()  # the primary does not answer
         cleanup.append(approver.stop)
         approver.start()
-        for name in vms:  # it learns the fleet from the events stream
-            wait_until(
-                lambda name=name: approver.logged("fleet: VM learned", vmName=name), what=f"{name} learned"
-            )
+        api = approver_api(approver.workdir)  # it learns the fleet from the events stream
+        wait_until(lambda: scrape(api, "se_bridge_approver_fleet_vms") == 2, what="both VMs learned")
         decision = signed(event_id, target="vm-a")
         approver.publish(decision)
         audit = audit_for(approver, decision["decisionId"])

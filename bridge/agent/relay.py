@@ -191,7 +191,14 @@ class Relay:
             doc = self._refreshed(doc, fresh.values())
             events = doc.by_id()
             self._requested = {e: post for e, post in self._requested.items() if e in events}
-            self._approve_together(doc, events, list(fresh.values()))
+            checked = {d: self._check(events, p.event_ids, p.meta) for d, p in fresh.items()}
+            reserved = any(approvable for _, approvable in checked.values())
+            if reserved:
+                # Wait for the IMDS slot this POST will use *before* closing the batch: what arrives
+                # meanwhile rides the same POST, so a decision waits one slot, never two (issue 19).
+                self._client.wait_for_slot()
+                self._gather_late(events, fresh, checked, batch)
+            self._approve_together(doc, list(fresh.values()), [checked[d] for d in fresh], reserved)
             self._ledger.put_many({p.decision_id: p.answer for p in fresh.values()})
         for p in batch:
             if p.repeat:
@@ -201,6 +208,33 @@ class Relay:
                     p.finish(503, {"error": "no Scheduled Events document observed yet; try again"})
                 else:
                     p.finish(200, earlier)
+
+    def _gather_late(
+        self,
+        events: dict[str, Any],
+        fresh: dict[str, _Pending],
+        checked: dict[str, tuple[dict[str, dict[str, Any]], list[str]]],
+        batch: list[_Pending],
+    ) -> None:
+        """Take the requests that arrived while this batch waited for its IMDS slot into it: a
+        repeat is answered from the ledger with the rest; one naming an event this document does
+        not show goes back to the queue (the next batch refreshes the document for it)."""
+        with self._queue_lock:
+            late, self._queue = self._queue, []
+        back = []
+        for p in late:
+            if self._ledger.get(p.decision_id) is not None or p.decision_id in fresh:
+                p.repeat = True
+            elif any(e not in events for e in p.event_ids):
+                back.append(p)
+                continue
+            else:
+                fresh[p.decision_id] = p
+                checked[p.decision_id] = self._check(events, p.event_ids, p.meta)
+            batch.append(p)
+        if back:
+            with self._queue_lock:
+                self._queue[:0] = back
 
     def _refreshed(self, doc: Any, requests: Any) -> Any:
         """The document to check ``requests`` against: a fresh one when one names an event the
@@ -219,13 +253,20 @@ class Relay:
         )  # fmt: skip
         return self._current() or doc
 
-    def _approve_together(self, doc: Any, events: dict[str, Any], requests: list[_Pending]) -> None:
-        checked = [self._check(events, p.event_ids, p.meta) for p in requests]
+    def _approve_together(
+        self,
+        doc: Any,
+        requests: list[_Pending],
+        checked: list[tuple[dict[str, dict[str, Any]], list[str]]],
+        reserved: bool,
+    ) -> None:
+        """Post the approvable events of ``requests`` together (``reserved``: the IMDS slot is
+        taken already) and answer each request."""
         candidates = list(dict.fromkeys(e for _, approvable in checked for e in approvable))
         post_id = str(uuid.uuid4())
         if candidates:
             self._intend(post_id, candidates, requests, checked)
-        posted = self._post(candidates, len(requests), post_id)
+        posted = self._post(candidates, len(requests), post_id, reserved)
         for p, (results, approvable) in zip(requests, checked, strict=True):
             for event_id in approvable:
                 results[event_id] = posted[event_id]
@@ -300,7 +341,9 @@ class Relay:
                 extra={"error": str(exc), "post": post_id},
             )
 
-    def _post(self, event_ids: list[str], decisions: int, post_id: str) -> dict[str, dict[str, Any]]:
+    def _post(
+        self, event_ids: list[str], decisions: int, post_id: str, reserved: bool = False
+    ) -> dict[str, dict[str, Any]]:
         """One StartRequests POST per ``MAX_EVENTS_PER_POST`` events: the result of each event
         (``post_id`` names this batch's POSTs in the ledger and the log)."""
         out: dict[str, dict[str, Any]] = {}
@@ -308,7 +351,7 @@ class Relay:
             chunk = event_ids[start : start + MAX_EVENTS_PER_POST]
             extra = {"eventIds": chunk, "decisions": decisions, "post": post_id}
             try:
-                self._client.post_start_requests(chunk)
+                self._client.post_start_requests(chunk, reserved=reserved and start == 0)
                 out.update({e: _result(e, "approved", None) for e in chunk})
                 self._requested.update(dict.fromkeys(chunk, post_id))
                 log.info("StartRequests posted", extra=extra)

@@ -14,10 +14,11 @@ each, so a burst of 200 decisions took minutes and every VM waited behind every 
   final, then is a replay or a re-read, never a second relay at the same time;
 * at most ``max_in_flight`` messages are read and not yet finished: reading stops while the bound is
   reached (a slow agent cannot make the approver hold an unbounded backlog in memory);
-* **commits** happen in the order the messages were read, each once it and every message before it
-  are finished: a source position (a Kafka offset, an Event Hubs checkpoint, a file line) never moves
-  past a decision that is still in flight, so a crash re-reads exactly what was not finished, and the
-  decision store and the agent's ledger keep that re-read harmless (exactly once per decision).
+* **commits** happen in the order the messages were read within each partition, each once it and
+  every message before it in its partition are finished: a source position (a Kafka offset, an
+  Event Hubs checkpoint, a file line) never moves past a decision that is still in flight, so a
+  crash re-reads exactly what was not finished, and the decision store and the agent's ledger keep
+  that re-read harmless (exactly once per decision).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bridge.approver.sources import Message
+from bridge.approver.sources.base import split_position
 
 log = logging.getLogger(__name__)
 
@@ -91,21 +93,29 @@ class Parking:
 
 
 class OrderedCommits:
-    """Commits finished messages in read order (see the module docstring).
+    """Commits finished messages in read order *per partition* (see the module docstring).
+
+    A source position is cumulative within a partition (a Kafka offset, an Event Hubs sequence
+    number), not across partitions: one slow decision holds back its own partition's commits only.
+    (It used to hold every partition's: under a burst a standby then saw the whole group stand still
+    and acted on decisions their owners were about to finish.)
 
     Lane threads only mark messages finished; the commits themselves are made by the thread that
     polls the source (:meth:`commit_ready`), because a consumer is driven by one thread: a Kafka
     consumer's synchronous commit from another thread can wait for the very poll it blocks."""
 
     def __init__(self, commit: Callable[[list[Message]], None]) -> None:
-        self._commit = commit  # the finished messages at the head of the order, oldest first
+        self._commit = commit  # finished messages at the heads of their partitions, oldest first
         self._cond = threading.Condition()
-        self._order: deque[Slot] = deque()
+        self._orders: dict[str, deque[Slot]] = {}
+        self._count = 0
 
     def track(self, message: Message) -> Slot:
         slot = Slot(message)
+        partition = split_position(message.position)[0]
         with self._cond:
-            self._order.append(slot)
+            self._orders.setdefault(partition, deque()).append(slot)
+            self._count += 1
         return slot
 
     def finished(self, slot: Slot) -> None:
@@ -114,11 +124,13 @@ class OrderedCommits:
             self._cond.notify_all()
 
     def commit_ready(self) -> int:
-        """Commit every finished message at the head of the order (on the polling thread)."""
+        """Commit every finished message at the head of its partition (on the polling thread)."""
         with self._cond:
             ready = []
-            while self._order and self._order[0].done:
-                ready.append(self._order.popleft().message)
+            for order in self._orders.values():
+                while order and order[0].done:
+                    ready.append(order.popleft().message)
+            self._count -= len(ready)
         if ready:
             self._commit(ready)
         return len(ready)
@@ -126,14 +138,14 @@ class OrderedCommits:
     @property
     def pending(self) -> int:
         with self._cond:
-            return len(self._order)
+            return self._count
 
     def wait_drained(self, stop: threading.Event) -> None:
         """Commit as messages finish until every tracked one was committed, or ``stop`` is set."""
         while not stop.is_set():
             self.commit_ready()
             with self._cond:
-                if not self._order:
+                if not self._count:
                     return
                 self._cond.wait(0.2)
 

@@ -180,8 +180,16 @@ class ImdsClient:
         """One poll. Returns the 200 answer; raises :class:`ImdsError` for anything else."""
         return self._request("GET", self._events_path, None, "get_events")
 
-    def post_start_requests(self, event_ids: Iterable[str], *, deadline: float = 30.0) -> ImdsResponse:
+    def wait_for_slot(self) -> None:
+        """Take the next request slot of the IMDS budget now, for a StartRequests POST that will say
+        ``reserved=True`` (a caller gathers what to post while it waits)."""
+        self._limiter.acquire(priority=True)
+
+    def post_start_requests(
+        self, event_ids: Iterable[str], *, deadline: float = 30.0, reserved: bool = False
+    ) -> ImdsResponse:
         """Approve events (``StartRequests``), retrying transient answers until ``deadline`` seconds.
+        ``reserved``: the first attempt uses the slot :meth:`wait_for_slot` took.
 
         IMDS answers 200 for any valid EventId, even one another VM already approved, so a retry
         after a lost answer is harmless. A 400 (malformed) is not retried.
@@ -192,8 +200,9 @@ class ImdsClient:
         give_up = time.monotonic() + deadline
         while True:
             try:
-                return self._request("POST", path, body, "post_start_requests")
+                return self._request("POST", path, body, "post_start_requests", slot_taken=reserved)
             except ImdsError as err:
+                reserved = False  # a retry waits for a slot of its own
                 delay = backoff.next_delay(err.retry_after)
                 if not err.retryable or time.monotonic() + delay > give_up:
                     raise
@@ -223,8 +232,11 @@ class ImdsClient:
 
     # -- transport ------------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, body: bytes | None, op: str) -> ImdsResponse:
-        self._limiter.acquire(priority=method == "POST")
+    def _request(
+        self, method: str, path: str, body: bytes | None, op: str, *, slot_taken: bool = False
+    ) -> ImdsResponse:
+        if not slot_taken:
+            self._limiter.acquire(priority=method == "POST")
         with self._lock:
             started = time.monotonic()
             try:
