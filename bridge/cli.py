@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bridge import __version__
-from bridge.config import AgentConfig, ApproverConfig, ConfigError
+from bridge.config import AgentConfig, ApproverConfig, ConfigError, ConsoleConfig
 
 DESCRIPTION = """\
 Forward Azure IMDS Scheduled Events (Freeze, Reboot, Redeploy, Preempt, Terminate) from this VM to
@@ -49,6 +49,20 @@ head -c 32 /dev/urandom | base64 > relay.key; docs/approvals.md walks through a 
 
 Decisions must be signed (HMAC-SHA256 over their canonical JSON; see docs/approvals.md); unsigned,
 expired, replayed or unknown-key decisions are refused and audited, never relayed.
+"""
+
+
+CONSOLE_EPILOG = f"""\
+Every flag can also be set in the [console] table of the TOML file given by --config, or in an
+environment variable {ConsoleConfig.env_prefix}<NAME>. Needs the 'console' extra.
+
+Examples:
+  se-bridge console --auth entra --approver-role Maintenance.Approve \\
+      --events-source 'eventhubs://ns.servicebus.windows.net/se-records?consumer_group=console' \\
+      --sink 'eventhubs://ns.servicebus.windows.net/se-decisions?credential=managed' \\
+      --key console=https://vault.vault.azure.net/secrets/console-key --listen 0.0.0.0:8720
+  se-bridge console --auth lab --events-source file:///tmp/records.jsonl \\
+      --sink file:///tmp/decisions.jsonl --key console=/tmp/console.key --state-dir /tmp/console
 """
 
 
@@ -104,6 +118,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(approver, ApproverConfig)
+
+    console = sub.add_parser(
+        "console",
+        help="serve the ops console: the fleet's maintenance, live, and approvals (docs/console.md)",
+        description="A web console for ops teams: every VM and its pending events from the events stream, "
+        "each event's timeline and audit, history, and signed approvals published to the decisions topic. "
+        "Runs behind Entra ID (--auth entra or oauth2-proxy), or --auth lab.",
+        epilog=CONSOLE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(console, ConsoleConfig)
 
     decide = sub.add_parser(
         "decide",
@@ -163,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             from bridge.approver.decide import decide
 
             return decide(args)
+        if args.command == "console":
+            return _console(args)
     except ConfigError as err:
         print(f"se-bridge: configuration refused: {err}", file=sys.stderr)
         return 2
@@ -196,6 +223,21 @@ def _approver(args: argparse.Namespace) -> int:
     from bridge.approver.build import build_approver
 
     return build_approver(config).run()
+
+
+def _console(args: argparse.Namespace) -> int:
+    from bridge.config import load_console_config
+    from bridge.observability import setup_logging
+
+    config = load_console_config(args)
+    setup_logging(config.log_level)
+    try:
+        from bridge.console.service import main as console_main
+    except ImportError as exc:
+        raise ConfigError(
+            f"the console needs the 'console' extra (pip install 'scheduled-events-bridge[console]'): {exc}"
+        ) from None
+    return console_main(config)
 
 
 def _validate(files: list[Path]) -> int:

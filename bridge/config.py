@@ -718,6 +718,81 @@ class ApproverConfig(ConfigBase):
     log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
 
 
+@dataclass(frozen=True)
+class ConsoleConfig(ConfigBase):
+    """``se-bridge console``: flags, ``SE_BRIDGE_CONSOLE_<NAME>`` or the ``[console]`` table."""
+
+    env_prefix: ClassVar[str] = ENV_PREFIX + "CONSOLE_"
+    toml_section: ClassVar[str] = "console"
+
+    events_source: tuple[str, ...] = setting(
+        (),
+        text,
+        "The events stream the agents and approvers publish to (kafka://..., eventhubs://... without a "
+        "checkpoint store, file:///path.jsonl); repeat for several. Every console instance reads all of it.",
+        metavar="SPEC",
+        multiple=True,
+        required="an events stream is required (--events-source kafka://host:9092/events, ...)",
+    )
+    sink: str = setting(
+        "",
+        text,
+        "The decisions topic approvals are published to (the specs of se-bridge decide --sink).",
+        metavar="SPEC",
+        required="a decisions topic is required (--sink kafka://host:9092/decisions, ...)",
+    )
+    key: str = setting(
+        "",
+        key_spec,
+        "The key that signs the console's decisions, KEYID=PATH or KEYID=https://<vault>/secrets/<name> "
+        "(the approvers' --key names the same).",
+        metavar="KEYID=PATH",
+        required="a signing key is required (--key console=/etc/se-bridge/keys/console.key)",
+    )
+    auth: str = setting(
+        "",
+        choice("entra", "oauth2-proxy", "lab"),
+        "Who the person is: 'entra' (Container Apps / App Service authentication), 'oauth2-proxy', or "
+        "'lab' (a random token printed at start; anyone holding it may approve). Required.",
+        metavar="MODE",
+        required="auth is required: entra or oauth2-proxy behind Entra ID, or lab for a test bench",
+    )
+    approver_role: tuple[str, ...] = setting(
+        (), text, "An Entra app role whose holders may approve; repeat.", metavar="ROLE", multiple=True
+    )
+    approver_group: tuple[str, ...] = setting(
+        (), text, "A group (object id, or oauth2-proxy group) whose members may approve; repeat.",
+        metavar="GROUP", multiple=True,
+    )  # fmt: skip
+    listen: str = setting(
+        "127.0.0.1:8720",
+        listen_address,
+        "Where the pages and the API are served, HOST:PORT (behind the front door that signs people in).",
+        metavar="HOST:PORT",
+    )
+    state_dir: Path = setting(  # noqa: RUF009 - setting() returns a dataclasses.field
+        Path("/var/lib/se-bridge/console"),
+        path,
+        "Directory for the stream readers' own positions and consumer group id.",
+        metavar="DIR",
+    )
+    group: str = setting(
+        "se-bridge-console", text, "Consumer group prefix of the events readers.", metavar="NAME"
+    )
+    silent_after: float = setting(
+        900.0,
+        number(1, 86400),
+        "A VM whose agent sent nothing (a heartbeat included) for this long is flagged silent (three "
+        "heartbeat intervals by default).",
+        metavar="SECONDS",
+    )
+    history_days: float = setting(30.0, number(1, 366), "Days of closed events kept.", metavar="DAYS")
+    decision_ttl: float = setting(
+        900.0, number(30, 86400), "Seconds a decision made in the console stays valid.", metavar="SECONDS"
+    )
+    log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
+
+
 #: The derived tables (read-only views of the dataclasses above; nothing is declared here).
 AGENT_SETTINGS: tuple[Setting, ...] = settings_of(AgentConfig)
 APPROVER_SETTINGS: tuple[Setting, ...] = settings_of(ApproverConfig)
@@ -759,6 +834,12 @@ def load_agent_config(
 ) -> AgentConfig:
     """The agent's configuration (what ``se-bridge agent`` and the installer's validation use)."""
     return load_config(AgentConfig, args, environ)
+
+
+def load_console_config(
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> ConsoleConfig:
+    return load_config(ConsoleConfig, args, environ)
 
 
 def load_approver_config(

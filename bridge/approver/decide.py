@@ -11,6 +11,7 @@ import contextlib
 import getpass
 import socket
 import sys
+import threading
 import time
 
 import orjson
@@ -41,40 +42,57 @@ def decide(args: argparse.Namespace) -> int:
     if args.ttl > DEFAULT_MAX_TTL:
         print(f"se-bridge decide: --ttl {args.ttl:g} is refused by approvers at the default --max-ttl "
               f"({DEFAULT_MAX_TTL:g} s)", file=sys.stderr)  # fmt: skip
-    payload = orjson.dumps(decision)
     try:
-        sink = create_sink(args.sink)
+        publisher = DecisionPublisher(args.sink)
     except SinkError as exc:
         return _fail(str(exc))
     try:
-        sink.open()
-        # A decision is keyed by its target VM, so one VM's decisions stay in order on one partition.
-        meta = RecordMeta(decision["decisionId"], "decision", decision.get("target") or args.event_id)
-        sink.submit(Entry(1, meta, time.time(), payload))
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline:
-            outcomes = sink.poll(0.2)
-            if outcomes:
-                error = outcomes[0].error
-                if error is not None:
-                    return _fail(f"publishing to {sink.name} failed: {error}")
-                print(
-                    orjson.dumps(
-                        {
-                            "published": True,
-                            "decisionId": decision["decisionId"],
-                            "eventId": args.event_id,
-                            "target": args.target,
-                        }
-                    ).decode()
-                )
-                return 0
-        return _fail(f"{sink.name} did not confirm the decision within {args.timeout:g} s")
+        publisher.publish(decision, args.timeout)
     except SinkError as exc:
         return _fail(str(exc))
     finally:
-        with contextlib.suppress(Exception):  # closing must not hide the outcome already printed
-            sink.close(timeout=5.0)
+        publisher.close()
+    print(orjson.dumps({"published": True, "decisionId": decision["decisionId"], "eventId": args.event_id,
+                        "target": args.target}).decode())  # fmt: skip
+    return 0
+
+
+class DecisionPublisher:
+    """One decisions topic, opened once, a decision at a time until its transport confirms it: what
+    ``se-bridge decide`` does once and the ops console for every approval."""
+
+    def __init__(self, spec: str) -> None:
+        self.sink = create_sink(spec)
+        self._lock = threading.Lock()
+        self._opened = False
+        self._seq = 0
+
+    @property
+    def name(self) -> str:
+        return self.sink.name
+
+    def publish(self, decision: dict[str, object], timeout: float = 30.0) -> None:
+        """Return once the transport confirmed ``decision``; :class:`SinkError` otherwise."""
+        with self._lock:
+            if not self._opened:
+                self.sink.open()
+                self._opened = True
+            self._seq += 1
+            # A decision is keyed by its target VM, so one VM's decisions stay in order on one partition.
+            key = str(decision.get("target") or decision.get("eventId"))
+            meta = RecordMeta(str(decision["decisionId"]), "decision", key)
+            self.sink.submit(Entry(self._seq, meta, time.time(), orjson.dumps(decision)))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                for outcome in self.sink.poll(0.2):
+                    if outcome.error is not None:
+                        raise SinkError(f"publishing to {self.sink.name} failed: {outcome.error}")
+                    return
+            raise SinkError(f"{self.sink.name} did not confirm the decision within {timeout:g} s")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing must not hide the outcome already known
+            self.sink.close(timeout=5.0)
 
 
 def _doomed(decision: dict[str, object], ttl: float) -> str | None:

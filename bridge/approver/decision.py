@@ -92,6 +92,7 @@ def new_decision(
     ttl: float,
     reason: str | None = None,
     now: float | None = None,
+    action: str = "approve",
 ) -> dict[str, Any]:
     issued = datetime.now(UTC) if now is None else datetime.fromtimestamp(now, UTC)
     expires = datetime.fromtimestamp(issued.timestamp() + ttl, UTC)
@@ -100,7 +101,7 @@ def new_decision(
         "recordType": "decision",
         "decisionId": str(uuid.uuid4()),
         "eventId": event_id,
-        "action": "approve",
+        "action": action,
         "target": target,
         "issuedBy": issued_by,
         "issuedAt": _fmt(issued),

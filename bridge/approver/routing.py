@@ -28,6 +28,7 @@ import orjson
 
 from bridge.approver.fleet import FleetView, Vm
 from bridge.approver.sources import DecisionSource
+from bridge.approver.sources.follow import follow
 from bridge.eligibility import EventFacts
 from bridge.netaddr import UnixHTTPConnection
 from bridge.signing import KeyRing, sign_request
@@ -335,30 +336,13 @@ class FleetRouter:
             self._threads.append(thread)
 
     def _follow(self, index: int, source: DecisionSource, stop: threading.Event) -> None:
-        # Nothing is committed: records are written only on changes, so after a restart the fleet must
-        # be learned again from what the stream still retains.
-        while not stop.is_set():
-            try:
-                source.open()
-                while not stop.is_set():
-                    messages = source.poll(0.5)
-                    if not messages and source.assigned():
-                        self._caught_up.add(index)
-                    for message in messages:
-                        try:
-                            record = orjson.loads(message.payload)
-                        except orjson.JSONDecodeError:
-                            continue
-                        if not isinstance(record, dict):
-                            continue
-                        if record.get("recordType") == "scheduledEvents":
-                            self.learn(record)
-                        for observe in self.observers:
-                            observe(record)
-            except Exception as exc:  # keep learning whatever a source throws
-                log.error("events stream failed; retrying", extra={"source": source.name, "error": str(exc)})
-                stop.wait(2.0)
-        source.close()
+        follow(source, self._record, stop, caught_up=lambda: self._caught_up.add(index))
+
+    def _record(self, record: dict[str, Any]) -> None:
+        if record.get("recordType") == "scheduledEvents":
+            self.learn(record)
+        for observe in self.observers:
+            observe(record)
 
 
 def _refused_by_agent(status: int, answer: Any) -> dict[str, Any]:

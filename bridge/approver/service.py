@@ -263,6 +263,9 @@ class Approver:
                 return {"outcome": earlier["outcome"], "reason": earlier.get("reason"), "reread": True}
             detail = f"decision id already used ({earlier['outcome']})"
             return self._finish(decision, message, "refused", "replayed", detail, [], record_final=False)
+        if decision["action"] == "decline":  # a person said no: audited, nothing relayed
+            detail = f"declined by {decision['issuedBy']}: the platform starts the event at NotBefore"
+            return self._finish(decision, message, "refused", "declined", detail, [])
         self.store.started(decision_id, message.position, sync=sync)
         body = {
             "decisionId": decision_id,

@@ -91,9 +91,10 @@ class RateLimiter:
     IMDS counts requests in any one-second window (about 5 per VM for all of IMDS) and the agent shares
     that budget with every other IMDS user on the VM. The agent's default rate (``imds_max_rps``, 4)
     keeps a margin below the limit, and the window is a little longer than IMDS's (``WINDOW``) for the
-    jitter between our clock and IMDS's. Within that, requests are not spaced: an approval posted
-    right after a poll goes at once instead of waiting a fixed 1/rate. Below 1 per second the
-    requests are spaced ``1/rate`` apart.
+    jitter between our clock and IMDS's. Requests are also paced ``WINDOW / rate`` apart (262 ms at
+    4/s): four requests at once would leave the next one waiting a whole window, and an approval
+    arriving then would wait a second for its POST; paced, it waits at most one slot (issue 19).
+    Below 1 per second the requests are spaced ``1/rate`` apart.
 
     ``priority`` requests (StartRequests: an approval waits on them, a poll only repeats what the
     next poll sees anyway) take the next free slot before any waiting ordinary request.
@@ -104,6 +105,7 @@ class RateLimiter:
     def __init__(self, rate: float) -> None:
         self._cap = int(rate) if rate >= 1 else 1
         self._window = self.WINDOW if rate >= 1 else (1.0 / rate if rate > 0 else 0.0)
+        self._spacing = self._window / self._cap
         self._sent: deque[float] = deque()
         self._urgent = 0  # priority requests waiting for a slot
         self._cond = threading.Condition()
@@ -133,9 +135,10 @@ class RateLimiter:
         """Seconds until a request may go (0: now)."""
         while self._sent and now - self._sent[0] >= self._window:
             self._sent.popleft()
+        paced = self._sent[-1] + self._spacing - now if self._sent else 0.0
         if len(self._sent) < self._cap:
-            return 0.0
-        return self._sent[0] + self._window - now
+            return max(0.0, paced)
+        return max(paced, self._sent[0] + self._window - now)
 
 
 class ImdsClient:

@@ -1,0 +1,419 @@
+"""What the ops console shows, built from the events stream: the fleet's VMs, their open events,
+each event's timeline across its VMs, preparations, audits, and the history of closed events.
+
+Everything comes from records the agents and the approvers publish (``scheduledEvents``,
+``heartbeat``, ``preparation``, ``approval``); the board keeps no state of its own on disk: a console
+that restarts reads the stream again. It is bounded like the fleet approver's view: an event leaves
+the open set when no VM shows it any more, its summary goes to the history (at most
+``HISTORY_LIMIT`` events, ``history_days`` days), and a VM is flagged *silent* when nothing came from
+its agent (a heartbeat included) for ``silent_after`` seconds: a VM whose agent is dead is the one
+that will be surprised.
+
+Every change is announced to ``listeners`` as a small typed message (``vm``, ``event``, ``audit``),
+which the web layer pushes to the open pages (server-sent events).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+#: Timeline entries kept per event (an event has a few per VM: scheduled, started, gone).
+MAX_TIMELINE = 400
+#: Audit records kept per event.
+MAX_AUDITS = 50
+#: Closed events kept for the history page.
+HISTORY_LIMIT = 50_000
+#: Names a record may claim at most (an availability set holds at most 200 VMs).
+MAX_RESOURCES = 1000
+
+Message = dict[str, Any]
+
+
+@dataclass(slots=True)
+class VmRow:
+    name: str
+    vm_id: str = ""
+    resource_group: str = ""
+    scale_set: str = ""
+    location: str = ""
+    zone: str = ""
+    last_seen: float = 0.0  # any record of its agent (a heartbeat included)
+    heartbeat: float = 0.0  # the interval its agent announced, 0 before its first heartbeat
+    events: tuple[str, ...] = ()  # open events its latest record shows
+
+    def to_json(self, now: float, silent_after: float) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "vmId": self.vm_id,
+            "resourceGroup": self.resource_group,
+            "scaleSet": self.scale_set,
+            "location": self.location,
+            "zone": self.zone,
+            "lastSeen": self.last_seen,
+            "silent": self.silent(now, silent_after),
+            "events": list(self.events),
+        }
+
+    def silent(self, now: float, silent_after: float) -> bool:
+        return now - self.last_seen > silent_after
+
+
+@dataclass(slots=True)
+class EventRow:
+    event_id: str
+    event_type: str = ""
+    source: str = ""
+    status: str = ""
+    not_before: str | None = None
+    description: str = ""
+    duration: int | None = None
+    resources: tuple[str, ...] = ()
+    first_seen: float = 0.0
+    scheduled_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    outcome: str | None = None  # completed | canceled | ... once no VM shows it
+    reporters: set[str] = field(default_factory=set)
+    timeline: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_TIMELINE))
+    preparations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    audits: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_AUDITS))
+    approved_at: float | None = None
+    approved_by: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "eventId": self.event_id,
+            "eventType": self.event_type,
+            "eventSource": self.source,
+            "eventStatus": self.status,
+            "notBefore": self.not_before,
+            "resources": list(self.resources),
+            "description": self.description,
+            "durationInSeconds": self.duration,
+            "outcome": self.outcome,
+            "approved": self.approved_at is not None,
+            "approvedBy": self.approved_by,
+            "preparations": {vm: p["result"] for vm, p in self.preparations.items()},
+        }
+
+    def detail(self) -> dict[str, Any]:
+        return {
+            **self.summary(),
+            "firstSeen": self.first_seen,
+            "scheduledAt": self.scheduled_at,
+            "startedAt": self.started_at,
+            "endedAt": self.ended_at,
+            "approvedAt": self.approved_at,
+            "timeline": list(self.timeline),
+            "preparationRecords": list(self.preparations.values()),
+            "audits": list(self.audits),
+        }
+
+
+class Board:
+    def __init__(self, *, silent_after: float = 900.0, history_days: float = 30.0) -> None:
+        self.silent_after = silent_after
+        self.history_days = history_days
+        self._lock = threading.Lock()
+        self._vms: dict[str, VmRow] = {}
+        self._events: dict[str, EventRow] = {}
+        self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY_LIMIT)
+        self._by_decision: dict[str, str] = {}  # decisionId -> eventId, for audits of closed events
+        self.listeners: list[Callable[[Message], None]] = []
+
+    # -- reading the stream -------------------------------------------------------------------------
+
+    def take(self, record: Any, now: float | None = None) -> None:
+        """One record of the events stream (anything else, or a malformed one, is ignored)."""
+        if not isinstance(record, dict):
+            return
+        now = time.time() if now is None else now
+        kind = record.get("recordType")
+        try:
+            if kind == "scheduledEvents":
+                self._scheduled_events(record, now)
+            elif kind == "heartbeat":
+                self._seen(record, now, heartbeat=float(record.get("intervalSeconds") or 0))
+            elif kind == "preparation":
+                self._preparation(record, now)
+            elif kind == "approval":
+                self._approval(record)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return  # a record the board cannot read changes nothing (the approver audits its own)
+
+    def _seen(self, record: dict[str, Any], now: float, heartbeat: float = 0.0) -> VmRow | None:
+        vm = record.get("vm")
+        if not isinstance(vm, dict) or not isinstance(vm.get("name"), str) or len(vm["name"]) > 128:
+            return None
+        key = vm["name"].lower()
+        with self._lock:
+            row = self._vms.get(key)
+            if row is None:
+                row = self._vms[key] = VmRow(vm["name"])
+            row.vm_id = _text(vm.get("vmId")) or row.vm_id
+            row.resource_group = _text(vm.get("resourceGroup")) or row.resource_group
+            row.scale_set = _text(vm.get("vmScaleSetName")) or row.scale_set
+            row.location = _text(vm.get("location")) or row.location
+            row.zone = _text(vm.get("zone")) or row.zone
+            row.last_seen = max(row.last_seen, _stamp(record, now))
+            row.heartbeat = heartbeat or row.heartbeat
+        if heartbeat:  # a page judges silence by lastSeen: every heartbeat moves it on
+            self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})
+        return row
+
+    def _scheduled_events(self, record: dict[str, Any], now: float) -> None:
+        row = self._seen(record, now)
+        if row is None:
+            return
+        at = _stamp(record, now)
+        shown: list[str] = []
+        changed: list[EventRow] = []
+        with self._lock:
+            for item in record.get("events") or []:
+                event = self._event_from(item, at)
+                if event is None:
+                    continue
+                shown.append(event.event_id)
+                event.reporters.add(row.name.lower())
+                changed.append(event)
+            for change in record.get("changes") or []:
+                self._timeline(change, row.name, record, at)
+            for gone in set(row.events) - set(shown):
+                closed = self._unreport(gone, row.name.lower(), record, at)
+                if closed is not None:
+                    changed.append(closed)
+            row.events = tuple(shown)
+        self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})
+        for event in changed:
+            self._announce({"type": "event", "event": event.summary()})
+
+    def _event_from(self, item: Any, at: float) -> EventRow | None:
+        if not isinstance(item, dict) or not isinstance(item.get("eventId"), str):
+            return None
+        event_id = item["eventId"].upper()
+        event = self._events.get(event_id)
+        if event is None:
+            event = self._events[event_id] = EventRow(event_id, first_seen=at)
+        event.event_type = _text(item.get("eventType")) or event.event_type
+        event.source = _text(item.get("eventSource")) or event.source
+        event.status = _text(item.get("eventStatus")) or event.status
+        event.not_before = (
+            item.get("notBefore") if isinstance(item.get("notBefore"), str) else event.not_before
+        )
+        event.description = _text(item.get("description"), 512) or event.description
+        event.duration = (
+            item.get("durationInSeconds") if isinstance(item.get("durationInSeconds"), int) else None
+        )
+        resources = item.get("resources")
+        if isinstance(resources, list) and len(resources) <= MAX_RESOURCES:
+            event.resources = tuple(_text(r) for r in resources if _text(r))
+        if event.status == "Scheduled" and event.scheduled_at is None:
+            event.scheduled_at = at
+        if event.status == "Started" and event.started_at is None:
+            event.started_at = at
+        return event
+
+    def _timeline(self, change: Any, vm: str, record: dict[str, Any], at: float) -> None:
+        if not isinstance(change, dict) or not isinstance(change.get("eventId"), str):
+            return
+        event = self._events.get(change["eventId"].upper())
+        if event is None:
+            return
+        event.timeline.append({
+            "vm": vm,
+            "change": _text(change.get("change")),
+            "eventStatus": change.get("eventStatus"),
+            "at": at,
+            "incarnation": record.get("documentIncarnation"),
+        })  # fmt: skip
+
+    def _unreport(self, event_id: str, vm_key: str, record: dict[str, Any], at: float) -> EventRow | None:
+        """A VM's latest record no longer shows the event; once none does, it is closed."""
+        event = self._events.get(event_id)
+        if event is None:
+            return None
+        event.reporters.discard(vm_key)
+        if event.reporters:
+            return None
+        del self._events[event_id]
+        changes = [c for c in record.get("changes") or [] if isinstance(c, dict)]
+        gone = next((c for c in changes if str(c.get("eventId", "")).upper() == event_id), {})
+        event.outcome = _text(gone.get("change")) or "gone"
+        event.ended_at = at
+        self._history.append(self._closed(event))
+        return event
+
+    def _closed(self, event: EventRow) -> dict[str, Any]:
+        not_before = _epoch(event.not_before)
+        return {
+            **event.detail(),
+            "noticeSeconds": None
+            if event.started_at is None or event.scheduled_at is None
+            else round(event.started_at - event.scheduled_at, 1),
+            "approvalLeadSeconds": None
+            if event.approved_at is None or not_before is None
+            else round(not_before - event.approved_at, 1),
+        }
+
+    def _preparation(self, record: dict[str, Any], now: float) -> None:
+        row = self._seen(record, now)
+        event_id = record.get("eventId")
+        if row is None or not isinstance(event_id, str):
+            return
+        with self._lock:
+            event = self._events.get(event_id.upper())
+            if event is None:
+                return
+            event.preparations[row.name.lower()] = {
+                "vm": row.name, "result": _text(record.get("result")), "at": _stamp(record, now),
+                "hook": record.get("hook") if isinstance(record.get("hook"), dict) else None,
+            }  # fmt: skip
+        self._announce({"type": "event", "event": event.summary()})
+
+    def _approval(self, record: dict[str, Any]) -> None:
+        decision_id = record.get("decisionId")
+        audit = {
+            "decisionId": decision_id,
+            "component": _text(record.get("component")),
+            "outcome": _text(record.get("outcome")),
+            "reason": _text(record.get("reason")),
+            "detail": _text(record.get("detail"), 500),
+            "issuedBy": _text(record.get("issuedBy"), 256),
+            "path": _text(record.get("path")),
+            "requester": _text(record.get("requester"), 256),
+            "coordination": record.get("coordination")
+            if isinstance(record.get("coordination"), dict)
+            else None,
+            "at": _stamp(record, time.time()),
+            "vm": (record.get("vm") or {}).get("name") if isinstance(record.get("vm"), dict) else None,
+        }
+        events = [e.upper() for e in record.get("eventIds") or [] if isinstance(e, str)]
+        with self._lock:
+            for event_id in events:
+                event = self._events.get(event_id)
+                if event is None:
+                    continue
+                event.audits.append(audit)
+                if audit["outcome"] == "approved" and event.approved_at is None:
+                    event.approved_at, event.approved_by = audit["at"], audit["issuedBy"]
+        self._announce({"type": "audit", "audit": audit, "eventIds": events})
+
+    def _announce(self, message: Message) -> None:
+        for listener in self.listeners:
+            listener(message)
+
+    # -- what the pages ask -------------------------------------------------------------------------
+
+    def fleet(self, now: float | None = None, query: str = "") -> dict[str, Any]:
+        """Every VM (with its open events' ids), every open event (summaries), and counts."""
+        now = time.time() if now is None else now
+        wanted = query.strip().lower()
+        with self._lock:
+            vms = [
+                v.to_json(now, self.silent_after)
+                for v in self._vms.values()
+                if not wanted or wanted in v.name.lower() or wanted in v.resource_group.lower()
+            ]
+            events = {e.event_id: e.summary() for e in self._events.values()}
+        return {
+            "now": now,
+            "silentAfter": self.silent_after,
+            "vms": vms,
+            "events": events,
+            "counts": {
+                "vms": len(vms),
+                "silent": sum(1 for v in vms if v["silent"]),
+                "openEvents": len(events),
+            },
+        }
+
+    def event(self, event_id: str) -> dict[str, Any] | None:
+        key = event_id.upper()
+        with self._lock:
+            event = self._events.get(key)
+            if event is not None:
+                return {**event.detail(), "open": True}
+            closed = next((h for h in reversed(self._history) if h["eventId"] == key), None)
+        return None if closed is None else {**closed, "open": False}
+
+    def scheduled(self, event_id: str) -> EventRow | None:
+        """The open event if it waits for approval (the console approves nothing else)."""
+        with self._lock:
+            event = self._events.get(event_id.upper())
+            return event if event is not None and event.status == "Scheduled" else None
+
+    def history(self, days: float | None = None, group: str = "", now: float | None = None) -> dict[str, Any]:
+        """Closed events per day and type, notice given and approval lead time, for the last days."""
+        now = time.time() if now is None else now
+        since = now - (days or self.history_days) * 86400
+        with self._lock:
+            rows = [h for h in self._history if (h["endedAt"] or 0) >= since]
+            if group:
+                names = {
+                    v.name.lower() for v in self._vms.values() if group in (v.resource_group, v.scale_set)
+                }
+                rows = [h for h in rows if names.intersection(r.lower() for r in h["resources"])]
+        per_day: dict[str, dict[str, int]] = {}
+        for h in rows:
+            day = time.strftime("%Y-%m-%d", time.gmtime(h["endedAt"] or now))
+            per_day.setdefault(day, {})
+            per_day[day][h["eventType"] or "?"] = per_day[day].get(h["eventType"] or "?", 0) + 1
+        notice = [h["noticeSeconds"] for h in rows if h["noticeSeconds"] is not None]
+        lead = [h["approvalLeadSeconds"] for h in rows if h["approvalLeadSeconds"] is not None]
+        return {
+            "days": sorted(per_day.items()),
+            "events": [
+                {
+                    k: h[k]
+                    for k in (
+                        "eventId",
+                        "eventType",
+                        "outcome",
+                        "endedAt",
+                        "noticeSeconds",
+                        "approvalLeadSeconds",
+                        "approvedBy",
+                    )
+                }
+                for h in rows[-500:]
+            ],
+            "noticeSeconds": _spread(notice),
+            "approvalLeadSeconds": _spread(lead),
+        }
+
+    def counts(self) -> tuple[int, int, int]:
+        """(VMs, silent VMs, open events): the console's gauges."""
+        now = time.time()
+        with self._lock:
+            silent = sum(1 for v in self._vms.values() if v.silent(now, self.silent_after))
+            return len(self._vms), silent, len(self._events)
+
+
+def _spread(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"n": 0, "p50": None, "max": None}
+    ordered = sorted(values)
+    return {"n": len(ordered), "p50": ordered[len(ordered) // 2], "max": ordered[-1]}
+
+
+def _text(value: Any, limit: int = 128) -> str:
+    return value[:limit] if isinstance(value, str) else ""
+
+
+def _stamp(record: dict[str, Any], default: float) -> float:
+    return _epoch(record.get("observedAt")) or default
+
+
+def _epoch(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,138 @@
+"""``se-bridge console``: the ops console as a service (issue 20).
+
+Wiring: the events stream readers (every instance reads everything, like the fleet approver's
+events reader: :func:`bridge.approver.sources.follow.follow`) feed the :class:`~bridge.console.board.Board`;
+the web app (:mod:`bridge.console.app`) serves it with uvicorn; decisions go out through a
+:class:`~bridge.approver.decide.DecisionPublisher`. ``/healthz``, ``/readyz`` (ready once every
+stream was read to its end) and ``/metrics`` like every service; SIGTERM stops serving, then the
+readers. Nothing here is imported by the agent (the ``console`` extra).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from bridge.approver import topology
+from bridge.approver.decide import DecisionPublisher
+from bridge.approver.sources import DecisionSource, SourceError, create_source
+from bridge.approver.sources.follow import follow
+from bridge.console.access import Access
+from bridge.console.app import Console
+from bridge.console.board import Board
+from bridge.fsutil import ensure_private_dir
+from bridge.netaddr import parse_listen
+from bridge.signing import load_key_from
+from bridge.sinks import SinkError
+
+log = logging.getLogger(__name__)
+
+
+class ConsoleService:
+    def __init__(self, config: Any) -> None:
+        from bridge.config import ConfigError
+
+        self.config = config
+        self.stop = threading.Event()
+        key_id, _, where = config.key.partition("=")
+        try:
+            key = load_key_from(where)
+            self.access = Access(
+                config.auth, approver_roles=config.approver_role, approver_groups=config.approver_group
+            )
+            self.publisher = DecisionPublisher(config.sink)
+            ensure_private_dir(Path(config.state_dir))
+            self.sources = [self._source(spec) for spec in config.events_source]
+            self.host, self.port = parse_listen(config.listen)
+        except (ValueError, SinkError, SourceError, OSError) as exc:
+            raise ConfigError(str(exc)) from None
+        self.board = Board(silent_after=config.silent_after, history_days=config.history_days)
+        self.registry = CollectorRegistry()
+        self._caught_up: set[int] = set()
+        self._decisions = Counter(
+            "se_bridge_console_decisions", "Decisions asked for in the console, by outcome.", ["outcome"],
+            registry=self.registry,
+        )  # fmt: skip
+        self._gauges()
+        self.console = Console(
+            self.board,
+            self.access,
+            self.publisher.publish,
+            (key_id, key),
+            ready=self.ready,
+            metrics=lambda: generate_latest(self.registry),
+            decision_ttl=config.decision_ttl,
+            on_decision=lambda outcome: self._decisions.labels(outcome).inc(),
+        )
+
+    def _source(self, spec: str) -> DecisionSource:
+        state_dir = Path(self.config.state_dir)
+        topology.check_events_reader(spec)
+        return create_source(spec, state_dir, group=topology.events_group(spec, self.config.group, state_dir))
+
+    def _gauges(self) -> None:
+        def count(index: int) -> float:
+            return float(self.board.counts()[index])
+
+        for index, (name, text) in enumerate([
+            ("se_bridge_console_vms", "VMs the console knows."),
+            ("se_bridge_console_silent_vms", "VMs whose agent sent nothing for --silent-after seconds."),
+            ("se_bridge_console_open_events", "Events some VM still shows."),
+        ]):  # fmt: skip
+            Gauge(name, text, registry=self.registry).set_function(lambda i=index: count(i))
+        pages = Gauge("se_bridge_console_pages", "Pages following the live stream.", registry=self.registry)
+        pages.set_function(lambda: len(self.console.stream.queues) if hasattr(self, "console") else 0)
+
+    def ready(self) -> tuple[bool, str]:
+        if len(self._caught_up) < len(self.sources):
+            return False, "reading the events stream"
+        return True, "ok"
+
+    def run(self) -> int:
+        import uvicorn
+
+        for index, source in enumerate(self.sources):
+            caught_up = lambda i=index: self._caught_up.add(i)  # noqa: E731
+            reader = threading.Thread(
+                target=follow,
+                args=(source, self.board.take, self.stop, caught_up),
+                name="console-reader",
+                daemon=True,
+            )
+            reader.start()
+        if self.access.lab_token:
+            # Printed, never logged: the token is the lab's only key.
+            print(f"console: open http://{self.host}:{self.port}/?token={self.access.lab_token}", flush=True)
+        log.info("console started", extra={"listen": f"{self.host}:{self.port}", "auth": self.access.mode})
+        server = uvicorn.Server(
+            uvicorn.Config(
+                self.console.app(),
+                host=self.host,
+                port=self.port,
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=5,
+                lifespan="on",
+            )
+        )
+        try:
+            server.run()
+        finally:
+            self.stop.set()
+            self.publisher.close()
+            log.info("console stopped")
+        return 0 if server.started else 2
+
+
+def main(config: Any) -> int:
+    try:
+        return ConsoleService(config).run()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        sys.stdout.flush()

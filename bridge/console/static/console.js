@@ -1,0 +1,328 @@
+// The ops console's pages: one script for the three of them, no framework, no inline code (the
+// Content-Security-Policy allows this file and nothing else). Text is always set with textContent:
+// whatever a record carries is data, never markup.
+"use strict";
+
+const state = { me: null, fleet: null, event: null, pending: new Map() };
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, { credentials: "same-origin", ...options });
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+  return body;
+}
+
+function ago(seconds) {
+  const s = Math.round(Math.abs(seconds));
+  const text = s < 60 ? `${s} s` : s < 3600 ? `${Math.floor(s / 60)} min ${s % 60} s` : `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+  return seconds >= 0 ? `in ${text}` : `${text} ago`;
+}
+
+function when(epochSeconds) {
+  return epochSeconds ? new Date(epochSeconds * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z" : "";
+}
+
+function countdown(node, notBefore) {
+  node.dataset.notBefore = notBefore || "";
+  node.classList.add("countdown");
+  tick(node);
+}
+
+function tick(node) {
+  const at = Date.parse(node.dataset.notBefore);
+  node.textContent = Number.isNaN(at) ? "now (Started)" : `${ago((at - Date.now()) / 1000)} (${node.dataset.notBefore})`;
+}
+
+// -- who is signed in ---------------------------------------------------------------------------
+
+async function loadMe() {
+  state.me = await api("/api/me");
+  const me = document.getElementById("me");
+  me.textContent = `${state.me.name}${state.me.canApprove ? " (may approve)" : " (may look)"}`;
+}
+
+// -- the fleet page -----------------------------------------------------------------------------
+
+async function loadFleet() {
+  const q = document.getElementById("search").value;
+  state.fleet = await api(`/api/fleet?q=${encodeURIComponent(q)}`);
+  vmIndex.clear();
+  renderFleet();
+}
+
+function renderFleet() {
+  const fleet = state.fleet;
+  const events = Object.values(fleet.events).sort((a, b) => String(a.notBefore).localeCompare(String(b.notBefore)));
+  const body = document.querySelector("#events tbody");
+  body.replaceChildren(...events.map(eventRow));
+  document.getElementById("no-events").hidden = events.length > 0;
+  const now = Date.now() / 1000;
+  const silent = fleet.vms.filter((vm) => now - vm.lastSeen > fleet.silentAfter);
+  document.getElementById("counts").textContent =
+    `${fleet.vms.length} VMs · ${events.length} open events · ${silent.length} silent`;
+  renderGroups();
+}
+
+function eventRow(event) {
+  const starts = el("td");
+  if (event.eventStatus === "Scheduled") countdown(starts, event.notBefore);
+  else starts.textContent = event.eventStatus;
+  const prepared = Object.values(event.preparations).filter((r) => r === "prepared").length;
+  const action = el("td");
+  if (event.eventStatus === "Scheduled" && state.me && state.me.canApprove) {
+    const button = el("button", { type: "button", class: "danger", "data-event": event.eventId, text: "Approve…" });
+    button.addEventListener("click", () => openApprove(event, "approve"));
+    action.append(button);
+  }
+  const pending = state.pending.get(event.eventId);
+  const approved = el("td", { class: "approved", text: event.approved ? `approved${event.approvedBy ? " by " + event.approvedBy : ""}` : pending || "" });
+  return el("tr", { id: `event-${event.eventId}`, "data-status": event.eventStatus },
+    el("td", {}, el("a", { href: `/events/${event.eventId}`, text: event.eventId.slice(0, 8) })),
+    el("td", { text: event.eventType }), el("td", { text: event.eventSource || "" }),
+    el("td", { class: "status", text: event.eventStatus }), starts,
+    el("td", { text: event.resources.join(", ") }),
+    el("td", { text: `${prepared}/${event.resources.length}` }), approved, action);
+}
+
+function renderGroups() {
+  const key = document.getElementById("group").value;
+  const fleet = state.fleet;
+  const now = Date.now() / 1000;
+  const groups = new Map();
+  for (const vm of fleet.vms) {
+    const name = vm[key] || "(none)";
+    if (!groups.has(name)) groups.set(name, []);
+    groups.get(name).push(vm);
+  }
+  const sections = [...groups.entries()].sort(([a], [b]) => a.localeCompare(b)).map(([name, vms]) => {
+    const interesting = vms.filter((vm) => vm.events.length || now - vm.lastSeen > fleet.silentAfter);
+    const details = el("details", interesting.length ? { open: "" } : {},
+      el("summary", { text: `${name} · ${vms.length} VMs${interesting.length ? ` · ${interesting.length} to look at` : ""}` }));
+    const list = el("ul", { class: "vms" });
+    for (const vm of (interesting.length ? interesting : vms).slice(0, 500)) list.append(vmItem(vm, now));
+    details.append(list);
+    return details;
+  });
+  document.getElementById("groups").replaceChildren(...sections);
+}
+
+function vmItem(vm, now) {
+  const silent = now - vm.lastSeen > state.fleet.silentAfter;
+  const item = el("li", { id: `vm-${vm.name}`, class: silent ? "silent" : "" }, el("strong", { text: vm.name }));
+  if (silent) item.append(el("span", { class: "flag", text: ` agent silent (last heard ${ago(vm.lastSeen - now)})` }));
+  for (const id of vm.events) {
+    const event = state.fleet.events[id];
+    item.append(" ", el("a", { href: `/events/${id}`, class: "chip", text: event ? `${event.eventType} ${event.eventStatus}` : id.slice(0, 8) }));
+  }
+  return item;
+}
+
+// -- the event page -----------------------------------------------------------------------------
+
+function eventId() {
+  return decodeURIComponent(location.pathname.split("/").pop());
+}
+
+async function loadEvent() {
+  state.event = await api(`/api/events/${encodeURIComponent(eventId())}`);
+  renderEvent();
+}
+
+function renderEvent() {
+  const e = state.event;
+  const starts = el("span");
+  if (e.eventStatus === "Scheduled" && e.open) countdown(starts, e.notBefore);
+  document.getElementById("summary").replaceChildren(
+    el("h2", { text: `${e.eventType} ${e.eventId}` }),
+    el("p", { class: "status", id: "event-status", text: e.open ? e.eventStatus : `${e.outcome} (${e.eventStatus} when last seen)` }),
+    el("p", { text: `${e.eventSource || ""} · VMs: ${e.resources.join(", ")} · ${e.description || ""}` }),
+    e.eventStatus === "Scheduled" ? el("p", {}, "Starts ", starts) : el("p", { text: `Started at ${when(e.startedAt)}` }),
+    el("p", { id: "event-approved", text: e.approved ? `approved by ${e.approvedBy || "?"} at ${when(e.approvedAt)}` : "not approved" }));
+  const decision = document.getElementById("decision");
+  decision.hidden = !(e.open && e.eventStatus === "Scheduled" && state.me && state.me.canApprove);
+  fill("#timeline tbody", e.timeline, (t) => [when(t.at), t.vm, t.change, t.eventStatus || "(gone)", String(t.incarnation ?? "")]);
+  fill("#preparations tbody", e.preparationRecords, (p) => [when(p.at), p.vm, p.result, p.hook ? `${p.hook.result} (exit ${p.hook.exitCode})` : "no hook"]);
+  fill("#audits tbody", e.audits, (a) => [when(a.at), a.issuedBy || "", a.component, a.path || "", a.outcome, a.reason || "", a.detail || ""]);
+}
+
+function fill(selector, rows, cells) {
+  document.querySelector(selector).replaceChildren(...rows.map((row) => el("tr", {}, ...cells(row).map((text) => el("td", { text })))));
+}
+
+// -- approving ----------------------------------------------------------------------------------
+
+let approving = null;
+
+function openApprove(event, action) {
+  approving = { event, action };
+  const dialog = document.getElementById("approve");
+  document.getElementById("approve-title").textContent = action === "approve" ? "Approve" : "Decline";
+  document.getElementById("approve-event").textContent = `${event.eventType} ${event.eventId} (${event.eventStatus})`;
+  document.getElementById("approve-reason").value = "";
+  document.getElementById("approve-error").textContent = "";
+  document.getElementById("approve-step1").hidden = false;
+  document.getElementById("approve-step2").hidden = true;
+  document.getElementById("approve-vms").replaceChildren(...event.resources.map((name) => el("li", { text: name })));
+  document.getElementById("approve-confirm").textContent = action === "approve" ? `Approve now: release ${event.resources.length} VM(s)` : "Decline";
+  dialog.showModal();
+}
+
+function wireDialog() {
+  const dialog = document.getElementById("approve");
+  if (!dialog) return;
+  document.getElementById("approve-cancel").addEventListener("click", () => dialog.close());
+  document.getElementById("approve-back").addEventListener("click", () => {
+    document.getElementById("approve-step1").hidden = false;
+    document.getElementById("approve-step2").hidden = true;
+  });
+  document.getElementById("approve-next").addEventListener("click", () => {
+    if (!document.getElementById("approve-reason").value.trim()) {
+      document.getElementById("approve-error").textContent = "A reason is required.";
+      return;
+    }
+    document.getElementById("approve-error").textContent = "";
+    document.getElementById("approve-step1").hidden = true;
+    document.getElementById("approve-step2").hidden = false;
+  });
+  document.getElementById("approve-confirm").addEventListener("click", submitDecision);
+}
+
+async function submitDecision() {
+  const { event, action } = approving;
+  const target = event.resources[0];
+  try {
+    const answer = await api("/api/decisions", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", "X-CSRF-Token": state.me.csrf },
+      body: JSON.stringify({ eventId: event.eventId, target, action, reason: document.getElementById("approve-reason").value, confirm: event.resources }),
+    });
+    state.pending.set(event.eventId, `${action} sent (decision ${answer.decisionId.slice(8, 16)}), waiting for the approver`);
+    document.getElementById("approve").close();
+    showDecisionState(event.eventId, state.pending.get(event.eventId));
+  } catch (error) {
+    document.getElementById("approve-error").textContent = error.message;
+  }
+}
+
+function showDecisionState(id, text) {
+  const row = document.querySelector(`#event-${CSS.escape(id)} .approved`);
+  if (row) row.textContent = text;
+  const stateNode = document.getElementById("decision-state");
+  if (stateNode && state.event && state.event.eventId === id) stateNode.textContent = text;
+}
+
+// -- the history page ---------------------------------------------------------------------------
+
+async function loadHistory() {
+  const days = document.getElementById("days").value;
+  const group = document.getElementById("hgroup").value;
+  const history = await api(`/api/history?days=${days}&group=${encodeURIComponent(group)}`);
+  const max = Math.max(1, ...history.days.map(([, types]) => Object.values(types).reduce((a, b) => a + b, 0)));
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${Math.max(1, history.days.length) * 24} 120`);
+  history.days.forEach(([day, types], i) => {
+    const total = Object.values(types).reduce((a, b) => a + b, 0);
+    const bar = document.createElementNS("http://www.w3.org/2000/svg", "rect");
+    const height = (total / max) * 100;
+    for (const [k, v] of Object.entries({ x: i * 24 + 4, y: 110 - height, width: 16, height })) bar.setAttribute(k, v);
+    const title = document.createElementNS("http://www.w3.org/2000/svg", "title");
+    title.textContent = `${day}: ${Object.entries(types).map(([t, n]) => `${n} ${t}`).join(", ")}`;
+    bar.append(title);
+    svg.append(bar);
+  });
+  document.getElementById("chart").replaceChildren(svg);
+  const n = history.noticeSeconds, l = history.approvalLeadSeconds;
+  document.getElementById("spread").textContent =
+    `Notice given (Scheduled → Started): median ${n.p50 ?? "–"} s over ${n.n} events · approved ahead of NotBefore: median ${l.p50 ?? "–"} s over ${l.n}`;
+  fill("#closed tbody", history.events.slice().reverse(), (h) => [when(h.endedAt), h.eventId.slice(0, 8), h.eventType, h.outcome || "", h.noticeSeconds == null ? "" : `${h.noticeSeconds} s`, h.approvalLeadSeconds == null ? "" : `${h.approvalLeadSeconds} s`, h.approvedBy || ""]);
+}
+
+// -- live ---------------------------------------------------------------------------------------
+
+function follow(onMessage) {
+  const live = document.getElementById("live");
+  const source = new EventSource("/api/stream");
+  source.onopen = () => live.classList.add("on");
+  source.onerror = () => live.classList.remove("on");
+  source.onmessage = (message) => onMessage(JSON.parse(message.data));
+}
+
+const vmIndex = new Map();  // VM name -> position in state.fleet.vms
+
+function onFleetMessage(message) {
+  const fleet = state.fleet;
+  if (!fleet) return;
+  if (message.type === "vm") {  // a heartbeat or a record: kept, shown with the next VM render
+    if (vmIndex.size !== fleet.vms.length) fleet.vms.forEach((vm, i) => vmIndex.set(vm.name, i));
+    const i = vmIndex.get(message.vm.name);
+    if (i !== undefined) fleet.vms[i] = message.vm;
+    else { vmIndex.set(message.vm.name, fleet.vms.length); fleet.vms.push(message.vm); }
+    return;
+  } else if (message.type === "event") {
+    const e = message.event;
+    if (e.outcome) delete fleet.events[e.eventId];
+    else fleet.events[e.eventId] = e;
+  } else if (message.type === "audit") {
+    for (const id of message.eventIds) {
+      if (message.audit.component === "approver" || message.audit.component === "coordinator") {
+        state.pending.set(id, `${message.audit.outcome}${message.audit.reason ? " (" + message.audit.reason + ")" : ""}`);
+      }
+    }
+  }
+  scheduleRender(renderFleet);
+}
+
+function onEventMessage(message) {
+  const id = state.event && state.event.eventId;
+  const mine = (message.type === "event" && message.event.eventId === id) || (message.type === "audit" && message.eventIds.includes(id));
+  if (mine) scheduleRender(loadEvent);
+}
+
+let renderQueued = null;
+function scheduleRender(render) {
+  if (renderQueued) return;
+  renderQueued = setTimeout(() => { renderQueued = null; render(); }, 100);  // a burst of records: one render
+}
+
+// -- start ----------------------------------------------------------------------------------------
+
+async function start() {
+  await loadMe();
+  wireDialog();
+  const page = document.body.dataset.page;
+  if (page === "fleet") {
+    document.getElementById("search").addEventListener("input", () => scheduleRender(loadFleet));
+    document.getElementById("group").addEventListener("change", renderGroups);
+    await loadFleet();
+    follow(onFleetMessage);
+    setInterval(() => { document.querySelectorAll(".countdown").forEach(tick); }, 1000);
+    setInterval(() => { if (state.fleet) renderFleet(); }, 2000);  // heartbeats, and silence (an absence)
+  } else if (page === "event") {
+    document.getElementById("event-approve").addEventListener("click", () => openApprove(state.event, "approve"));
+    document.getElementById("event-decline").addEventListener("click", () => openApprove(state.event, "decline"));
+    await loadEvent();
+    follow(onEventMessage);
+    setInterval(() => { document.querySelectorAll(".countdown").forEach(tick); }, 1000);
+  } else if (page === "history") {
+    document.getElementById("days").addEventListener("change", loadHistory);
+    document.getElementById("hgroup").addEventListener("change", loadHistory);
+    await loadHistory();
+    follow(() => scheduleRender(loadHistory));
+  }
+  document.body.dataset.ready = "true";
+}
+
+start().catch((error) => {
+  document.body.replaceChildren(el("p", { class: "error", text: `The console cannot load: ${error.message}` }));
+});

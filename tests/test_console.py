@@ -1,0 +1,250 @@
+"""The ops console in a real browser (issue 20): Playwright driving Debian's chromium against real
+processes: the fleet emulator (an availability set of three VMs), an agent per VM, the fleet
+approver, and ``se-bridge console`` behind a stand-in for oauth2-proxy (the browser sends the
+headers oauth2-proxy would set: that front door is what cannot run here; everything behind it is
+the real console).
+
+What a person meets: a Scheduled event appears on the fleet page; Approve asks for a reason, then
+names the VMs it releases; the second click publishes a signed decision; the page shows the
+outcome as the audit record arrives, then Started, then completed; the emulator got exactly one
+StartRequest. A look-only person sees no button and a forged POST gets 403; a cross-site form post is
+refused; a dead agent is flagged. Screenshots of each page go to ``SE_BRIDGE_SCREENSHOTS`` (docs/console
+when the docs are refreshed) or the test's own directory.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import requests
+from brokers import free_port
+from procs import RELAY_KEY, Agent, Emulator, approver_api, scrape, start_approver, wait_until
+
+CHROMIUM = "/usr/bin/chromium"
+VMS = ["fleet-vm-000", "fleet-vm-001", "fleet-vm-002"]
+APPROVER = {"X-Forwarded-Email": "alice@contoso.example", "X-Forwarded-Groups": "ops,maintenance-approvers"}
+LOOKER = {"X-Forwarded-Email": "bob@contoso.example", "X-Forwarded-Groups": "ops"}
+CONSOLE_KEY = b"console-signing-key-of-the-tests-0123456789"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
+
+
+class Stack:
+    """Emulator, three agents, the fleet approver and the console, in ``workdir``."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        first_ip = f"127.{random.randint(20, 250)}.{random.randint(0, 250)}.1"
+        self.emulator = Emulator("--fleet", "3", "--fleet-first-ip", first_ip, "--approval-delay", "2")
+        self.vms = {vm["name"]: vm for vm in self.emulator.info["fleet"]}
+        self.agents: dict[str, Agent] = {}
+        for name in VMS:
+            (workdir / name).mkdir()
+            self.agents[name] = Agent(
+                self.vms[name]["url"], workdir / name, "--heartbeat-interval", "1"
+            ).start("--listen", f"{self.vms[name]['privateIp']}:8710")
+        self.decisions = workdir / "decisions.jsonl"
+        self.decisions.touch()
+        self.audit = workdir / "audit.jsonl"
+        self.audit.touch()
+        (workdir / "relay.key").write_bytes(RELAY_KEY)
+        streams = [f"file://{a.sink_path}" for a in self.agents.values()]
+        fleet = ["--mode", "fleet", "--relay-url-template", "http://{privateIp}:8710"]
+        for stream in streams:
+            fleet += ["--events-source", stream]
+        self.approver = start_approver(
+            workdir,
+            f"file://{self.decisions}",
+            f"file://{self.audit}",
+            "http://unused:1",
+            CONSOLE_KEY,
+            *fleet,
+        )
+        approver_api(workdir)
+        (workdir / "console.key").write_bytes(CONSOLE_KEY)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        sources = [
+            arg for stream in [*streams, f"file://{self.audit}"] for arg in ("--events-source", stream)
+        ]
+        self.console_log = open(workdir / "console.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.console = subprocess.Popen(
+            [sys.executable, "-m", "bridge", "console", "--auth", "oauth2-proxy",
+             "--approver-group", "maintenance-approvers", *sources, "--sink", f"file://{self.decisions}",
+             "--key", f"ops={workdir / 'console.key'}", "--state-dir", str(workdir / "console-state"),
+             "--listen", f"127.0.0.1:{self.port}", "--silent-after", "4"],
+            stdout=self.console_log, stderr=self.console_log,
+        )  # fmt: skip
+        wait_until(lambda: _ready(self.url), 30, what="the console ready")
+
+    def add_event(self) -> str:
+        body = {"eventType": "Reboot", "eventSource": "User", "resources": VMS, "noticeSeconds": 900,
+                "startedSeconds": 6}  # fmt: skip
+        return self.emulator.control("POST", "fleet/events", body)["eventId"]
+
+    def ledger(self, event_id: str) -> dict[str, Any]:
+        (event,) = [e for e in self.emulator.control("GET", "fleet")["events"] if e["eventId"] == event_id]
+        return event
+
+    def decisions_published(self) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in self.decisions.read_bytes().splitlines() if line.strip()]
+
+    def stop(self) -> None:
+        for proc in (self.console, self.approver):
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(20)
+        for agent in self.agents.values():
+            agent.stop()
+        self.emulator.stop()
+        self.console_log.close()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return requests.get(url + "/readyz", timeout=2, proxies={"http": ""}).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    s = Stack(tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],  # fmt: skip
+        )
+        yield b
+        b.close()
+
+
+def shots(tmp_path: Path) -> Path:
+    where = Path(os.environ.get("SE_BRIDGE_SCREENSHOTS") or tmp_path / "screenshots")
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+def test_a_person_approves_an_event_and_watches_it_through(
+    stack: Stack, browser: Any, tmp_path: Path
+) -> None:
+    approver = browser.new_context(extra_http_headers=APPROVER, viewport={"width": 1280, "height": 800})
+    page = approver.new_page()
+    page.goto(stack.url + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    event_id = stack.add_event()
+    row = page.locator(f"#event-{event_id}")
+    row.wait_for(timeout=30_000)  # live: no reload (bench/console_bench.py measures how fast)
+    assert row.locator(".status").inner_text() == "Scheduled"
+    assert "in 14 min" in row.inner_text() or "in 15 min" in row.inner_text()  # the countdown
+    page.screenshot(path=str(shots(tmp_path) / "fleet.png"), full_page=True)
+
+    row.get_by_role("button", name="Approve…").click()
+    page.locator("#approve-next").click()  # no reason: refused by the page
+    assert "reason is required" in page.locator("#approve-error").inner_text()
+    page.locator("#approve-reason").fill("drained by the on-call, ticket OPS-1234")
+    page.locator("#approve-next").click()
+    assert page.locator("#approve-vms li").all_inner_texts() == VMS  # the second click names them
+    assert stack.decisions_published() == []  # nothing is published before the second click
+    page.screenshot(path=str(shots(tmp_path) / "approve.png"))
+    page.locator("#approve-confirm").click()
+
+    wait_until(lambda: stack.ledger(event_id)["startRequests"] >= 1, 30, what="the StartRequest")
+    page.locator(f"#event-{event_id} .approved").filter(has_text="approved").wait_for(timeout=30_000)
+    page.locator(f"#event-{event_id}[data-status=Started]").wait_for(timeout=30_000)
+    (decision,) = stack.decisions_published()
+    assert decision["issuedBy"] == "alice@contoso.example" and decision["target"] == VMS[0]
+    assert decision["reason"] == "drained by the on-call, ticket OPS-1234"
+
+    details = approver.new_page()
+    details.goto(f"{stack.url}/events/{event_id}")
+    details.wait_for_selector("body[data-ready=true]")
+    details.locator("#audits tbody tr").first.wait_for()
+    assert "alice@contoso.example" in details.locator("#audits").inner_text()
+    assert "fleet-vm-000" in details.locator("#timeline").inner_text()
+    details.screenshot(path=str(shots(tmp_path) / "event.png"), full_page=True)
+    page.locator(f"#event-{event_id}").wait_for(state="detached", timeout=60_000)  # completed: gone
+    details.locator("#event-status", has_text="completed").wait_for(timeout=30_000)
+    assert stack.ledger(event_id)["startRequests"] == 1  # exactly one StartRequest, for all three VMs
+
+    history = approver.new_page()
+    history.goto(stack.url + "/history")
+    history.wait_for_selector("body[data-ready=true]")
+    assert "completed" in history.locator("#closed").inner_text()
+    history.screenshot(path=str(shots(tmp_path) / "history.png"), full_page=True)
+
+
+def test_a_look_only_person_cannot_approve_and_a_cross_site_post_is_refused(
+    stack: Stack, browser: Any, tmp_path: Path
+) -> None:
+    event_id = stack.add_event()
+    looker = browser.new_context(extra_http_headers=LOOKER)
+    page = looker.new_page()
+    page.goto(stack.url + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    page.locator(f"#event-{event_id}").wait_for(timeout=30_000)
+    assert page.get_by_role("button", name="Approve…").count() == 0
+    assert "(may look)" in page.locator("#me").inner_text()
+    # A forged POST from the page itself (same origin, the right CSRF token): the role is missing.
+    me = page.evaluate("fetch('/api/me').then(r => r.json())")
+    forged = page.evaluate(
+        """([eventId, csrf, vms]) => fetch('/api/decisions', {method: 'POST', headers: {'Content-Type':
+        'application/json', 'X-CSRF-Token': csrf}, body: JSON.stringify({eventId, target: vms[0], reason: 'x',
+        confirm: vms})}).then(r => r.status)""",
+        [event_id, me["csrf"], VMS],
+    )
+    assert forged == 403
+    # A cross-site form post, from another origin, in a browser signed in as an approver.
+    attacker = browser.new_context(extra_http_headers=APPROVER).new_page()
+    attacker.set_content(
+        f'<form method="post" action="{stack.url}/api/decisions" enctype="text/plain">'
+        f'<input name=\'{{"eventId":"{event_id}","target":"{VMS[0]}","reason":"x","confirm":{orjson.dumps(VMS).decode()},"x":"\' value=\'"}}\'>'
+        "</form>"
+    )  # fmt: skip
+    with attacker.expect_navigation():
+        attacker.evaluate("document.forms[0].submit()")
+    assert "refused" in attacker.content() or "403" in attacker.content() or "cross" in attacker.content()
+    # And outside a browser: no Origin, or another one, is refused before anything is read.
+    for headers in ({}, {"Origin": "https://evil.example"}):
+        answer = requests.post(stack.url + "/api/decisions", json={"eventId": event_id}, proxies={"http": ""},
+                               headers={**APPROVER, **headers}, timeout=10)  # fmt: skip
+        assert answer.status_code == 403, answer.text
+    assert stack.decisions_published() == [] and stack.ledger(event_id)["startRequests"] == 0
+    assert scrape(stack.url, "se_bridge_console_decisions_total", outcome="forbidden") >= 3
+
+
+def test_a_dead_agent_is_flagged(stack: Stack, browser: Any, tmp_path: Path) -> None:
+    page = browser.new_context(extra_http_headers=LOOKER).new_page()
+    page.goto(stack.url + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    assert page.locator("li.silent").count() == 0
+    stack.agents["fleet-vm-002"].kill()  # its heartbeats stop
+    page.locator("#vm-fleet-vm-002.silent").wait_for(timeout=30_000)
+    assert "agent silent" in page.locator("#vm-fleet-vm-002").inner_text()
+    assert page.locator("li.silent").count() == 1
+    page.screenshot(path=str(shots(tmp_path) / "silent.png"), full_page=True)
