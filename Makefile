@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast lint bench clean venv infra-tools azurite strace tools
+.PHONY: demo test test-fast lint bench clean venv infra-tools azurite strace chromium tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +49,13 @@ $(TOOLS)/.installed-azurite-$(AZURITE_VERSION):
 
 azurite: $(TOOLS)/.installed-azurite-$(AZURITE_VERSION)
 
-demo: $(VENV)/.installed
+# The demo installs the console's extra too (two small packages): `se-bridge demo --console` keeps a
+# fleet and the ops console running for a person to click.
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[console]'
+	@touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed-demo
 	$(BIN)/se-bridge demo
 
 lint: $(VENV)/.installed-test
@@ -65,16 +71,25 @@ strace:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null 2>&1 || \
 	  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null; }; }
 
+# The console's pages are tested in a real browser: Playwright (a test dependency) drives Debian's
+# chromium, installed here when missing (Playwright's own browser download is not used).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium (Debian package) for the console's browser tests"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; }
+
 # Parallel test workers (pytest-xdist): one more than the cores by default, because the suite mostly
 # waits (on its services, brokers and sockets): two workers on two cores kept about one core busy.
 # TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 # SE_BRIDGE_INFRA_VENV and SE_BRIDGE_AZURITE tell the tests where the tools are, and with
-# SE_BRIDGE_FAULT_TESTS=required the storage-fault tests fail (not skip) when tmpfs cannot be mounted.
+# SE_BRIDGE_FAULT_TESTS=required the storage-fault tests fail (not skip) when tmpfs cannot be mounted;
+# SE_BRIDGE_BROWSER_TESTS=required, the console's browser tests when chromium is missing.
 # The tools are installed side by side (three independent downloads and installs: about half of a
 # fresh checkout's `make test` was spent installing them one after the other).
-TOOL_STAMPS := $(VENV)/.installed-test $(INFRA_VENV)/.installed $(TOOLS)/.installed-azurite-$(AZURITE_VERSION) strace
+TOOL_STAMPS := $(VENV)/.installed-test $(INFRA_VENV)/.installed $(TOOLS)/.installed-azurite-$(AZURITE_VERSION) strace chromium
 
 tools:
 	$(MAKE) --no-print-directory -j4 $(TOOL_STAMPS)
@@ -82,7 +97,7 @@ tools:
 test: tools
 	$(MAKE) --no-print-directory lint
 	SE_BRIDGE_INFRA_VENV=$(abspath $(INFRA_VENV)) SE_BRIDGE_AZURITE=$(abspath $(TOOLS)) \
-	SE_BRIDGE_FAULT_TESTS=required $(BIN)/python -m pytest -n $(TEST_WORKERS)
+	SE_BRIDGE_FAULT_TESTS=required SE_BRIDGE_BROWSER_TESTS=required $(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 # Unit and property tests only (no service process, broker or peer): the quick loop while editing.
 test-fast: $(VENV)/.installed-test lint

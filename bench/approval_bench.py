@@ -39,7 +39,8 @@ import orjson
 from benchkit import emulator_control, percentile, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
-BEFORE_COMMIT = "cb03b63"  # the approver and relay before lanes, coalescing and the IMDS budget change
+BEFORE_COMMIT = "1664c23"  # before issue 19: the relay waited for an answer before the next request
+# (cb03b63, before lanes and coalescing, no longer runs under this bench: its approver lacks --relay-key)
 
 
 class Run:
@@ -147,6 +148,7 @@ def measure(pythonpath: Path, before: bool, args: argparse.Namespace) -> dict[st
             first_ms = (run.started_at([first])[first] - published) * 1000
             spaced = run.add_events(args.spaced)
             sent: dict[str, float] = {}
+            gets_before = run.state()["requests"]["get"]
             watcher = _Watcher(run, spaced)
             for event_id in spaced:
                 sent[event_id] = time.monotonic()
@@ -154,6 +156,7 @@ def measure(pythonpath: Path, before: bool, args: argparse.Namespace) -> dict[st
                 time.sleep(args.gap)
             got = watcher.join()
             trips = [(got[e] - sent[e]) * 1000 for e in spaced if e in got]
+            spaced_polls = run.state()["requests"]["get"] - gets_before
             burst = run.add_events(args.burst)
             rejected_before = run.state()["requests"]["rejected"].get("429", 0)
             published = time.monotonic()
@@ -164,7 +167,10 @@ def measure(pythonpath: Path, before: bool, args: argparse.Namespace) -> dict[st
             return {
                 "first_ms": first_ms,
                 "spaced_p50_ms": percentile(trips, 0.5),
+                "spaced_p90_ms": percentile(trips, 0.9),
                 "spaced_p99_ms": percentile(trips, 0.99),
+                "spaced_over_300": sum(1 for t in trips if t > 300),
+                "spaced_polls": spaced_polls,
                 "spaced_lost": len(spaced) - len(trips),
                 "burst_s": burst_s,
                 "burst_per_s": len(burst) / burst_s if burst_s == burst_s else 0.0,
@@ -220,7 +226,8 @@ def main() -> int:
             "before": measure(before_tree(args.before, Path(old)), True, args),
             "after": measure(REPO, False, args),
         }
-    rows = ["first_ms", "spaced_p50_ms", "spaced_p99_ms", "spaced_lost", "burst_s", "burst_per_s"]
+    rows = ["first_ms", "spaced_p50_ms", "spaced_p90_ms", "spaced_p99_ms", "spaced_over_300"]
+    rows += ["spaced_polls", "spaced_lost", "burst_s", "burst_per_s"]
     rows += ["burst_429", "doubled", "posts"]
     print(f"\n{'figure':<16}{'before ' + args.before:>18}{'after':>12}")
     for row in rows:
@@ -231,6 +238,9 @@ def main() -> int:
         f"burst of {args.burst} <= 2 s": after["burst_s"] <= 2.0,
         "0 IMDS 429s in the burst": after["burst_429"] == 0,
         "first decision <= 100 ms": after["first_ms"] <= 100,
+        # Not reachable while the agent also polls (docs/performance.md): a poll takes one slot in
+        # eight and the decisions behind it wait two. Reported, so a change in either shows.
+        "spaced p99 <= 300 ms": after["spaced_p99_ms"] <= 300,
         "0 lost, 0 doubled": after["spaced_lost"] == 0 and after["doubled"] == 0,
     }
     for name, ok in targets.items():

@@ -107,6 +107,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     demo.add_argument("--output", default="demo-output", metavar="DIR", help="where records and logs go")
     demo.add_argument("--speed", type=float, default=60.0, help="emulator time acceleration (default 60)")
     demo.add_argument("--scenario", default="tour", help="emulator scenario to play (default: tour)")
+    demo.add_argument(
+        "--console",
+        action="store_true",
+        help="instead: keep a fleet of three VMs, their agents, the fleet approver and the ops console "
+        "running, for a person to open the console and approve (Ctrl-C stops them)",
+    )
 
     approver = sub.add_parser(
         "approver",
@@ -177,9 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run(args)
         if args.command == "demo":
-            from bridge.demo import run_demo
-
-            return run_demo(Path(args.output), speed=args.speed, scenario=args.scenario)
+            return _demo(args)
         if args.command == "validate":
             return _validate(args.files)
         if args.command == "approver":
@@ -201,6 +205,16 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return 2
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if args.console:
+        from bridge.demo_console import run_console_demo
+
+        return run_console_demo(Path(args.output) / "console")
+    from bridge.demo import run_demo
+
+    return run_demo(Path(args.output), speed=args.speed, scenario=args.scenario)
 
 
 def _agent(args: argparse.Namespace) -> int:

@@ -284,6 +284,7 @@ def _summary(records: list[dict[str, Any]], path: Path, elapsed: float) -> int:
     _say("transitions: " + ", ".join(f"{k} {v}" for k, v in sorted(changes.items())))
     _say("approval audit records: " + (", ".join(f"{k} {v}" for k, v in sorted(approvals.items())) or "none"))
     _say(f"validate again with: se-bridge validate {path}")
+    _say("see it in the ops console, on a fleet left running for you to approve: se-bridge demo --console")
     return 0 if records and invalid == 0 else 1
 
 

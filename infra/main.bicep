@@ -152,6 +152,29 @@ param dataExplorerSkuTier string = 'Basic'
 @description('Object id of an Entra ID group allowed to query the dashboard database; empty: none.')
 param dashboardViewerGroupObjectId string = ''
 
+@description('Deploy the ops console (se-bridge console) on Azure Container Apps behind Entra ID sign-in (docs/console.md).')
+param deployConsole bool = false
+
+@description('Container image of the console (se-bridge[console,eventhubs] installed; docs/console.md); required when deployConsole is true.')
+param consoleImage string = ''
+
+@description('Application (client) id of the Entra app registration people sign in to the console with; required when deployConsole is true.')
+param consoleEntraClientId string = ''
+
+@description('Client secret of that app registration; required when deployConsole is true. Stored in the console\'s Key Vault, nowhere else.')
+@secure()
+param consoleEntraClientSecret string = ''
+
+@description('App role (of that registration) whose holders may approve in the console.')
+param consoleApproverRole string = 'Maintenance.Approve'
+
+@description('Key id under which the approvers know the console\'s signing key.')
+param consoleDecisionKeyId string = 'console'
+
+@description('The console\'s HMAC signing key (at least 32 bytes); required when deployConsole is true. Stored in the console\'s Key Vault, nowhere else.')
+@secure()
+param consoleDecisionKey string = ''
+
 @description('Tags of every resource.')
 param tags object = {
   workload: 'scheduled-events-bridge'
@@ -175,6 +198,8 @@ var eventsConsumerGroups = concat([
   'adx'
 ] : [], (deployLogicApp && logicAppTrigger == 'eventhub') ? [
   'logicapp'
+] : [], deployConsole ? [
+  'se-bridge-console'
 ] : [])
 
 module eventHubs 'modules/eventhubs.bicep' = {
@@ -321,6 +346,29 @@ module dataExplorer 'modules/dataexplorer.bicep' = if (deployDataExplorer) {
   }
 }
 
+module console 'modules/console.bicep' = if (deployConsole) {
+  name: 'se-bridge-console'
+  params: {
+    location: location
+    appName: take('${namePrefix}-console', 32)
+    environmentName: '${namePrefix}-cae-${suffix}'
+    keyVaultName: take('${compactPrefix}ckv${suffix}', 24)
+    identityName: '${namePrefix}-console'
+    image: consoleImage
+    namespaceName: eventHubs.outputs.namespaceName
+    eventsHubName: eventsHubName
+    decisionsHubName: decisionsHubName
+    consumerGroup: 'se-bridge-console'
+    decisionKeyId: consoleDecisionKeyId
+    decisionKey: consoleDecisionKey
+    entraClientId: consoleEntraClientId
+    entraClientSecret: consoleEntraClientSecret
+    approverRole: consoleApproverRole
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    tags: tags
+  }
+}
+
 // The agent as a VM Application: the gallery reads the package and settings from the artifacts
 // container with its own identity at publish time (no SAS stored anywhere).
 module vmApplication 'modules/vm-application.bicep' = if (!empty(vmApplicationVersion)) {
@@ -390,3 +438,6 @@ output logicAppWorkflowId string = deployLogicApp ? logicApp.outputs.workflowId 
 
 @description('Resource id of the published VM Application version (deploy/enable_vm_application.py --version-id; applicationProfile.galleryApplications[].packageReferenceId); empty when none was published.')
 output vmApplicationVersionId string = empty(vmApplicationVersion) ? '' : vmApplication.outputs.applicationVersionId
+
+@description('The ops console\'s address (empty without deployConsole).')
+output consoleUrl string = deployConsole ? console.outputs.url : ''

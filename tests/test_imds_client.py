@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bridge.imds.client import MAX_ANSWER_BYTES, ImdsClient, ImdsError
+from bridge.imds.client import MAX_ANSWER_BYTES, ImdsClient, ImdsError, RateLimiter
 from bridge.imds.emulator import EmulatorServer
 
 
@@ -158,6 +158,48 @@ def test_start_requests_take_the_next_slot_before_waiting_polls() -> None:
             t.join(10)
         assert errors == [] and order[0] == "post", order
         assert emu.state.snapshot()["requests"]["rejected"].get("429", 0) == 0
+
+
+def test_a_stream_of_start_requests_never_stops_the_polls() -> None:
+    """Priority requests go first, but a poll that has waited a whole window goes next: approvals
+    arriving without pause (a slot's worth each) used to keep the agent from polling until they
+    stopped. The limiter alone, no server: the question is only who gets a slot."""
+    limiter = RateLimiter(4.0)
+    stop = threading.Event()
+    granted: list[str] = []
+
+    def approvals() -> None:
+        while not stop.is_set():
+            limiter.acquire(priority=True)
+            granted.append("post")
+
+    def poll() -> None:
+        limiter.acquire()
+        granted.append("poll")
+
+    posting = [threading.Thread(target=approvals) for _ in range(2)]
+    for t in posting:
+        t.start()
+    time.sleep(0.3)  # the window is full of StartRequests and more are always waiting
+    poller = threading.Thread(target=poll)
+    poller.start()
+    poller.join(6.0)  # the approvals keep going for this long: starved, the poll would never return
+    stop.set()
+    for t in posting:
+        t.join(5.0)
+    assert "poll" in granted, "a poll starved behind a stream of StartRequests"
+    assert granted.index("poll") < len(granted) - 1, "the poll went only once the approvals stopped"
+
+
+def test_a_start_request_right_after_a_poll_is_not_held_for_the_pacing() -> None:
+    """Pacing keeps StartRequests apart from each other, not from the poll that just went: the
+    first approval after a poll used to wait up to 262 ms for nothing."""
+    limiter = RateLimiter(4.0)
+    limiter.acquire()  # a poll
+    assert limiter._wait(time.monotonic(), priority=True) == 0.0
+    assert limiter._wait(time.monotonic(), priority=False) > 0.0  # the next poll is still paced
+    limiter.acquire(priority=True)
+    assert limiter._wait(time.monotonic(), priority=True) > 0.0  # and so is the next StartRequest
 
 
 # ---------------------------------------------------------------------- whole-answer deadline, size cap

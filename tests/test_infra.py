@@ -70,6 +70,11 @@ API_VERSIONS = {
     "Microsoft.Compute/galleries": "2025-04-01",
     "Microsoft.Compute/galleries/applications": "2025-04-01",
     "Microsoft.Compute/galleries/applications/versions": "2025-04-01",
+    # The ops console: the Microsoft.App stable version whose authConfigs, Key Vault secret
+    # references (keyVaultUrl + identity) and Secret volumes the module uses.
+    "Microsoft.App/managedEnvironments": "2024-03-01",
+    "Microsoft.App/containerApps": "2024-03-01",
+    "Microsoft.App/containerApps/authConfigs": "2024-03-01",
 }
 
 # Every checkov skip, per scanned directory: a new skip must be justified inline and listed here.
@@ -526,6 +531,54 @@ def test_the_decisions_hub_has_the_consumer_groups_the_fleet_approvers_read_with
     source = re.search(r"output fleetApproverDecisionsSpec string = '[^']*consumer_group=([^&']+)", main)
     assert source and source.group(1) in groups
     assert standby_group(source.group(1)) in groups and len(groups) <= 20
+
+
+def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: Path) -> None:
+    """Issue 20: the container's command line in infra/modules/console.bicep, with its interpolations
+    filled in as a deployment would, goes through the console's own parser and configuration: every
+    flag exists, entra mode has its approver role, both specs are valid Event Hubs specs (managed
+    identity, no secret), the events reader has its consumer group and no checkpoint store (every
+    replica reads everything), the key is a file (the Key Vault secret volume), and main.bicep creates
+    that consumer group on the records hub."""
+    from bridge.approver import topology
+    from bridge.approver.sources.eventhubs import parse_source_spec
+    from bridge.cli import build_parser
+    from bridge.config import load_console_config
+    from bridge.sinks.eventhubs import parse_eventhubs_spec
+
+    module = (ROOT / "infra" / "modules" / "console.bicep").read_text()
+    block = re.search(r"\n          args: \[\n(.*?)\n          \]", module, re.S)
+    assert block, "the container's args"
+    deployment = {
+        "namespaceFqdn": "sebridge-ehns-abc.servicebus.windows.net", "eventsHubName": "se-records",
+        "decisionsHubName": "se-decisions", "consumerGroup": "se-bridge-console",
+        "credential": "credential=managed&client_id=00000000-0000-0000-0000-000000000001",
+        "decisionKeyId": "console", "keyRefName": "console-key", "port": "8720",
+        "approverRole": "Maintenance.Approve",
+    }  # fmt: skip
+    argv = []
+    for line in (raw.strip() for raw in block.group(1).splitlines()):
+        if line.startswith("'"):
+            argv.append(re.sub(r"\$\{(\w+)\}", lambda m: deployment[m.group(1)], line.strip("'")))
+        else:
+            argv.append(deployment[line])  # a bare parameter
+    assert argv[0] == "console"
+    args = build_parser("console").parse_args(argv)
+    config = load_console_config(args, environ={})
+    assert config.auth == "entra" and config.approver_role == ("Maintenance.Approve",)
+    (events,) = config.events_source
+    hub, _own = parse_source_spec(events)
+    assert hub.credential == "managed" and hub.hub == "se-records"
+    topology.check_events_reader(events)  # no checkpoint store
+    assert "consumer_group=se-bridge-console" in events
+    sink = parse_eventhubs_spec(config.sink)
+    assert sink.credential == "managed" and sink.hub == "se-decisions"
+    assert config.key == "console=/mnt/se-bridge-keys/console-key"
+    mount = re.search(r"mountPath: '([^']+)'", module)
+    assert mount and config.key.partition("=")[2].startswith(mount.group(1) + "/")
+    main = (ROOT / "infra" / "main.bicep").read_text()
+    assert re.search(r"deployConsole \? \[\n\s+'se-bridge-console'", main), "the console's consumer group"
+    assert "consumerGroup: 'se-bridge-console'" in main
 
 
 def test_bicep_lint_knows_the_documented_limits(tmp_path: Path) -> None:

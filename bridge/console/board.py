@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,6 +29,8 @@ MAX_TIMELINE = 400
 MAX_AUDITS = 50
 #: Closed events kept for the history page.
 HISTORY_LIMIT = 50_000
+#: IMDS statuses in the order an event goes through them (a later one is never undone).
+STATUS_ORDER = {"Scheduled": 1, "Started": 2, "Completed": 3, "Canceled": 3}
 #: Names a record may claim at most (an availability set holds at most 200 VMs).
 MAX_RESOURCES = 1000
 
@@ -123,8 +125,10 @@ class Board:
         self._lock = threading.Lock()
         self._vms: dict[str, VmRow] = {}
         self._events: dict[str, EventRow] = {}
-        self._history: deque[dict[str, Any]] = deque(maxlen=HISTORY_LIMIT)
-        self._by_decision: dict[str, str] = {}  # decisionId -> eventId, for audits of closed events
+        # Closed events by id, the oldest closure first. Kept as rows, not summaries: a VM whose
+        # records come late (its partition behind the others) can still show an event the others
+        # already dropped; the row is then reopened, not counted as a second event.
+        self._closed: OrderedDict[str, EventRow] = OrderedDict()
         self.listeners: list[Callable[[Message], None]] = []
 
     # -- reading the stream -------------------------------------------------------------------------
@@ -199,10 +203,14 @@ class Board:
         event_id = item["eventId"].upper()
         event = self._events.get(event_id)
         if event is None:
-            event = self._events[event_id] = EventRow(event_id, first_seen=at)
+            event = self._closed.pop(event_id, None) or EventRow(event_id, first_seen=at)
+            event.outcome, event.ended_at = None, None
+            self._events[event_id] = event
         event.event_type = _text(item.get("eventType")) or event.event_type
         event.source = _text(item.get("eventSource")) or event.source
-        event.status = _text(item.get("eventStatus")) or event.status
+        status = _text(item.get("eventStatus"))
+        if STATUS_ORDER.get(status, 0) >= STATUS_ORDER.get(event.status, 0):
+            event.status = status or event.status  # a late VM's Scheduled does not undo Started
         event.not_before = (
             item.get("notBefore") if isinstance(item.get("notBefore"), str) else event.not_before
         )
@@ -244,15 +252,23 @@ class Board:
         del self._events[event_id]
         changes = [c for c in record.get("changes") or [] if isinstance(c, dict)]
         gone = next((c for c in changes if str(c.get("eventId", "")).upper() == event_id), {})
-        event.outcome = _text(gone.get("change")) or "gone"
+        event.outcome = _text(gone.get("change")) or event.outcome or "gone"
         event.ended_at = at
-        self._history.append(self._closed(event))
+        self._closed[event_id] = event
+        while len(self._closed) > HISTORY_LIMIT:
+            self._closed.popitem(last=False)
         return event
 
-    def _closed(self, event: EventRow) -> dict[str, Any]:
+    @staticmethod
+    def _closure(event: EventRow) -> dict[str, Any]:
         not_before = _epoch(event.not_before)
         return {
-            **event.detail(),
+            "eventId": event.event_id,
+            "eventType": event.event_type,
+            "outcome": event.outcome,
+            "endedAt": event.ended_at,
+            "approvedBy": event.approved_by,
+            "resources": event.resources,
             "noticeSeconds": None
             if event.started_at is None or event.scheduled_at is None
             else round(event.started_at - event.scheduled_at, 1),
@@ -296,7 +312,7 @@ class Board:
         events = [e.upper() for e in record.get("eventIds") or [] if isinstance(e, str)]
         with self._lock:
             for event_id in events:
-                event = self._events.get(event_id)
+                event = self._events.get(event_id) or self._closed.get(event_id)  # the audit came late
                 if event is None:
                     continue
                 event.audits.append(audit)
@@ -339,8 +355,15 @@ class Board:
             event = self._events.get(key)
             if event is not None:
                 return {**event.detail(), "open": True}
-            closed = next((h for h in reversed(self._history) if h["eventId"] == key), None)
-        return None if closed is None else {**closed, "open": False}
+            closed = self._closed.get(key)
+            if closed is None:
+                return None
+            return {
+                **closed.detail(),
+                **self._closure(closed),
+                "resources": list(closed.resources),
+                "open": False,
+            }
 
     def scheduled(self, event_id: str) -> EventRow | None:
         """The open event if it waits for approval (the console approves nothing else)."""
@@ -353,7 +376,7 @@ class Board:
         now = time.time() if now is None else now
         since = now - (days or self.history_days) * 86400
         with self._lock:
-            rows = [h for h in self._history if (h["endedAt"] or 0) >= since]
+            rows = [self._closure(e) for e in self._closed.values() if (e.ended_at or 0) >= since]
             if group:
                 names = {
                     v.name.lower() for v in self._vms.values() if group in (v.resource_group, v.scale_set)

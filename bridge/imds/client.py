@@ -97,16 +97,23 @@ class RateLimiter:
     Below 1 per second the requests are spaced ``1/rate`` apart.
 
     ``priority`` requests (StartRequests: an approval waits on them, a poll only repeats what the
-    next poll sees anyway) take the next free slot before any waiting ordinary request.
+    next poll sees anyway) take the next free slot before any waiting ordinary request, and are paced
+    only against each other: a StartRequest right after a poll goes at once (a poll in the previous
+    262 ms used to delay an approval by up to a slot). An ordinary request that has waited
+    ``STARVED`` seconds goes before priority ones, so a stream of approvals never stops the polls
+    for long. That costs the approvals one slot in eight while they stream: with one poll a second a
+    spaced stream could not be served within one slot at all (issue 19 item 4, docs/performance.md).
     """
 
     WINDOW = 1.05
+    STARVED = 2.0  # seconds a poll waits at most behind StartRequests
 
     def __init__(self, rate: float) -> None:
         self._cap = int(rate) if rate >= 1 else 1
         self._window = self.WINDOW if rate >= 1 else (1.0 / rate if rate > 0 else 0.0)
         self._spacing = self._window / self._cap
         self._sent: deque[float] = deque()
+        self._last_priority: float | None = None
         self._urgent = 0  # priority requests waiting for a slot
         self._cond = threading.Condition()
 
@@ -116,14 +123,19 @@ class RateLimiter:
         with self._cond:
             if priority:
                 self._urgent += 1
+            since = time.monotonic()
             try:
                 while True:
-                    if not priority and self._urgent:
-                        self._cond.wait()
+                    now = time.monotonic()
+                    starved = now - since >= self.STARVED
+                    if not priority and self._urgent and not starved:
+                        self._cond.wait(self.STARVED - (now - since))
                         continue
-                    wait = self._wait(time.monotonic())
+                    wait = self._wait(now, priority)
                     if wait <= 0:
-                        self._sent.append(time.monotonic())
+                        self._sent.append(now)
+                        if priority:
+                            self._last_priority = now
                         return
                     self._cond.wait(wait)
             finally:
@@ -131,11 +143,12 @@ class RateLimiter:
                     self._urgent -= 1
                     self._cond.notify_all()
 
-    def _wait(self, now: float) -> float:
+    def _wait(self, now: float, priority: bool = False) -> float:
         """Seconds until a request may go (0: now)."""
         while self._sent and now - self._sent[0] >= self._window:
             self._sent.popleft()
-        paced = self._sent[-1] + self._spacing - now if self._sent else 0.0
+        last = self._last_priority if priority else (self._sent[-1] if self._sent else None)
+        paced = last + self._spacing - now if last is not None else 0.0
         if len(self._sent) < self._cap:
             return max(0.0, paced)
         return max(paced, self._sent[0] + self._window - now)

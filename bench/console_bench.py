@@ -1,0 +1,377 @@
+"""The ops console at 1 000 and 10 000 VMs: memory, the fleet page's time, live updates (issue 20).
+
+Why: the console is what an on-call engineer looks at during a fleet-wide maintenance wave, which is
+exactly when every VM has an open event and records arrive fastest. It keeps the whole fleet in
+memory and hands it to every page, so its cost grows with the fleet and with the pages open.
+
+What runs: a local Tansu broker; one real ``se-bridge console`` (oauth2-proxy mode: the bench sends
+the headers oauth2-proxy would) reading its ``events`` topic; the records of N synthetic VMs produced
+straight to the topic, as their agents would (fleet_scale_bench's VMs, in resource groups of 1 000):
+
+* ``--history`` past waves (one event per availability set of 5: Scheduled, Started ten minutes
+  later, then gone), spread over the last days, so the history page has something to count;
+* one open wave: every VM shows a Scheduled event (N / 5 open events, the fleet page's worst case).
+
+Figures per size:
+
+* **RSS** of the console once it has read everything (``VmRSS``) and its peak (``VmHWM``);
+* **fleet page, server**: ``GET /api/fleet`` (every VM and open event, what the page loads), p50/p99
+  of ``--requests``, and the size of the answer;
+* **fleet page, browser**: Debian's chromium through Playwright, navigation start -> the page
+  rendered (``body[data-ready]``, set after the fleet is loaded and drawn), p50 of 3 loads;
+* **updates**: ``--pages`` clients following ``/api/stream`` (server-sent events, as each open page
+  does), ``--updates`` records each bringing a new event for one VM, produced ``--gap`` s apart:
+  record produced -> the event on each stream (p50/p99/max over every page and update) and, in the
+  one real browser page also open, -> its row on the page.
+
+The streams are HTTP clients, not 50 browsers: the console's work per page is the same whoever
+reads the stream, and 50 chromium pages redrawing a 10 000-VM fleet would measure this machine's
+two cores, not the console. Targets (docs/performance.md): 10 000 VMs in <= 250 MB, the fleet page
+served in <= 300 ms, updates <= 2 s.
+
+    .venv/bin/python bench/console_bench.py                       # 1 000 and 10 000 VMs, ~2 minutes
+    .venv/bin/python bench/console_bench.py --vms 1000 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py)
+sys.path.insert(0, str(REPO / "bench"))
+
+from benchkit import percentile, stop_process  # noqa: E402
+from brokers import TansuBroker  # noqa: E402
+from fleet_scale_bench import vm  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+PERSON = {"X-Forwarded-Email": "bench@contoso.example", "X-Forwarded-Groups": "maintenance-approvers"}
+TARGETS = {"rss_mb_10k": 250.0, "fleet_ms_10k": 300.0, "update_s": 2.0}
+SET_SIZE = 5
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def machine(index: int) -> dict[str, Any]:
+    return {**vm(index), "resourceGroup": f"rg-{index // 1000}", "location": "westeurope"}
+
+
+def event(label: str, index: int, status: str, not_before: float) -> dict[str, Any]:
+    """The event of VM ``index``'s availability set in wave ``label``."""
+    first = index - index % SET_SIZE
+    return {
+        "eventId": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{label}-set-{first}")).upper(),
+        "eventType": "Freeze",
+        "eventSource": "Platform",
+        "eventStatus": status,
+        "resources": [vm(i)["name"] for i in range(first, first + SET_SIZE)],
+        "notBefore": _iso(not_before) if status == "Scheduled" else "",
+        "durationInSeconds": 5,
+    }
+
+
+def record(
+    m: dict[str, Any], events: list[dict[str, Any]], at: float, changes: list[Any] | None = None
+) -> bytes:
+    return orjson.dumps({"schemaVersion": 1, "recordType": "scheduledEvents", "vm": m, "events": events,
+                         "changes": changes or [], "observedAt": _iso(at),
+                         "recordId": str(uuid.uuid4())})  # fmt: skip
+
+
+class Run:
+    def __init__(self, workdir: Path) -> None:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        self.workdir = workdir
+        self.broker = TansuBroker(workdir).start()
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
+        for future in admin.create_topics([NewTopic("events", 8), NewTopic("decisions", 4)]).values():
+            future.result(30)
+        self.producer = Producer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 5,
+                                  "queue.buffering.max.messages": 1_000_000})  # fmt: skip
+        (workdir / "console.key").write_bytes(b"console-bench-signing-key-" + b"k" * 32)
+        self.port = _free_port()
+        self.log = open(workdir / "console.log", "wb")  # noqa: SIM115 - closed in close()
+        bootstrap = self.broker.bootstrap
+        self.console = subprocess.Popen(
+            [sys.executable, "-m", "bridge", "console", "--auth", "oauth2-proxy",
+             "--approver-group", "maintenance-approvers", "--events-source", f"kafka://{bootstrap}/events",
+             "--sink", f"kafka://{bootstrap}/decisions", "--key", f"console={workdir / 'console.key'}",
+             "--state-dir", str(workdir / "state"), "--listen", f"127.0.0.1:{self.port}"],
+            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=self.log, stderr=self.log, cwd=workdir,
+        )  # fmt: skip
+
+    def produce(self, values: list[tuple[str, bytes]]) -> None:
+        for key, value in values:
+            while True:
+                try:
+                    self.producer.produce("events", value, key=key.encode())
+                    break
+                except BufferError:
+                    self.producer.poll(0.1)
+            self.producer.poll(0)
+        self.producer.flush(120)
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("GET", path, headers=PERSON)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def wait(self, what: str, check: Any, timeout: float) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                if check():
+                    return time.monotonic() - started
+            time.sleep(0.2)
+        raise RuntimeError(f"the console never got {what}")
+
+    def metric(self, name: str) -> float:
+        _, body = self.get("/metrics")
+        for line in body.decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return -1.0
+
+    def memory_mb(self) -> tuple[float, float]:
+        status = dict(
+            line.split(":", 1) for line in Path(f"/proc/{self.console.pid}/status").read_text().splitlines()
+        )
+        return int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
+
+    def close(self) -> None:
+        stop_process(self.console)
+        self.broker.stop()
+        self.log.close()
+
+
+class Follower(threading.Thread):
+    """One open page's stream: when each watched event id first arrived."""
+
+    def __init__(self, port: int, watched: set[str]) -> None:
+        super().__init__(daemon=True)
+        self.port, self.watched = port, watched
+        self.arrived: dict[str, float] = {}
+        self.open = threading.Event()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=1)
+        headers = "".join(f"{k}: {v}\r\n" for k, v in PERSON.items())
+        sock.sendall(f"GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n{headers}\r\n".encode())
+        buffer = b""
+        with contextlib.suppress(OSError):
+            while len(self.arrived) < len(self.watched) and not self.stop.is_set():
+                try:
+                    chunk = sock.recv(65536)
+                except TimeoutError:
+                    continue
+                if not chunk:
+                    return
+                now = time.monotonic()
+                self.open.set()
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    for event_id in self.watched - self.arrived.keys():
+                        if event_id.encode() in line:
+                            self.arrived[event_id] = now
+        sock.close()
+
+
+def browser_load_ms(port: int, loads: int = 3) -> float | None:
+    """Navigation start -> the fleet page loaded and drawn, in chromium; None without chromium."""
+    if not Path(CHROMIUM).exists():
+        return None
+    from playwright.sync_api import sync_playwright
+
+    times = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_context(extra_http_headers=PERSON).new_page()
+        for _ in range(loads):
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.wait_for_selector("body[data-ready=true]", timeout=60_000)
+            times.append(page.evaluate("performance.now()"))  # ms since this navigation started
+        browser.close()
+    return percentile(times, 0.5)
+
+
+def updates(run: Run, machines: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Records bringing new events while ``--pages`` streams (and one browser page) are open."""
+    now = time.time()
+    chosen = [machines[(i * 7919) % len(machines)] for i in range(args.updates)]
+    ids = [str(uuid.uuid4()).upper() for _ in chosen]
+    followers = [Follower(run.port, set(ids)) for _ in range(args.pages)]
+    for f in followers:
+        f.start()
+    for f in followers:
+        f.open.wait(30)
+    shown: dict[str, float] = {}
+    with contextlib.ExitStack() as stack:
+        page = _browser_page(stack, run.port)
+        sent: dict[str, float] = {}
+        for m, event_id in zip(chosen, ids, strict=True):
+            index = int(m["name"].rsplit("-", 1)[1])
+            new = {**event("update", index, "Scheduled", now + 900), "eventId": event_id,
+                   "resources": [m["name"]]}  # fmt: skip
+            open_wave = event("open", index, "Scheduled", now + 900)
+            sent[event_id] = time.monotonic()
+            run.produce([(m["name"], record(m, [open_wave, new], time.time()))])
+            if page is not None:
+                with contextlib.suppress(Exception):
+                    page.wait_for_selector(f"#event-{event_id}", timeout=10_000, state="attached")
+                    shown[event_id] = time.monotonic()
+            time.sleep(args.gap)
+    deadline = time.monotonic() + 10  # what has not arrived by then is counted missed
+    for f in followers:
+        f.join(max(0.0, deadline - time.monotonic()))
+        f.stop.set()
+    trips = [f.arrived[e] - sent[e] for f in followers for e in ids if e in f.arrived]
+    in_page = [shown[e] - sent[e] for e in ids if e in shown]
+    return {
+        "updateP50S": round(percentile(trips, 0.5) or -1, 3),
+        "updateP99S": round(percentile(trips, 0.99) or -1, 3),
+        "updateMaxS": round(max(trips, default=-1), 3),
+        "updatesMissed": args.pages * len(ids) - len(trips),
+        "pageUpdateP50S": round(percentile(in_page, 0.5) or -1, 3) if in_page else None,
+        "pageUpdateMaxS": round(max(in_page), 3) if in_page else None,
+        "pageUpdatesMissed": len(ids) - len(in_page) if page is not None else None,
+    }
+
+
+def _browser_page(stack: contextlib.ExitStack, port: int) -> Any:
+    if not Path(CHROMIUM).exists():
+        return None
+    from playwright.sync_api import sync_playwright
+
+    p = stack.enter_context(sync_playwright())
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+    stack.callback(browser.close)
+    page = browser.new_context(extra_http_headers=PERSON).new_page()
+    page.goto(f"http://127.0.0.1:{port}/")
+    page.wait_for_selector("body[data-ready=true]", timeout=60_000)
+    return page
+
+
+def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="se-console-bench-") as tmp:
+        run = Run(Path(tmp))
+        try:
+            run.wait("ready", lambda: run.get("/readyz")[0] == 200, 120)
+            machines = [machine(i) for i in range(n)]
+            now = time.time()
+            started = time.monotonic()
+            for wave in range(args.history):  # closed waves, one a day, the oldest first
+                day = now - (args.history - wave) * 86400
+                label = f"history-{wave}"
+                run.produce([(m["name"], record(m, [event(label, i, "Scheduled", day + 900)], day))
+                             for i, m in enumerate(machines)])  # fmt: skip
+                run.produce([(m["name"], record(m, [event(label, i, "Started", 0)], day + 600))
+                             for i, m in enumerate(machines)])  # fmt: skip
+                gone = [{"eventId": event(label, 0, "Started", 0)["eventId"], "change": "completed"}]
+                run.produce([(m["name"], record(m, [], day + 900, gone)) for m in machines])
+            run.produce([(m["name"], record(m, [event("open", i, "Scheduled", now + 900)], now))
+                         for i, m in enumerate(machines)])  # fmt: skip
+            run.wait(
+                "every record",
+                lambda: (
+                    run.metric("se_bridge_console_vms") == n
+                    and run.metric("se_bridge_console_open_events") == n // SET_SIZE
+                    and sum(
+                        sum(c.values()) for _, c in orjson.loads(run.get("/api/history?days=366")[1])["days"]
+                    )
+                    == args.history * n // SET_SIZE
+                ),
+                900,
+            )
+            read_s = time.monotonic() - started  # produced and read: the broker's share included
+            records = n * (3 * args.history + 1)
+            rss, _ = run.memory_mb()
+            server = []
+            size = 0
+            for _ in range(args.requests):
+                t0 = time.monotonic()
+                status, body = run.get("/api/fleet")
+                server.append((time.monotonic() - t0) * 1000)
+                size = len(body)
+                assert status == 200, status
+            figures: dict[str, Any] = {
+                "vms": n,
+                "records": records,
+                "readSeconds": round(read_s, 1),
+                "ingestRecordsPerS": round(records / read_s),
+                "rssMb": round(rss, 1),
+                "fleetServerP50Ms": round(percentile(server, 0.5) or -1, 1),
+                "fleetServerP99Ms": round(percentile(server, 0.99) or -1, 1),
+                "fleetAnswerKb": round(size / 1024),
+                "fleetBrowserMs": browser_load_ms(run.port),
+            }
+            figures.update(updates(run, machines, args))
+            figures["rssAfterUpdatesMb"], figures["rssPeakMb"] = (round(v, 1) for v in run.memory_mb())
+            return figures
+        finally:
+            run.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vms", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--history", type=int, default=3, help="closed waves before the open one (default 3)")
+    parser.add_argument("--requests", type=int, default=20, help="GET /api/fleet timed (default 20)")
+    parser.add_argument("--pages", type=int, default=50, help="pages following the stream (default 50)")
+    parser.add_argument("--updates", type=int, default=20, help="records with a new event (default 20)")
+    parser.add_argument("--gap", type=float, default=0.5, help="seconds between them (default 0.5)")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--strict", action="store_true")
+    args = parser.parse_args()
+    results = [measure(n, args) for n in args.vms]
+    for figures in results:
+        print(orjson.dumps(figures).decode())
+    if args.json:
+        args.json.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    largest = results[-1]
+    targets = {
+        f"RSS <= {TARGETS['rss_mb_10k']:.0f} MB at {largest['vms']} VMs": largest["rssPeakMb"]
+        <= TARGETS["rss_mb_10k"],
+        f"fleet page served <= {TARGETS['fleet_ms_10k']:.0f} ms (p99)": largest["fleetServerP99Ms"]
+        <= TARGETS["fleet_ms_10k"],
+        f"updates <= {TARGETS['update_s']:.0f} s (max over every page)": all(
+            0 <= r["updateMaxS"] <= TARGETS["update_s"] and r["updatesMissed"] == 0 for r in results
+        ),
+    }
+    for name, ok in targets.items():
+        print(f"  [{'PASS' if ok else 'MISS'}] {name}")
+    return 1 if args.strict and not all(targets.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,365 @@
+// The ops console (se-bridge console, issue 20) on Azure Container Apps, behind Entra ID.
+//
+// Who may do what is decided in two places, both here:
+//   * Container Apps authentication (authConfigs) signs every person in with Entra ID before a
+//     request reaches the container, and passes who they are in X-MS-CLIENT-PRINCIPAL; the console
+//     (--auth entra) reads it, and only holders of the app role `approverRole` may approve.
+//   * the console's own identity: Event Hubs Data Receiver on the records hub (its own consumer
+//     group, every replica reads everything), Data Sender on the decisions hub, Key Vault Secrets
+//     User on the one secret holding its signing key. Nothing else.
+// The signing key lives in Key Vault only: the container app's secret is a Key Vault reference the
+// platform resolves with the console's identity and mounts as a file (--key console=<file>); it is
+// never an environment variable, an app setting or a template output. The Entra client secret of
+// the sign-in is held the same way.
+//
+// One replica: a page's CSRF token is signed with a key of the process that served the page (the
+// console keeps no session store), and one replica serves a fleet of 10 000 VMs in ~100 MB
+// (docs/performance.md).
+
+@description('Azure region.')
+param location string
+
+@description('Container app name (2-32 lower-case letters, digits and hyphens).')
+param appName string
+
+@description('Container Apps environment name.')
+param environmentName string
+
+@description('Key Vault name (3-24 characters, globally unique).')
+param keyVaultName string
+
+@description('Name of the console\'s user-assigned identity.')
+param identityName string
+
+@description('Container image with se-bridge[console,eventhubs] installed (docs/console.md builds one).')
+param image string
+
+@description('Event Hubs namespace name.')
+param namespaceName string
+
+@description('Hub the agents and approvers publish records to.')
+param eventsHubName string
+
+@description('Hub the console publishes decisions to.')
+param decisionsHubName string
+
+@description('Consumer group of the console on the records hub.')
+param consumerGroup string
+
+@description('Key id the approvers know the console\'s signing key under (their --key).')
+param decisionKeyId string
+
+@description('The HMAC key the console signs decisions with (at least 32 bytes): stored in Key Vault, nowhere else.')
+@secure()
+param decisionKey string
+
+@description('Application (client) id of the Entra app registration people sign in to.')
+param entraClientId string
+
+@description('Client secret of that app registration: stored in Key Vault, nowhere else.')
+@secure()
+param entraClientSecret string
+
+@description('App role of that registration whose holders may approve (everyone else signed in may look).')
+param approverRole string
+
+@description('Log Analytics workspace (resource id) the environment sends its logs to; empty: none.')
+param logAnalyticsWorkspaceId string
+
+@description('Tags of every resource.')
+param tags object
+
+var port = 8720
+// The container app's names for its two Key Vault references (names, not values; the sign-in one is
+// the name Container Apps authentication looks for by convention).
+var keyRefName = 'console-key'
+var signInRefName = 'microsoft-provider-authentication-secret'
+var keyVaultSecretsUser = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '4633458b-17de-408a-b874-0445c86b69e6')
+var eventHubsDataReceiver = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', 'a638d3c7-ab3a-418d-83e6-5f17a39d4fde')
+var eventHubsDataSender = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '2b629674-e913-4c01-ae53-ef4638d8f975')
+var namespaceFqdn = '${namespaceName}.servicebus.windows.net'
+var credential = 'credential=managed&client_id=${identity.properties.clientId}'
+
+resource identity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: identityName
+  location: location
+  tags: tags
+}
+
+resource namespace 'Microsoft.EventHub/namespaces@2024-01-01' existing = {
+  name: namespaceName
+}
+
+resource eventsHub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' existing = {
+  parent: namespace
+  name: eventsHubName
+}
+
+resource decisionsHub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' existing = {
+  parent: namespace
+  name: decisionsHubName
+}
+
+resource readsRecords 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(eventsHub.id, identity.id, eventHubsDataReceiver)
+  scope: eventsHub
+  properties: {
+    principalId: identity.properties.principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: eventHubsDataReceiver
+    description: 'The se-bridge console reads the fleet\'s records and audits'
+  }
+}
+
+resource sendsDecisions 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(decisionsHub.id, identity.id, eventHubsDataSender)
+  scope: decisionsHub
+  properties: {
+    principalId: identity.properties.principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: eventHubsDataSender
+    description: 'The se-bridge console publishes the decisions people make in it'
+  }
+}
+
+resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
+  // checkov:skip=CKV_AZURE_109: no firewall rules: a Consumption Container Apps environment resolves Key Vault references from shared infrastructure; access is Entra ID RBAC only (one identity, two secrets)
+  // checkov:skip=CKV_AZURE_189: public network access stays on for the same reason; an environment with VNet integration and a private endpoint can turn it off
+  name: keyVaultName
+  location: location
+  tags: tags
+  properties: {
+    tenantId: tenant().tenantId
+    sku: {
+      family: 'A'
+      name: 'standard'
+    }
+    enableRbacAuthorization: true
+    enableSoftDelete: true
+    softDeleteRetentionInDays: 90
+    enablePurgeProtection: true
+    networkAcls: {
+      bypass: 'AzureServices'
+      defaultAction: 'Allow'
+    }
+  }
+}
+
+resource signingKey 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
+  // checkov:skip=CKV_AZURE_41: the HMAC key is rotated by deploying a new key under a new key id (the approvers hold both meanwhile), not by expiry: an expired key would stop every approval made in the console
+  parent: vault
+  name: 'se-bridge-console-key'
+  properties: {
+    value: decisionKey
+    contentType: 'text/plain; HMAC-SHA256 key of se-bridge decisions'
+  }
+}
+
+resource signInSecret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
+  // checkov:skip=CKV_AZURE_41: the client secret's expiry is the app registration's; the vault keeps what Entra issued
+  parent: vault
+  name: 'se-bridge-console-entra-secret'
+  properties: {
+    value: entraClientSecret
+    contentType: 'text/plain; Entra client secret of the console sign-in'
+  }
+}
+
+resource readsSigningKey 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(signingKey.id, identity.id, keyVaultSecretsUser)
+  scope: signingKey
+  properties: {
+    principalId: identity.properties.principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: keyVaultSecretsUser
+    description: 'The se-bridge console reads its signing key'
+  }
+}
+
+resource readsSignInSecret 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(signInSecret.id, identity.id, keyVaultSecretsUser)
+  scope: signInSecret
+  properties: {
+    principalId: identity.properties.principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: keyVaultSecretsUser
+    description: 'Container Apps authentication reads the console sign-in secret'
+  }
+}
+
+resource containerEnv 'Microsoft.App/managedEnvironments@2024-03-01' = {
+  name: environmentName
+  location: location
+  tags: tags
+  properties: {
+    appLogsConfiguration: empty(logAnalyticsWorkspaceId) ? null : {
+      destination: 'azure-monitor'
+    }
+  }
+}
+
+resource environmentLogs 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(logAnalyticsWorkspaceId)) {
+  name: 'se-bridge-console'
+  scope: containerEnv
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+  }
+}
+
+resource app 'Microsoft.App/containerApps@2024-03-01' = {
+  name: appName
+  location: location
+  tags: tags
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identity.id}': {}
+    }
+  }
+  properties: {
+    managedEnvironmentId: containerEnv.id
+    configuration: {
+      activeRevisionsMode: 'Single'
+      ingress: {
+        external: true
+        targetPort: port
+        transport: 'http'
+        allowInsecure: false
+      }
+      secrets: [
+        {
+          name: keyRefName
+          keyVaultUrl: signingKey.properties.secretUri
+          identity: identity.id
+        }
+        {
+          name: signInRefName
+          keyVaultUrl: signInSecret.properties.secretUri
+          identity: identity.id
+        }
+      ]
+    }
+    template: {
+      containers: [
+        {
+          name: 'console'
+          image: image
+          command: [
+            'se-bridge'
+          ]
+          args: [
+            'console'
+            '--auth'
+            'entra'
+            '--approver-role'
+            approverRole
+            '--events-source'
+            'eventhubs://${namespaceFqdn}/${eventsHubName}?${credential}&consumer_group=${consumerGroup}'
+            '--sink'
+            'eventhubs://${namespaceFqdn}/${decisionsHubName}?${credential}'
+            '--key'
+            '${decisionKeyId}=/mnt/se-bridge-keys/${keyRefName}'
+            '--listen'
+            '0.0.0.0:${port}'
+            '--state-dir'
+            '/tmp/se-bridge-console'
+          ]
+          resources: {
+            cpu: json('0.5')
+            memory: '1Gi'
+          }
+          probes: [
+            {
+              type: 'Liveness'
+              httpGet: {
+                path: '/healthz'
+                port: port
+              }
+              periodSeconds: 10
+            }
+            {
+              type: 'Readiness'
+              httpGet: {
+                path: '/readyz'
+                port: port
+              }
+              periodSeconds: 5
+            }
+          ]
+          volumeMounts: [
+            {
+              volumeName: 'keys'
+              mountPath: '/mnt/se-bridge-keys'
+            }
+          ]
+        }
+      ]
+      volumes: [
+        {
+          name: 'keys'
+          storageType: 'Secret'
+          secrets: [
+            {
+              secretRef: keyRefName
+              path: keyRefName
+            }
+          ]
+        }
+      ]
+      scale: {
+        minReplicas: 1
+        maxReplicas: 1
+      }
+    }
+  }
+  dependsOn: [
+    readsSigningKey
+    readsSignInSecret
+    readsRecords
+    sendsDecisions
+  ]
+}
+
+resource signIn 'Microsoft.App/containerApps/authConfigs@2024-03-01' = {
+  parent: app
+  name: 'current'
+  properties: {
+    platform: {
+      enabled: true
+    }
+    globalValidation: {
+      unauthenticatedClientAction: 'RedirectToLoginPage'
+      redirectToProvider: 'azureactivedirectory'
+    }
+    httpSettings: {
+      requireHttps: true
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: true
+        registration: {
+          clientId: entraClientId
+          clientSecretSettingName: signInRefName
+          openIdIssuer: '${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0'
+        }
+        validation: {
+          allowedAudiences: [
+            'api://${entraClientId}'
+          ]
+        }
+      }
+    }
+  }
+}
+
+@description('The console\'s address (people sign in with Entra ID there).')
+output url string = 'https://${app.properties.configuration.ingress.fqdn}'
+
+@description('The console identity\'s principal id.')
+output principalId string = identity.properties.principalId

@@ -1,0 +1,71 @@
+"""The console's board, record by record (issue 20): what the pages show when the stream's
+partitions are read unevenly, as a console reading many partitions always does.
+
+Found by bench/console_bench.py: with 10 000 VMs the history counted 16 404 closed events for
+6 000 (an event closed once per VM of its set: VM A's partition read to its end, the event had no
+reporter left and closed; VM B's records, behind, showed it again and it closed again).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge.console.board import Board
+
+SET = ["vm-a", "vm-b", "vm-c"]
+EVENT = "8D10DA13-8125-4BA9-A717-BF7490507B3D"
+
+
+def record(vm: str, status: str | None, at: str, change: str = "") -> dict[str, Any]:
+    events = [] if status is None else [{
+        "eventId": EVENT, "eventType": "Freeze", "eventStatus": status, "resources": SET,
+        "notBefore": "2026-11-20T10:15:00Z" if status == "Scheduled" else "",
+    }]  # fmt: skip
+    changes = [{"eventId": EVENT, "change": change}] if change else []
+    return {"recordType": "scheduledEvents", "vm": {"name": vm}, "events": events, "changes": changes,
+            "observedAt": at}  # fmt: skip
+
+
+def lifetime(vm: str) -> list[dict[str, Any]]:
+    return [
+        record(vm, "Scheduled", "2026-11-20T10:00:00Z"),
+        record(vm, "Started", "2026-11-20T10:15:00Z"),
+        record(vm, None, "2026-11-20T10:16:00Z", change="completed"),
+    ]
+
+
+def test_an_event_closes_once_when_its_vms_are_read_one_partition_after_another() -> None:
+    board = Board(history_days=366)
+    for vm in SET:  # every record of vm-a, then vm-b's, then vm-c's
+        for rec in lifetime(vm):
+            board.take(rec, now=1795000000.0)
+    history = board.history(now=1795000000.0)
+    assert history["days"] == [("2026-11-20", {"Freeze": 1})]
+    assert [h["eventId"] for h in history["events"]] == [EVENT]
+    closed = board.event(EVENT)
+    assert closed is not None and closed["open"] is False and closed["outcome"] == "completed"
+    assert [t["vm"] for t in closed["timeline"] if t["change"] == "completed"] == SET  # one row, every VM
+    assert board.fleet(now=1795000000.0)["counts"]["openEvents"] == 0
+
+
+def test_a_late_vm_reopens_the_event_without_undoing_its_status() -> None:
+    board = Board(history_days=366)
+    for rec in lifetime("vm-a")[:2]:
+        board.take(rec, now=1795000000.0)
+    board.take(record("vm-b", "Scheduled", "2026-11-20T10:00:01Z"), now=1795000000.0)  # vm-b is behind
+    event = board.event(EVENT)
+    assert event is not None and event["eventStatus"] == "Started" and event["open"]
+
+
+def test_an_audit_that_comes_after_the_event_closed_is_kept_with_it() -> None:
+    board = Board(history_days=366)
+    for vm in SET:
+        for rec in lifetime(vm):
+            board.take(rec, now=1795000000.0)
+    board.take({"recordType": "approval", "decisionId": "d-1", "component": "approver", "outcome": "approved",
+                "issuedBy": "alice@contoso.example", "eventIds": [EVENT],
+                "observedAt": "2026-11-20T10:14:00Z"}, now=1795000000.0)  # fmt: skip
+    closed = board.event(EVENT)
+    assert closed is not None
+    assert [a["outcome"] for a in closed["audits"]] == ["approved"]
+    assert closed["approvedBy"] == "alice@contoso.example"
