@@ -187,6 +187,7 @@ SAMPLES_BY_NAME = {
     "arm_credential": "default",
     "peer": "vm-b=http://10.0.0.5:8710",
     "coordinate_on_deadline": "approve",
+    "arm_scope": "/subscriptions/8d10da13-8125-4ba9-a717-bf7490507b3d/resourceGroups/rg-fleet",
 }
 
 

@@ -30,7 +30,8 @@ def test_a_small_fleet_loses_and_doubles_nothing_through_two_kills(tmp_path: Pat
         check=True, timeout=400, cwd=tmp_path, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     result = orjson.loads(out.read_bytes())
-    assert result["decisions"] == 16 + 12
+    assert result["decisions"] == 1 + 16 + 12  # the probe right after /readyz, steady, burst
+    assert result["firstAfterReadyMs"] is not None
     assert result["lost"] == 0 and result["doubled"] == 0, result
     audit = result["audit"]
     # Every decision's first audit record says approved. One read again after the takeover may be
@@ -39,7 +40,7 @@ def test_a_small_fleet_loses_and_doubles_nothing_through_two_kills(tmp_path: Pat
     assert audit["missing"] == audit["notApproved"] == audit["firstNotApproved"] == 0, audit
     assert result["takeoverSeconds"] is not None  # the survivor owned both partitions
     trips = result["decisionDetail"]
-    assert len(trips) == result["decisions"]
+    assert len(trips) == result["decisions"] - 1  # the probe is reported on its own (firstAfterReadyMs)
     # fleet-vm-000's agent was killed halfway: its set's later decisions went through fleet-vm-001.
     dead = [row for row in trips if row[3] == "fleet-vm-000" and row[4] != "fleet-vm-000"]
     assert dead and all(row[4] == "fleet-vm-001" for row in dead)

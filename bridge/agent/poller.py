@@ -113,6 +113,11 @@ class Poller:
 
     # -- state for readiness ------------------------------------------------------------------------
 
+    @property
+    def polled(self) -> bool:
+        """True once a poll has finished (answered or failed)."""
+        return self._polls_done > 0
+
     def failing_for(self) -> float:
         """Seconds IMDS has been failing without a break (0 when the last poll succeeded)."""
         return self._imds_streak.duration()

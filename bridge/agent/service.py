@@ -202,9 +202,12 @@ class Agent:
     def _heartbeats(self) -> None:
         """A heartbeat record every ``heartbeat_interval`` seconds, on the interval's boundaries (so
         every agent's heartbeats of one interval carry the same deterministic slot). Never waits for
-        the outbox: a heartbeat is no change, and one that cannot be stored now is simply skipped."""
+        the outbox: a heartbeat is no change, and one that cannot be stored now is simply skipped.
+        None before the first poll has finished: it would say ``imdsOk: false`` of an IMDS not asked yet."""
         interval = self.config.heartbeat_interval
         while not self.stop_event.wait(interval - time.time() % interval):
+            if not self.poller.polled:
+                continue
             current = self.poller.current
             record = records.heartbeat_record(
                 self.identity.current,
