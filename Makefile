@@ -62,6 +62,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check bridge tests bench infra/signer infra/tools deploy/vmapp deploy/enable_vm_application.py
 	$(BIN)/ruff format --check bridge tests bench infra/signer infra/tools deploy/vmapp deploy/enable_vm_application.py
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # The crash-consistency test reads the agent's syscalls with strace (Debian package; installed here
 # when missing, as root in CI). The storage-fault tests mount tmpfs and lower fd limits: root too.

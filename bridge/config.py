@@ -24,7 +24,6 @@ import os
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -302,9 +301,18 @@ class ConfigBase:
 Config = TypeVar("Config", bound=ConfigBase)
 
 
-@cache
+_SETTINGS: dict[type[ConfigBase], tuple[Setting, ...]] = {}
+
+
 def settings_of(config_class: type[ConfigBase]) -> tuple[Setting, ...]:
     """Every setting of ``config_class``, in declaration order (the order of ``--help``)."""
+    found = _SETTINGS.get(config_class)
+    if found is None:
+        found = _SETTINGS[config_class] = _declared(config_class)
+    return found
+
+
+def _declared(config_class: type[ConfigBase]) -> tuple[Setting, ...]:
     shared = {f.name for f in fields(ConfigBase)}  # ``sources``: bookkeeping, not a setting
     out = []
     for f in fields(config_class):

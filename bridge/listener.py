@@ -49,7 +49,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.client import HTTPMessage
+from email.message import Message
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,7 @@ Response = tuple[int, bytes, str]  # status, body, content type
 class Request:
     method: str
     path: str  # without the query
-    headers: HTTPMessage
+    headers: Message  # http.server parses them into an http.client.HTTPMessage
     body: bytes
     client: str  # the peer's address, or "unix"
     peer_uid: int | None  # over a Unix socket
@@ -150,7 +150,7 @@ class _Deadlines:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _Bounded
+    server: _Bounded  # type: ignore[assignment]  # it only ever runs under _Bounded (typeshed: BaseServer)
     protocol_version = "HTTP/1.1"
 
     def setup(self) -> None:
@@ -276,20 +276,20 @@ class _Bounded(socketserver.ThreadingMixIn):
             log.exception("HTTP endpoint failed", extra={"path": request.path})
             return 500, b'{"error":"internal error"}', "application/json"
 
-    def process_request(self, request: Any, client_address: Any) -> None:  # type: ignore[override]
+    def process_request(self, request: Any, client_address: Any) -> None:
         with self._slots:
             admitted = self._active < self.limits.max_connections
             if admitted:
                 self._active += 1
         if admitted:
-            super().process_request(request, client_address)  # type: ignore[misc]
+            super().process_request(request, client_address)
         elif isinstance(request, ssl.SSLSocket) or not self.triage.add(request, client_address):
             self.count_refusal("busy")
             self.shutdown_request(request)  # type: ignore[attr-defined]
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
-            super().process_request_thread(request, client_address)  # type: ignore[misc]
+            super().process_request_thread(request, client_address)
         finally:
             with self._slots:
                 self._active -= 1
@@ -451,15 +451,15 @@ class Listener:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.load_cert_chain(*tls)
-            srv.socket = context.wrap_socket(  # type: ignore[attr-defined]
-                srv.socket,  # type: ignore[attr-defined]
+            srv.socket = context.wrap_socket(
+                srv.socket,
                 server_side=True,
                 do_handshake_on_connect=False,
             )
         # serve_forever wakes every poll_interval to check for shutdown; 2 s keeps an idle agent idle
         # and still stops promptly on SIGTERM.
         self._thread = threading.Thread(
-            target=srv.serve_forever,  # type: ignore[attr-defined]
+            target=srv.serve_forever,
             kwargs={"poll_interval": 2.0},
             name="http-api",
             daemon=True,
@@ -499,7 +499,7 @@ class Listener:
 
     def stop(self) -> None:
         self._server.shutdown()  # type: ignore[attr-defined]
-        self._server.server_close()  # type: ignore[attr-defined]
+        self._server.server_close()
         self._server.deadlines.close()
         self._server.triage.close()
         if self.unix_path is not None:
@@ -512,7 +512,7 @@ class Listener:
 _HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?")
 
 
-def _malformed(headers: HTTPMessage, target: str) -> str | None:
+def _malformed(headers: Message, target: str) -> str | None:
     """What makes a request one a strict server answers 400 (issue 23): not exactly one well-formed
     ``Host`` (HTTP/1.0 requests included), ``Content-Length`` given twice (request smuggling), or a
     query string (no route takes one, and signatures cover the path alone)."""

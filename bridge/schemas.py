@@ -38,7 +38,8 @@ def schema_path(filename: str) -> Path:
 
 @cache
 def load_schema(filename: str) -> dict[str, Any]:
-    return orjson.loads(schema_path(filename).read_bytes())
+    schema: dict[str, Any] = orjson.loads(schema_path(filename).read_bytes())
+    return schema
 
 
 @cache

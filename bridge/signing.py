@@ -29,6 +29,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +228,12 @@ class RequestVerifier:
         self._lock = threading.Lock()
 
     def verify(
-        self, headers: Mapping[str, str], method: str, path: str, body: bytes, now: float | None = None
+        self,
+        headers: Mapping[str, str] | Message,
+        method: str,
+        path: str,
+        body: bytes,
+        now: float | None = None,
     ) -> str:
         """Return the key id of a valid request; raise ``PermissionError`` with the reason otherwise."""
         now = time.time() if now is None else now

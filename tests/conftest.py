@@ -46,7 +46,9 @@ if os.environ.get("CI"):
 # here, so a new integration module is slow unless it is listed, never the other way round.
 FAST_MODULES = frozenset(
     {
+        "test_approver_seams",
         "test_config",
+        "test_console_board",
         "test_delivery",
         "test_diff_record",
         "test_document",

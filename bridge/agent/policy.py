@@ -140,13 +140,13 @@ class LocalPolicy:
                 self._prepared.pop(change.event_id, None)
             if change.change in GONE and self.config.recover_hook:
                 self._handled.discard(change.event_id)
-                event = before.get(change.event_id)
-                if event is not None and vm.affects(event.resources, names):
+                gone = before.get(change.event_id)
+                if gone is not None and vm.affects(gone.resources, names):
                     self._pool.submit(
                         self._run_hook,
                         "recover",
                         self.config.recover_hook,
-                        event,
+                        gone,
                         change.change,
                         vm,
                         self.config.hook_timeout,

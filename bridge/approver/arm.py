@@ -174,7 +174,7 @@ def _error_text(response: Any) -> str | None:
         error = body["error"]
         return f"{error.get('code')}: {error.get('message')}"[:300]
     if isinstance(body, dict) and isinstance(body.get("value"), str):
-        return body["value"][:300]
+        return str(body["value"])[:300]
     return None
 
 

@@ -172,7 +172,8 @@ def validate(decision: Any, policy: ValidationPolicy, now: float) -> dict[str, A
     ):
         if refused:
             raise DecisionRefused(reason, detail, authentic=authentic)
-    return decision
+    valid: dict[str, Any] = decision  # proven a decision object above (schema, then signature)
+    return valid
 
 
 def expires_at(decision: dict[str, Any]) -> float:

@@ -126,7 +126,7 @@ class Relayer:
         }
         return _answer(
             decision, answer.outcome, answer.reason, answer.detail, result, answer.correlation_id
-        ), ""
+        ), None
 
 
 def _answer(

@@ -164,12 +164,12 @@ class RelayClient:
                 conn.close()
         else:
             try:
-                resp = self._session.get(
+                answered = self._session.get(
                     relay_url.rstrip("/") + DOCUMENT_PATH, timeout=self._http_timeout, verify=self._verify
                 )
             except self._requests.RequestException as exc:
                 raise RelayUnavailable(f"{relay_url}: {type(exc).__name__}") from None
-            status, body = resp.status_code, resp.content
+            status, body = answered.status_code, answered.content
         try:
             answer = orjson.loads(body) if status == 200 else None
         except orjson.JSONDecodeError:
@@ -248,8 +248,9 @@ class LocalRouter:
         except RelayUnavailable as exc:
             log.debug("this VM's identity is not known yet", extra={"error": str(exc)})
             return
-        names = {vm.get(k) for k in ("name", "vmId", "hostname")}
-        names = {str(n).lower() for n in names if isinstance(n, str) and n}
+        names = {
+            str(n).lower() for k in ("name", "vmId", "hostname") if isinstance(n := vm.get(k), str) and n
+        }
         if names:
             self._resource_id = vm.get("resourceId") if isinstance(vm.get("resourceId"), str) else None
             self._names = frozenset(names)

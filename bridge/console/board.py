@@ -294,7 +294,7 @@ class Board:
 
     def _approval(self, record: dict[str, Any]) -> None:
         decision_id = record.get("decisionId")
-        audit = {
+        audit: dict[str, Any] = {
             "decisionId": decision_id,
             "component": _text(record.get("component")),
             "outcome": _text(record.get("outcome")),

@@ -10,6 +10,7 @@ readers. Nothing here is imported by the agent (the ``console`` extra).
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -84,7 +85,7 @@ class ConsoleService:
             ("se_bridge_console_silent_vms", "VMs whose agent sent nothing for --silent-after seconds."),
             ("se_bridge_console_open_events", "Events some VM still shows."),
         ]):  # fmt: skip
-            Gauge(name, text, registry=self.registry).set_function(lambda i=index: count(i))
+            Gauge(name, text, registry=self.registry).set_function(functools.partial(count, index))
         pages = Gauge("se_bridge_console_pages", "Pages following the live stream.", registry=self.registry)
         pages.set_function(lambda: len(self.console.stream.queues) if hasattr(self, "console") else 0)
 

@@ -178,7 +178,7 @@ class ImdsClient:
         self._timeout = timeout
         self._first_timeout = first_timeout
         self._awake: set[str] = set()  # operations that have answered once
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn: _DeadlineConnection | None = None
         self._lock = threading.Lock()
         self._limiter = RateLimiter(max_rps)
         self._metrics = metrics
@@ -407,6 +407,7 @@ class _DeadlineConnection(http.client.HTTPConnection):
     """
 
     sock: _DeadlineSocket | None  # only ``connect`` below creates it
+    source_address: tuple[str, int] | None  # set by HTTPConnection.__init__ (typeshed omits it)
 
     def __init__(self, host: str, port: int) -> None:
         super().__init__(host, port)

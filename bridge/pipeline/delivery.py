@@ -134,8 +134,8 @@ class DeliveryWorker(threading.Thread):
         self._fill(window)
         if not window.in_flight:
             if self.sink_failed is not None:
-                failure, self.sink_failed = self.sink_failed, None
-                self._retry_later(failure)
+                failed, self.sink_failed = self.sink_failed, None
+                self._retry_later(failed)
                 window.rewind()
             else:
                 # Idle: sleep until a record is appended or stop() wakes us; no periodic wake-up.

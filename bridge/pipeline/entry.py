@@ -35,7 +35,7 @@ class RecordMeta(NamedTuple):
     observed_at: str | None = None  # RFC 3339, as in the record
 
     @classmethod
-    def of(cls, record: Mapping[str, Any]) -> RecordMeta:  # type: ignore[override]
+    def of(cls, record: Mapping[str, Any]) -> RecordMeta:
         """The metadata of a record built by this product (the envelope every record shape shares:
         ``recordId``, ``recordType``, ``schemaVersion``, ``observedAt`` and an optional ``vm``)."""
         vm = record.get("vm")

@@ -24,7 +24,8 @@ class Series(Generic[M]):
     instance, the instance attribute is what ``metrics.<name>`` returns."""
 
     def __init__(self, kind: type[M], name: str, help: str, labels: tuple[str, ...], **options: Any) -> None:
-        self.kind, self.name, self.help, self.labels, self.options = kind, name, help, labels, options
+        self.kind: type[M] = kind
+        self.name, self.help, self.labels, self.options = name, help, labels, options
         self.attr = ""
 
     def __set_name__(self, owner: type, attr: str) -> None:

@@ -278,7 +278,7 @@ class Outbox:
             "bytes": region.end - region.start,
             "frames": frames_hit,
         }
-        if lost:
+        if lost and after is not None:
             detail["seqs"] = f"{before + 1}-{after - 1}" if lost > 1 else str(before + 1)
         else:
             detail.update(afterSeq=before, beforeSeq=after)

@@ -273,13 +273,15 @@ class KafkaSink(Sink):
             return
         try:
             producer = self._ensure_producer()
-        except SinkError as err:
+        except SinkError as unbuilt:
             # Never dead-letter a record because the producer cannot be built: the record is fine.
-            self._outcomes.append(Outcome(entry.seq, SinkError(str(err), kind=err.kind)))
+            self._outcomes.append(Outcome(entry.seq, SinkError(str(unbuilt), kind=unbuilt.kind)))
             self._failed = True
             return
         meta = entry.meta
-        headers = [(name, value.encode()) for name, value in meta.headers().items() if name != "contentType"]
+        headers: list[tuple[str, str | bytes | None]] = [
+            (name, value.encode()) for name, value in meta.headers().items() if name != "contentType"
+        ]
         headers.append(("content-type", CONTENT_TYPE.encode()))
         try:
             producer.produce(

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
-from bridge.errors import BridgeError
-
 
 @dataclass(frozen=True, slots=True)
 class Owner:
@@ -26,9 +24,9 @@ class Owner:
     """
 
     label: str
-    error: Callable[[str], BridgeError]
+    error: Callable[[str], Exception]  # a BridgeError (sinks, sources) or a ConfigError (services)
 
-    def refuse(self, message: str) -> BridgeError:
+    def refuse(self, message: str) -> Exception:
         """A permanent configuration error: ``"<label>: <message>"``."""
         return self.error(f"{self.label}: {message}")
 

@@ -50,6 +50,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -222,7 +223,7 @@ def _payload(event: Any) -> bytes:
     try:
         return b"".join(bytes(part) for part in body)
     except TypeError:
-        return event.body_as_str().encode()
+        return str(event.body_as_str()).encode()
 
 
 class _StoreHealth:
@@ -242,7 +243,7 @@ def _stable_owner_store(inner: Any, owner_id: str, health: _StoreHealth) -> Any:
     """
     from azure.eventhub import CheckpointStore
 
-    class StableOwnerStore(CheckpointStore):  # type: ignore[misc]
+    class StableOwnerStore(CheckpointStore):
         def __init__(self) -> None:
             self.runtime_id: str | None = None
 
@@ -255,9 +256,14 @@ def _stable_owner_store(inner: Any, owner_id: str, health: _StoreHealth) -> Any:
             health.failure = None
             return result
 
-        def list_ownership(self, namespace: str, hub: str, group: str, **kwargs: Any) -> Any:
+        def list_ownership(
+            self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str, **kwargs: Any
+        ) -> Iterable[dict[str, Any]]:
             out = []
-            for ownership in self._track(inner.list_ownership, namespace, hub, group, **kwargs):
+            listed = self._track(
+                inner.list_ownership, fully_qualified_namespace, eventhub_name, consumer_group, **kwargs
+            )
+            for ownership in listed:
                 if ownership.get("owner_id") == owner_id:
                     ownership = {**ownership, "owner_id": self.runtime_id or ""}
                 out.append(ownership)
@@ -279,8 +285,12 @@ def _stable_owner_store(inner: Any, owner_id: str, health: _StoreHealth) -> Any:
         def update_checkpoint(self, checkpoint: Any, **kwargs: Any) -> None:
             inner.update_checkpoint(checkpoint, **kwargs)
 
-        def list_checkpoints(self, namespace: str, hub: str, group: str, **kwargs: Any) -> Any:
-            return self._track(inner.list_checkpoints, namespace, hub, group, **kwargs)
+        def list_checkpoints(
+            self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str, **kwargs: Any
+        ) -> Iterable[dict[str, Any]]:
+            return self._track(  # type: ignore[no-any-return]
+                inner.list_checkpoints, fully_qualified_namespace, eventhub_name, consumer_group, **kwargs
+            )
 
     return StableOwnerStore()
 

@@ -152,7 +152,7 @@ class KafkaSource(DecisionSource):
         # Then what the consumer already fetched, without waiting: a burst reaches the lanes together,
         # so a VM's queued decisions go to its agent in one relay request.
         batch = [msg, *self._consumer.consume(num_messages=MAX_BATCH - 1, timeout=0)]
-        out = []
+        out: list[Message] = []
         for msg in batch:
             err = msg.error()
             if err is not None:

@@ -672,7 +672,7 @@ def _clear_faults(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
 
 def _start_scenario(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
     name = _string(data, "name")
-    if name not in SCENARIOS:
+    if name is None or name not in SCENARIOS:
         raise _BadRequest(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
     state.start_scenario(name, _number(data, "speed"))
     return 200, {"scenario": name, "speed": state.speed, "documentIncarnation": state.incarnation}
@@ -761,7 +761,7 @@ class EmulatorServer:
         self.port = port
         self.scenario = scenario
         self.vm = vm
-        options = {
+        options: dict[str, Any] = {
             "speed": speed,
             "approval_delay": approval_delay,
             "initial_incarnation": initial_incarnation,
