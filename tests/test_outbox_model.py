@@ -159,6 +159,14 @@ class OutboxModel(RuleBasedStateMachine):
             positions = [self.appended.index(p) for p in got]  # ValueError: an invented record
             assert positions == sorted(positions)
 
+    def _damaged_runs(self) -> int:
+        """Damaged records, adjacent ones counted once: a flip on the boundary of two adjacent frames
+        (the first one's newline, the next one's marker) leaves nothing on disk that tells one frame
+        from two, so the metric's guarantee is at least one per damaged region (it counts the frame
+        starts and ends it still sees)."""
+        positions = sorted(self.appended.index(p) for p in self.damaged)
+        return sum(1 for i, pos in enumerate(positions) if i == 0 or pos != positions[i - 1] + 1)
+
     def teardown(self) -> None:
         if not hasattr(self, "box"):
             return
@@ -172,7 +180,7 @@ class OutboxModel(RuleBasedStateMachine):
             for sink in SINKS:  # a record damaged after this sink got it was rightly delivered to it
                 assert [p for p in self.received[sink] if p not in self.damaged] == intact
             reported = self.metrics.registry.get_sample_value("se_bridge_outbox_corrupt_frames_total")
-            assert reported >= len(self.damaged)
+            assert reported >= self._damaged_runs()
         finally:
             self.box.close()
             shutil.rmtree(self.dir, ignore_errors=True)
