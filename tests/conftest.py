@@ -61,6 +61,7 @@ FAST_MODULES = frozenset(
         "test_outbox",
         "test_outbox_model",
         "test_redaction",
+        "test_relay_api",
         "test_retry",
         "test_topology",
         "test_state",

@@ -65,8 +65,8 @@ def test_the_rule_waits_for_every_vm_that_runs_the_agent_and_applies_the_deadlin
 def test_the_relay_takes_a_coordination_account_only_in_the_shape_audit_records_admit() -> None:
     """A caller's account is copied into the agent's audit record: a malformed one is a 400, so no
     caller can make the agent write a record its own schema refuses."""
-    from bridge.agent.relay import RelayRequestError, _parse_request
     from bridge.records import approval_record
+    from bridge.relay_api import RelayDecision, RelayRequestError
 
     verdict = assess(
         ["vm-a", "vm-b"], {"vm-a": "prepared", "vm-b": "prepared"}, None, 0, CoordinationPolicy()
@@ -78,17 +78,18 @@ def test_the_relay_takes_a_coordination_account_only_in_the_shape_audit_records_
         "issuedBy": "coordinator:vm-a",
     }
     good = verdict.to_json("vm-a", "platform")
-    _, _, meta = _parse_request({**body, "coordination": good})
+    parsed = RelayDecision.from_json({**body, "coordination": good})
+    assert parsed.to_json() == {**body, "coordination": good}  # what the approver sends, unchanged
     record = approval_record(
         "coordinator", decision_id="coordinated-E1", event_ids=["E1"], outcome="approved", reason=None,
-        results=[], coordination=meta["coordination"],
+        results=[], coordination=parsed.coordination,
     )  # fmt: skip
     assert validate_record(record) == []
     missing = {k: v for k, v in good.items() if k != "pending"}
     bad_ones = [{**good, "extra": 1}, {**good, "why": "because"}, {**good, "prepared": [1]}, missing, "text"]
     for bad in [*bad_ones, {**good, "withoutAgent": ["x" * 100] * 200}]:  # the last: too large
         with pytest.raises(RelayRequestError):
-            _parse_request({**body, "coordination": bad})
+            RelayDecision.from_json({**body, "coordination": bad})
 
 
 def test_a_peer_is_asked_with_a_bounded_answer_and_only_until_the_coordinator_answers() -> None:

@@ -29,12 +29,10 @@ from collections.abc import Callable
 
 from bridge.apiguard import ApiGuard, Refusal
 from bridge.listener import Request
+from bridge.relay_api import READ_PATHS, START_REQUESTS_PATH
 from bridge.signing import RequestVerifier
 
 log = logging.getLogger(__name__)
-
-RELAY_PATH = "/v1/start-requests"
-READ_PATHS = frozenset({"/metrics", "/v1/document", "/v1/preparations"})
 
 
 class AccessPolicy(ApiGuard):
@@ -55,7 +53,7 @@ class AccessPolicy(ApiGuard):
 
     def check(self, request: Request) -> Refusal | None:
         refusal = super().check(request)
-        if refusal is None and request.method == "POST" and request.path == RELAY_PATH:
+        if refusal is None and request.method == "POST" and request.path == START_REQUESTS_PATH:
             return self._check_relay(request)
         return refusal
 

@@ -42,11 +42,11 @@ from bridge import coordination
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.imds.document import SCHEDULED, ScheduledEvent
 from bridge.observability import RateLimitedLog
+from bridge.relay_api import PREPARATIONS_PATH
 from bridge.signing import H_NONCE, KeyRing, sign_request, verify_answer
 
 log = logging.getLogger(__name__)
 
-PREPARATIONS_PATH = "/v1/preparations"
 MAX_ANSWER = 256 * 1024
 
 

@@ -31,11 +31,8 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from bridge import records
 from bridge.agent.ledger import DecisionLedger, PostIntent
@@ -45,24 +42,16 @@ from bridge.imds.document import SCHEDULED
 from bridge.imds.instance import VmIdentity
 from bridge.observability import ErrorStreak
 from bridge.pipeline import Outbox, OutboxFull, RecordMeta
+from bridge.relay_api import RelayDecision, RelayRequestError, parse_request
 
 log = logging.getLogger(__name__)
 
-MAX_EVENTS_PER_REQUEST = 20
-#: Decisions in one ``{"decisions": [...]}`` request (an approver's backlog for one VM).
-MAX_DECISIONS_PER_REQUEST = 50
 #: Events in one StartRequests POST. IMDS documents no limit on the list; 100 keeps the body near
 #: 5 KB, and a burst of a few hundred approvals within a few IMDS requests.
 MAX_EVENTS_PER_POST = 100
 #: Longest wait for a fresh document when a decision names an event the agent has not seen yet:
 #: one IMDS poll normally takes milliseconds; an approver's relay timeout is seconds.
 REFRESH_TIMEOUT = 2.0
-#: A coordinated approval's account (who waited for whom) names at most a few hundred VMs.
-MAX_COORDINATION_BYTES = 16 * 1024
-
-
-class RelayRequestError(ValueError):
-    """A malformed relay request (HTTP 400)."""
 
 
 @dataclass
@@ -132,8 +121,7 @@ class Relay:
         takes a list), each decision still gets its own checks, answer, ledger entry and audit record.
         """
         try:
-            many = isinstance(body, dict) and "decisions" in body
-            parsed = _parse_many(body) if many else [_parse_request(body)]
+            parsed, many = parse_request(body)
         except RelayRequestError as err:
             # Counted and logged once per streak, never audited: an audit record is for a decision,
             # and a flood of malformed requests must not flood the records stream.
@@ -141,7 +129,9 @@ class Relay:
             self._malformed.failure("malformed", str(err), requester=requester)
             return 400, {"error": str(err)}
         self._malformed.success()
-        pendings = [_Pending(d, events, meta, requester, component) for d, events, meta in parsed]
+        pendings = [
+            _Pending(d.decision_id, list(d.event_ids), _meta(d), requester, component) for d in parsed
+        ]
         with self._queue_lock:
             self._queue.extend(pendings)
         with self._lock:  # one batch at a time: the ledger checks and the POST go together
@@ -454,56 +444,16 @@ class Relay:
             log.error("audit record not admitted to the outbox", extra={"error": str(exc), "audit": record})
 
 
-def _parse_many(body: dict[str, Any]) -> list[tuple[str, list[str], dict[str, Any]]]:
-    decisions = body.get("decisions")
-    if not isinstance(decisions, list) or not 1 <= len(decisions) <= MAX_DECISIONS_PER_REQUEST:
-        raise RelayRequestError(f"decisions must be a list of 1 to {MAX_DECISIONS_PER_REQUEST} decisions")
-    parsed = [_parse_request(d) for d in decisions]
-    if len({decision_id for decision_id, _, _ in parsed}) != len(parsed):
-        raise RelayRequestError("a decisionId appears twice in one request")
-    return parsed
-
-
-def _parse_request(body: Any) -> tuple[str, list[str], dict[str, Any]]:
-    if not isinstance(body, dict):
-        raise RelayRequestError("body must be a JSON object")
-    decision_id = body.get("decisionId")
-    if not isinstance(decision_id, str) or not 8 <= len(decision_id) <= 128:
-        raise RelayRequestError("decisionId must be a string of 8 to 128 characters")
-    event_ids = body.get("eventIds")
-    if (
-        not isinstance(event_ids, list)
-        or not 1 <= len(event_ids) <= MAX_EVENTS_PER_REQUEST
-        or not all(isinstance(e, str) and 0 < len(e) <= 128 for e in event_ids)
-    ):
-        raise RelayRequestError(f"eventIds must be a list of 1 to {MAX_EVENTS_PER_REQUEST} event id strings")
-    meta: dict[str, Any] = {k: body.get(k) for k in ("target", "issuedBy") if isinstance(body.get(k), str)}
-    if body.get("expiresAt") is not None:
-        meta["expiresAt"] = _timestamp(body["expiresAt"])
-    account = body.get("coordination")
-    if account is not None:
-        # A coordinator's account of whom it waited for (bridge.coordination), copied to the audit
-        # record: only from an authenticated caller (the access policy), bounded, and only in the
-        # shape the approval schema gives it (an audit record is never made invalid by a caller).
-        # Checked against that schema itself (imported here: coordinated approvals are rare).
-        from bridge.schemas import validate_document
-
-        if len(orjson.dumps(account)) > MAX_COORDINATION_BYTES:
-            raise RelayRequestError(f"coordination: at most {MAX_COORDINATION_BYTES} bytes")
-        errors = validate_document(account, "approval.v1.schema.json", part="coordination")
-        if errors:
-            raise RelayRequestError(f"coordination: {errors[0]}"[:300])
-        meta["coordination"] = account
-    return decision_id, list(dict.fromkeys(event_ids)), meta
-
-
-def _timestamp(value: Any) -> float:
-    """A decision's ``expiresAt`` (RFC 3339, as the decision schema has it), checked here too: a
-    decision that waited for this agent (down, restarting) must not be approved after it expired."""
-    try:
-        return datetime.fromisoformat(str(value)).timestamp()
-    except ValueError:
-        raise RelayRequestError("expiresAt must be an RFC 3339 date and time") from None
+def _meta(decision: RelayDecision) -> dict[str, Any]:
+    """What the relay keeps of a request's decision beside its ids (checked, answered, audited)."""
+    meta: dict[str, Any] = {
+        k: v for k, v in (("target", decision.target), ("issuedBy", decision.issued_by)) if v is not None
+    }
+    if decision.expires_at is not None:
+        meta["expiresAt"] = decision.expires_epoch()
+    if decision.coordination is not None:
+        meta["coordination"] = decision.coordination
+    return meta
 
 
 def _result(event_id: str, result: str, detail: str | None) -> dict[str, Any]:

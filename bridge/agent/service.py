@@ -28,8 +28,8 @@ from typing import Any
 import orjson
 
 from bridge import __version__, coordination, records
-from bridge.agent.access import RELAY_PATH, AccessPolicy
-from bridge.agent.coordinator import PREPARATIONS_PATH, PeerCoordinator
+from bridge.agent.access import AccessPolicy
+from bridge.agent.coordinator import PeerCoordinator
 from bridge.agent.identity import IdentityResolver
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.policy import ApprovalRule, LocalPolicy, PolicyConfig
@@ -43,6 +43,7 @@ from bridge.imds.client import ImdsClient
 from bridge.imds.document import ScheduledEvent
 from bridge.listener import Limits, Listener, Request, Response, Route, json_response, probe_routes
 from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxFull, OutboxLocked, RecordMeta
+from bridge.relay_api import DOCUMENT_PATH, PREPARATIONS_PATH, START_REQUESTS_PATH
 from bridge.retry import Backoff
 from bridge.signing import H_NONCE, KeyRing, NonceStore, RequestVerifier, sign_answer
 from bridge.sinks import Sink, SinkError, create_sink
@@ -311,9 +312,9 @@ class Agent:
 
         return {
             **probe_routes(self.health.report, self._ready_gauged, self.metrics.registry),
-            ("GET", "/v1/document"): document,
+            ("GET", DOCUMENT_PATH): document,
             ("GET", PREPARATIONS_PATH): self._preparations,
-            ("POST", RELAY_PATH): self._start_requests,
+            ("POST", START_REQUESTS_PATH): self._start_requests,
         }
 
     def _preparations(self, request: Request) -> Response:

@@ -31,12 +31,11 @@ from bridge.approver.sources import DecisionSource
 from bridge.approver.sources.follow import follow
 from bridge.eligibility import EventFacts
 from bridge.netaddr import UnixHTTPConnection
+from bridge.relay_api import DOCUMENT_PATH, START_REQUESTS_PATH, request_body
 from bridge.signing import KeyRing, sign_request
 
 log = logging.getLogger(__name__)
 
-RELAY_PATH = "/v1/start-requests"
-DOCUMENT_PATH = "/v1/document"
 MAX_ANSWER = 1024 * 1024
 #: Seconds to connect to an agent (the answer has --relay-timeout): a rebooting VM drops SYNs.
 CONNECT_TIMEOUT = 3.0
@@ -121,7 +120,7 @@ class RelayClient:
         that answers 400 to the list; each decision is then relayed on its own."""
         if len(bodies) == 1:
             return [self.start_requests(relay_url, bodies[0])]
-        status, answer = self._post(relay_url, {"decisions": bodies})
+        status, answer = self._post(relay_url, request_body(bodies))
         if status == 400:
             return [self.start_requests(relay_url, body) for body in bodies]
         if status != 200 or not isinstance(answer, dict):
@@ -137,7 +136,7 @@ class RelayClient:
         headers = {"Content-Type": "application/json"}
         signer = self._keys.first()
         if signer is not None:
-            headers.update(sign_request(signer[0], signer[1], "POST", RELAY_PATH, data))
+            headers.update(sign_request(signer[0], signer[1], "POST", START_REQUESTS_PATH, data))
         if relay_url.startswith("unix:"):
             status, answer_bytes = self._post_unix(relay_url[len("unix:") :], data, headers)
         else:
@@ -179,7 +178,7 @@ class RelayClient:
         return answer
 
     def _post_http(self, relay_url: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        url = relay_url.rstrip("/") + RELAY_PATH
+        url = relay_url.rstrip("/") + START_REQUESTS_PATH
         try:
             resp = self._session.post(
                 url, data=data, headers=headers, timeout=self._http_timeout, verify=self._verify
@@ -193,7 +192,7 @@ class RelayClient:
     def _post_unix(self, path: str, data: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         conn = UnixHTTPConnection(path, self._timeout)
         try:
-            conn.request("POST", RELAY_PATH, body=data, headers={**headers, "Host": "localhost"})
+            conn.request("POST", START_REQUESTS_PATH, body=data, headers={**headers, "Host": "localhost"})
             resp = conn.getresponse()
             return resp.status, resp.read(MAX_ANSWER)
         except (OSError, http.client.HTTPException) as exc:

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import orjson
 
@@ -63,6 +63,7 @@ from bridge.pipeline import (
     OutboxWriteError,
     RecordMeta,
 )
+from bridge.relay_api import Outcome, RelayDecision, fits
 from bridge.retry import Backoff
 from bridge.sinks import Sink
 
@@ -72,9 +73,7 @@ T = TypeVar("T")
 #: Attempts at a message whose processing raises before it is refused as ``unprocessable``.
 POISON_ATTEMPTS = 3
 #: The outcomes an approver's audit record may carry (approval.v1 schema); anything else is "failed".
-AUDIT_OUTCOMES = frozenset({"approved", "refused", "failed", "partial", "unknown"})
-#: The decision schema's length bounds of the fields an audit record repeats.
-AUDIT_FIELD_LIMITS = {"decisionId": 128, "eventId": 128, "target": 128, "issuedBy": 256}
+AUDIT_OUTCOMES = frozenset(get_args(Outcome))
 
 
 #: Lanes (VMs) processed at once, messages read and not finished, decisions per relay request
@@ -267,13 +266,13 @@ class Approver:
             detail = f"declined by {decision['issuedBy']}: the platform starts the event at NotBefore"
             return self._finish(decision, message, "refused", "declined", detail, [])
         self.store.started(decision_id, message.position, sync=sync)
-        body = {
-            "decisionId": decision_id,
-            "eventIds": [decision["eventId"]],
-            "target": decision["target"],
-            "issuedBy": decision["issuedBy"],
-            "expiresAt": decision["expiresAt"],  # the agent checks it too: relaying may take a while
-        }
+        body = RelayDecision(
+            decision_id,
+            (decision["eventId"],),
+            target=decision["target"],
+            issued_by=decision["issuedBy"],
+            expires_at=decision["expiresAt"],  # the agent checks it too: relaying may take a while
+        ).to_json()
         return decision, body
 
     def _finish_relayed(
@@ -409,8 +408,13 @@ class Approver:
             self._finish(decision, message, "refused", "leftToPlatform", detail, [], coordination=account)
             return True
         self.store.started(decision["decisionId"], message.position)
-        body = {k: decision[k] for k in ("decisionId", "target", "issuedBy")}
-        body.update(eventIds=[decision["eventId"]], coordination=account)
+        body = RelayDecision(
+            decision["decisionId"],
+            (decision["eventId"],),
+            target=decision["target"],
+            issued_by=decision["issuedBy"],
+            coordination=account,
+        ).to_json()
         answer, unreached = self._relay(decision, body)
         if answer is None:
             log.warning(
@@ -571,7 +575,7 @@ class Approver:
             # Only what fits the decision schema's bounds reaches an audit record (a 5 MB decisionId
             # is refused, not stored or echoed).
             value = d.get(key)
-            return value if isinstance(value, str) and 0 < len(value) <= AUDIT_FIELD_LIMITS[key] else None
+            return value if fits(key, value) else None
 
         event_id = text("eventId")
         if not results and event_id:
@@ -864,11 +868,11 @@ def _claims(raw: dict[str, Any] | None) -> dict[str, str] | None:
     audit's ``unverified`` part (to find the real decision it may imitate), never its identity."""
     if raw is None:
         return None
-    out = {
-        key: value
-        for key in ("decisionId", "eventId", "target", "issuedBy")
-        if isinstance(value := raw.get(key), str) and 0 < len(value) <= AUDIT_FIELD_LIMITS[key]
-    }
+    out: dict[str, str] = {}
+    for key in ("decisionId", "eventId", "target", "issuedBy"):
+        value = raw.get(key)
+        if isinstance(value, str) and fits(key, value):
+            out[key] = value
     return out or None
 
 

@@ -1,0 +1,176 @@
+"""The agent's relay API in one place: its paths, the request an approver sends, the answer's words.
+
+Why one module: the API has two ends in two services that never import each other (the approver
+posts, the agent answers), and each used to spell it out itself: the paths in the approver's router
+and the agent's access policy, the request body built twice in the approver and parsed by hand in
+the agent, the field limits in the decision schema, the audit code and the parser. A rule written
+twice drifts; here it is written once and both ends import it (a leaf: it imports nothing of the
+services, only the decision schema it reads the limits from).
+
+A request is one decision (``RelayDecision.to_json()``) or, from an approver with several decisions
+for one VM in hand, ``{"decisions": [...]}`` in their order; the answer to the list is
+``{"answers": [...]}``, one per decision. Each answer carries an :data:`Outcome` and a result per
+event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, TypeGuard
+
+import orjson
+
+from bridge.schemas import load_schema
+
+#: The relay itself: approvals in, StartRequests out.
+START_REQUESTS_PATH = "/v1/start-requests"
+#: The agent's document (its VM identity and the current events), what a fleet approver learns from.
+DOCUMENT_PATH = "/v1/document"
+#: This VM's preparation reports per event, what peer coordinators ask.
+PREPARATIONS_PATH = "/v1/preparations"
+#: Paths that only read (the access policy's read token or a signature for remote callers).
+READ_PATHS = frozenset({"/metrics", DOCUMENT_PATH, PREPARATIONS_PATH})
+
+#: Events one decision may name (IMDS takes a list; a decision names one, a coordinator a few).
+MAX_EVENTS_PER_REQUEST = 20
+#: Decisions one request may carry (an approver's queued decisions for one VM).
+MAX_DECISIONS_PER_REQUEST = 50
+#: A coordinator's account of whom it waited for, at most (copied into the audit record).
+MAX_COORDINATION_BYTES = 16 * 1024
+
+#: What became of a decision (the audit record's ``outcome``; approval.v1.schema.json lists them).
+Outcome = Literal["approved", "partial", "refused", "failed", "unknown"]
+
+_GUID_LENGTH = 36  # the decision schema's eventId is a GUID (a pattern, no maxLength)
+
+
+def _field_limits() -> dict[str, tuple[int, int]]:
+    """(min, max) length of the decision fields a relay request and an audit record carry, read from
+    the decision schema (the one place they are declared)."""
+    properties = load_schema("decision.v1.schema.json")["properties"]
+    limits = {}
+    for name in ("decisionId", "target", "issuedBy"):
+        spec = properties[name]
+        limits[name] = (int(spec.get("minLength", 1)), int(spec["maxLength"]))
+    limits["eventId"] = (1, _GUID_LENGTH)  # IMDS refuses what is not a GUID; longer is never one
+    return limits
+
+
+#: name -> (min, max) length, from the decision schema.
+FIELD_LIMITS = _field_limits()
+
+
+def fits(name: str, value: Any) -> TypeGuard[str]:
+    """Whether ``value`` is a string within the decision schema's bounds for ``name``."""
+    low, high = FIELD_LIMITS[name]
+    return isinstance(value, str) and low <= len(value) <= high
+
+
+class RelayRequestError(ValueError):
+    """A relay request the agent cannot read (answered 400, counted, never audited)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RelayDecision:
+    """One decision as the approver relays it: what the agent checks before it posts."""
+
+    decision_id: str
+    event_ids: tuple[str, ...]
+    target: str | None = None
+    issued_by: str | None = None
+    expires_at: str | None = None  # RFC 3339, as the decision has it: the agent checks it too
+    coordination: dict[str, Any] | None = field(default=None, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"decisionId": self.decision_id, "eventIds": list(self.event_ids)}
+        for key, value in (
+            ("target", self.target),
+            ("issuedBy", self.issued_by),
+            ("expiresAt", self.expires_at),
+        ):
+            if value is not None:
+                body[key] = value
+        if self.coordination is not None:
+            body["coordination"] = self.coordination
+        return body
+
+    def expires_epoch(self) -> float | None:
+        return None if self.expires_at is None else _timestamp(self.expires_at)
+
+    @classmethod
+    def from_json(cls, body: Any) -> RelayDecision:
+        """Parse and bound one decision of a request; :class:`RelayRequestError` names what is wrong."""
+        if not isinstance(body, dict):
+            raise RelayRequestError("body must be a JSON object")
+        decision_id = body.get("decisionId")
+        if not fits("decisionId", decision_id):
+            low, high = FIELD_LIMITS["decisionId"]
+            raise RelayRequestError(f"decisionId must be a string of {low} to {high} characters")
+        event_ids = body.get("eventIds")
+        if (
+            not isinstance(event_ids, list)
+            or not 1 <= len(event_ids) <= MAX_EVENTS_PER_REQUEST
+            or not all(fits("eventId", e) for e in event_ids)
+        ):
+            raise RelayRequestError(
+                f"eventIds must be a list of 1 to {MAX_EVENTS_PER_REQUEST} event id strings"
+            )
+        expires = body.get("expiresAt")
+        if expires is not None:
+            _timestamp(expires)
+        return cls(
+            decision_id=str(decision_id),
+            event_ids=tuple(dict.fromkeys(event_ids)),
+            target=body["target"] if isinstance(body.get("target"), str) else None,
+            issued_by=body["issuedBy"] if isinstance(body.get("issuedBy"), str) else None,
+            expires_at=None if expires is None else str(expires),
+            coordination=_coordination(body.get("coordination")),
+        )
+
+
+def request_body(decisions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The body that relays ``decisions`` (each a :meth:`RelayDecision.to_json`): one is sent as
+    itself, several as ``{"decisions": [...]}``."""
+    return decisions[0] if len(decisions) == 1 else {"decisions": decisions}
+
+
+def parse_request(body: Any) -> tuple[list[RelayDecision], bool]:
+    """The decisions of a request and whether it was a list (answered with ``{"answers": [...]}``)."""
+    if not (isinstance(body, dict) and "decisions" in body):
+        return [RelayDecision.from_json(body)], False
+    decisions = body["decisions"]
+    if not isinstance(decisions, list) or not 1 <= len(decisions) <= MAX_DECISIONS_PER_REQUEST:
+        raise RelayRequestError(f"decisions must be a list of 1 to {MAX_DECISIONS_PER_REQUEST} decisions")
+    parsed = [RelayDecision.from_json(d) for d in decisions]
+    if len({d.decision_id for d in parsed}) != len(parsed):
+        raise RelayRequestError("a decisionId appears twice in one request")
+    return parsed, True
+
+
+def _timestamp(value: Any) -> float:
+    """A decision's ``expiresAt`` (RFC 3339, as the decision schema has it), checked by the agent
+    too: a decision that waited for this agent (down, restarting) must not be approved after it
+    expired."""
+    try:
+        return datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        raise RelayRequestError("expiresAt must be an RFC 3339 date and time") from None
+
+
+def _coordination(account: Any) -> dict[str, Any] | None:
+    """A coordinator's account of whom it waited for (bridge.coordination), copied to the audit
+    record: bounded, and only in the shape the approval schema gives it (an audit record is never
+    made invalid by a caller). Only an authenticated caller gets this far (the access policy)."""
+    if account is None:
+        return None
+    from bridge.schemas import validate_document  # coordinated approvals are rare: compiled on use
+
+    if len(orjson.dumps(account)) > MAX_COORDINATION_BYTES:
+        raise RelayRequestError(f"coordination: at most {MAX_COORDINATION_BYTES} bytes")
+    errors = validate_document(account, "approval.v1.schema.json", part="coordination")
+    if errors:
+        raise RelayRequestError(f"coordination: {errors[0]}"[:300])
+    if not isinstance(account, dict):
+        raise RelayRequestError("coordination must be an object")
+    return account
