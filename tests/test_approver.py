@@ -365,7 +365,8 @@ def test_a_lane_batch_costs_one_audit_fsync_and_a_failed_one_writes_the_audits_a
         sinks=[create_sink(f"file://{tmp_path}/audit.jsonl")],
         state_dir=tmp_path / "approver-state",
     )
-    service.commits = type(service.commits)(lambda ms: committed.extend(m.position for m in ms))
+    commits = type(service.commits)(lambda ms: committed.extend(m.position for m in ms))
+    service.commits = service.life.commits = commits
     real_sync, calls = service.outbox._sync, []
 
     def sync_failing_once(fd: int) -> None:
@@ -376,7 +377,7 @@ def test_a_lane_batch_costs_one_audit_fsync_and_a_failed_one_writes_the_audits_a
 
     service.outbox._sync = sync_failing_once
     messages = [Message(orjson.dumps(signed(e)), f"line:{i}") for i, e in enumerate(events, 1)]
-    service._drain_lane("vm", [service.commits.track(m) for m in messages])
+    service.life.drain_lane("vm", [service.commits.track(m) for m in messages])
     service.commits.commit_ready()
     assert committed == [m.position for m in messages]
     assert emulator.state()["startRequests"] == dict.fromkeys(events, 1)

@@ -1,25 +1,24 @@
 """The approver's durability seams, in-process (issue 24): what happens between "the audit records
 are appended" and "the source position is committed" when the disk fails while the approver stops.
 
-These seams sit behind the run loop and no process-level test reaches them: the stand-ins below are
-only what the two methods touch (the outbox, the stop event, the error streak), the methods are the
-real ones.
+These seams sit behind the run loop and no process-level test reaches them. The audit writer is
+the real one (bridge.approver.auditing); its outbox is a stand-in whose sync and append fail the way
+a dying disk makes them fail (that failure cannot be produced on demand in-process).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import threading
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from bridge.approver import auditing
+from bridge.approver.auditing import AuditWriter
 from bridge.approver.dispatch import Slot
-from bridge.approver.service import Approver
+from bridge.approver.metrics import ApproverMetrics
 from bridge.approver.sources.base import Message
-from bridge.observability import ErrorStreak
 from bridge.pipeline.outbox import OutboxWriteError
 
 
@@ -37,16 +36,11 @@ class FailingOutbox:
         raise OSError(5, "Input/output error")
 
 
-def approver_stand_in(stopping: bool) -> Any:
-    me = SimpleNamespace(
-        outbox=FailingOutbox(),
-        stop_event=threading.Event(),
-        _outbox_streak=ErrorStreak(logging.getLogger("test"), "storing decisions and audit records"),
-    )
+def writer(stopping: bool) -> AuditWriter:
+    stop = threading.Event()
     if stopping:
-        me.stop_event.set()
-    me._until_stored = functools.partial(Approver._until_stored, me)
-    return me
+        stop.set()
+    return AuditWriter(FailingOutbox(), None, ApproverMetrics(), stop)  # type: ignore[arg-type]
 
 
 def audit(n: int) -> dict[str, Any]:
@@ -58,23 +52,18 @@ def test_a_failed_audit_sync_while_stopping_commits_nothing() -> None:
     """The bug issue 24 found: ``_until_stored`` ended with ``return False`` where its callers test
     ``is None``, so a failed sync during shutdown reported the audit records durable and the chunk's
     positions were committed without them."""
-    me = approver_stand_in(stopping=True)
     done = [(Slot(Message(b"{}", f"decisions/0@{n}")), audit(n)) for n in range(3)]
-    assert Approver._audits_synced(me, done) is False
+    assert writer(stopping=True).synced(done) is False
 
 
 def test_until_stored_says_none_when_the_approver_stops_first() -> None:
-    me = approver_stand_in(stopping=True)
-    assert Approver._until_stored(me, lambda: 1, Message(b"{}", "decisions/0@1")) is None
+    assert writer(stopping=True).until_stored(lambda: 1, Message(b"{}", "decisions/0@1")) is None
 
 
 def test_until_stored_returns_what_the_store_returned_once_the_disk_takes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import bridge.approver.service as service
-
-    monkeypatch.setattr(service, "Backoff", lambda **_: SimpleNamespace(next_delay=lambda: 0.01))
-    me = approver_stand_in(stopping=False)
+    monkeypatch.setattr(auditing, "Backoff", lambda **_: SimpleNamespace(next_delay=lambda: 0.01))
     attempts: list[Any] = [OSError(28, "No space left on device"), 7]
 
     def store() -> int:
@@ -83,5 +72,5 @@ def test_until_stored_returns_what_the_store_returned_once_the_disk_takes_it(
             raise step
         return int(step)
 
-    assert Approver._until_stored(me, store, Message(b"{}", "decisions/0@1")) == 7
+    assert writer(stopping=False).until_stored(store, Message(b"{}", "decisions/0@1")) == 7
     assert attempts == []

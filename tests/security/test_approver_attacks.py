@@ -200,7 +200,9 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
                 raise RuntimeError("a bug")
             return []  # no agent: retried until the decision expires (2 s), which is an outcome
 
-    monkeypatch.setattr(service_module, "Backoff", lambda **_: Backoff(base=0.001, cap=0.001))
+    from bridge.approver import lifecycle
+
+    monkeypatch.setattr(lifecycle, "Backoff", lambda **_: Backoff(base=0.001, cap=0.001))
     decisions = tmp_path / "decisions.jsonl"
     soon = new_decision(NEXT, "vm-bridge-0", "tests", 2)
     decisions.write_bytes(orjson.dumps(signed(BOOM)) + b"\n" + orjson.dumps(sign(soon, "ops", KEY)) + b"\n")
@@ -239,7 +241,7 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
     )
     # The poison broke its batch and was retried on its own until given up; NEXT reached no agent
     # and waited, retried, until it expired (never given up as failed before).
-    assert BrokenRouter.calls[BOOM] in (service_module.POISON_ATTEMPTS, service_module.POISON_ATTEMPTS + 1)
+    assert BrokenRouter.calls[BOOM] in (lifecycle.POISON_ATTEMPTS, lifecycle.POISON_ATTEMPTS + 1)
     assert BrokenRouter.calls[NEXT] >= 2
 
 

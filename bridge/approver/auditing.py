@@ -1,0 +1,165 @@
+"""An approver's audit records: each decision's one final outcome, durable before its commit.
+
+Every decision ends as exactly one audit record (``recordType: approval``): appended to the
+approver's own outbox (from which its sinks deliver it), then the outcome in the decision store, and
+only then, in the caller, the source position committed. A crash anywhere in between re-reads the
+message and ends with the same record (its ``recordId`` is deterministic). A full or failing disk is
+waited out (:meth:`AuditWriter.until_stored`): a decision is never committed without its record.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar, get_args
+
+from bridge import records
+from bridge.approver.dispatch import Slot
+from bridge.approver.metrics import ApproverMetrics
+from bridge.approver.sources import Message
+from bridge.approver.store import DecisionStore
+from bridge.observability import ErrorStreak
+from bridge.pipeline import Outbox, OutboxFull, OutboxWriteError, RecordMeta
+from bridge.relay_api import Outcome, fits
+from bridge.retry import Backoff
+
+log = logging.getLogger("bridge.approver.service")  # one logger name for the approver's decisions
+T = TypeVar("T")
+
+#: The outcomes an approver's audit record may carry (approval.v1 schema); anything else is "failed".
+AUDIT_OUTCOMES = frozenset(get_args(Outcome))
+
+
+class AuditWriter:
+    """Writes audit records and final outcomes, and waits for the disk when it refuses them."""
+
+    def __init__(
+        self, outbox: Outbox, store: DecisionStore, metrics: ApproverMetrics, stop_event: threading.Event
+    ) -> None:
+        self.outbox = outbox
+        self.store = store
+        self.metrics = metrics
+        self.stop_event = stop_event
+        self.streak = ErrorStreak(log, "storing decisions and audit records")
+
+    def finish(
+        self,
+        decision: Any,
+        message: Message,
+        outcome: str,
+        reason: str | None,
+        detail: str | None,
+        results: list[dict[str, Any]],
+        *,
+        relay: str | None = None,
+        record_final: bool = True,
+        sync: bool = True,
+        path: str | None = None,
+        arm_correlation_id: str | None = None,
+        coordination: dict[str, Any] | None = None,
+        unverified: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        d = decision if isinstance(decision, dict) else {}
+
+        def text(key: str) -> str | None:
+            # Only what fits the decision schema's bounds reaches an audit record (a 5 MB decisionId
+            # is refused, not stored or echoed).
+            value = d.get(key)
+            return value if fits(key, value) else None
+
+        event_id = text("eventId")
+        if not results and event_id:
+            results = [{"eventId": event_id, "result": "refused", "detail": reason}]
+        audit = records.approval_record(
+            "approver" if coordination is None else "coordinator",
+            decision_id=text("decisionId"),
+            event_ids=[event_id] if event_id else [],
+            target=text("target"),
+            issued_by=text("issuedBy"),
+            requester=relay,
+            outcome=outcome if outcome in AUDIT_OUTCOMES else "failed",
+            reason=reason,
+            detail=(detail or None) and str(detail)[:500],
+            results=[
+                {
+                    "eventId": r.get("eventId", ""),
+                    "result": r.get("result", "refused"),
+                    "detail": r.get("detail"),
+                }
+                for r in results
+            ],
+            path=path,
+            arm_correlation_id=arm_correlation_id,
+            coordination=coordination,
+            unverified=unverified,
+            # One record per decision whichever instance writes it (bridge.approver.standby).
+            record_id=records.approver_record_id(
+                text("decisionId") if record_final else None, message.position, message.payload
+            ),
+        )
+        # Durable first, then the store, then (in the caller) the source commit: a crash anywhere
+        # re-reads the message and ends with the same outcome. ``sync=False`` (a lane's chunk): the
+        # caller syncs the outbox, then the store, before committing.
+        self.outbox.append(RecordMeta.of(audit), records.encode(audit), sync=sync)
+        if record_final and audit["decisionId"]:
+            self.store.final(audit["decisionId"], message.position, audit["outcome"], reason, sync=sync)
+        self.metrics.decisions.labels(audit["outcome"], reason or "ok").inc()
+        level = logging.INFO if audit["outcome"] == "approved" else logging.WARNING
+        log.log(
+            level,
+            f"decision {audit['outcome']}",
+            extra={
+                "decisionId": audit["decisionId"],
+                "eventId": event_id,
+                "reason": reason,
+                "detail": audit["detail"],
+                "relay": relay,
+            },
+        )
+        return audit
+
+    def until_stored(self, store: Callable[[], T], message: Message) -> T | None:
+        """Run ``store`` until the disk takes it (full, quota, failing: waited out with backoff, as
+        ``DecisionLife.handle`` does) and return what it returned; None when the approver stops
+        first (so ``store`` must not return None itself)."""
+        backoff = Backoff(base=1.0, cap=30.0)
+        while not self.stop_event.is_set():
+            try:
+                result = store()
+                self.streak.success()
+                return result
+            except (OutboxFull, OSError) as exc:
+                self.streak.failure("outbox", f"not stored yet: {exc}", position=message.position)
+            self.stop_event.wait(backoff.next_delay())
+        return None
+
+    def synced(self, done: list[tuple[Slot, dict[str, Any]]]) -> bool:
+        """One fsync for a chunk's audit records. When it fails, the frames may be gone from the
+        disk for good (Linux reports a failed writeback once and forgets the pages), so syncing again
+        proves nothing: each audit record is appended again the durable way (same ``recordId``; a
+        sink may see it twice), waiting for the disk as ``DecisionLife.handle`` does. False when
+        stopping."""
+        try:
+            self.outbox.sync()
+            return True
+        except OutboxWriteError as exc:
+            log.error("audit records cannot be synced; writing them again", extra={"error": str(exc)})
+        for slot, audit in done:
+            append = lambda a=audit: self.outbox.append(RecordMeta.of(a), records.encode(a))  # noqa: E731
+            if self.until_stored(append, slot.message) is None:
+                return False  # nothing committed: read again after the restart
+        return True
+
+
+def claims_of(raw: dict[str, Any] | None) -> dict[str, str] | None:
+    """What an unproven message says of itself, bounded as the decision schema bounds it: the
+    audit's ``unverified`` part (to find the real decision it may imitate), never its identity."""
+    if raw is None:
+        return None
+    out: dict[str, str] = {}
+    for key in ("decisionId", "eventId", "target", "issuedBy"):
+        value = raw.get(key)
+        if isinstance(value, str) and fits(key, value):
+            out[key] = value
+    return out or None
