@@ -45,172 +45,38 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import re
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from bridge.approver.sources.base import DecisionSource, Message, SourceError, owner
+from bridge.approver.sources.base import DecisionSource, Message, SourceError
+from bridge.approver.sources.eventhubs_options import (
+    OWNER,
+    parse_source_spec,
+)
+from bridge.approver.sources.eventhubs_store import STORE_OPTIONS, StoreHealth, stable_owner_store
 from bridge.fsutil import ensure_private_dir, write_atomic
 from bridge.redaction import redact
-from bridge.transports import eventhubs
 from bridge.transports.azure import EXTRA_HINT
-from bridge.transports.base import numeric_option
 from bridge.transports.eventhubs import (
     Abandoned,
-    EventHubsOptions,
     HubConnection,
     abandon,
     call_with_deadline,
     identity_error,
     one_line,
 )
-from bridge.transports.secrets import SecretRef
 
 log = logging.getLogger(__name__)
 
-#: Who speaks in this source's refusals ("eventhubs source: ...").
-OWNER = owner("eventhubs source")
-
-#: The options the source adds to the hub's (see :data:`bridge.transports.eventhubs.OPTIONS`).
-SOURCE_OPTIONS: dict[str, str] = {
-    "consumer_group": "the hub's consumer group (default $Default)",
-    "checkpoint_url": "https://<account>.blob.core.windows.net/<container> (the hub's Entra ID credential)",
-    "checkpoint_connection_string_env": "environment variable holding the storage connection string",
-    "checkpoint_connection_string_file": "absolute path of a file holding the storage connection string",
-    "checkpoint_container": "the container, with checkpoint_connection_string_*",
-    "load_balancing_interval": "seconds between the SDK's ownership rounds (default 30)",
-    "ownership_expiration": "seconds after which a silent instance's partitions are taken over "
-    "(default 6 x load_balancing_interval)",
-}
-DEFAULT_CONSUMER_GROUP = "$Default"
 MAX_QUEUED = 200  # events received and not yet handed out: the SDK's receive thread waits beyond
 MAX_BATCH = 100  # messages handed out by one poll
-
-_CONTAINER = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(?:-[a-z0-9]+)*$")
-_CONSUMER_GROUP = re.compile(r"^(?:\$Default|[A-Za-z0-9][A-Za-z0-9._-]{0,49})$")
-_SECRETISH = re.compile(r"(?i)(key|sas|secret|token|password|connection_?string$|signature)")
-_CHECKPOINT_SECRET_HINT = (
-    "checkpoint_connection_string_env=VARIABLE, checkpoint_connection_string_file=/path or "
-    "checkpoint_url with credential=managed|default"
-)
-
-# The storage client's own retries: a few quick ones (its default waits 15 s, then 18 s, then 24 s).
-_STORE_OPTIONS: dict[str, Any] = {
-    "retry_total": 2,
-    "initial_backoff": 1,
-    "increment_base": 2,
-    "random_jitter_range": 1,
-    "connection_timeout": 10,
-    "read_timeout": 10,
-}
-
-
-class SourceOptions:
-    """What the source adds to an ``eventhubs://`` spec, validated. Holds no secret."""
-
-    def __init__(self, values: dict[str, str], hub: EventHubsOptions, group: str | None) -> None:
-        self.consumer_group = values.get("consumer_group") or group or DEFAULT_CONSUMER_GROUP
-        if not _CONSUMER_GROUP.match(self.consumer_group):
-            raise OWNER.refuse("consumer_group must be $Default or 1-50 letters, digits, '.', '_', '-'")
-        self.checkpoint_url = values.get("checkpoint_url") or None
-        #: The storage account's connection string (checkpoint_connection_string_env / _file).
-        self.checkpoint: SecretRef | None = SecretRef.from_options(
-            OWNER,
-            "checkpoint_connection_string",
-            values.get("checkpoint_connection_string_env") or None,
-            values.get("checkpoint_connection_string_file") or None,
-        )
-        self.container = values.get("checkpoint_container") or None
-        self.account_url: str | None = None
-        by_string = self.checkpoint is not None
-        if self.checkpoint_url and (by_string or self.container):
-            raise OWNER.refuse(
-                "checkpoint_url names the container itself; it excludes "
-                "checkpoint_connection_string_* and checkpoint_container"
-            )
-        if self.checkpoint_url:
-            self._parse_url(self.checkpoint_url, hub)
-        elif by_string:
-            if not self.container:
-                raise OWNER.refuse("checkpoint_connection_string_* needs checkpoint_container=NAME")
-        elif self.container:
-            raise OWNER.refuse(
-                "checkpoint_container needs checkpoint_connection_string_env or _file "
-                "(or use checkpoint_url=https://<account>.blob.core.windows.net/<container>)"
-            )
-        if self.container is not None and not _CONTAINER.match(self.container):
-            raise OWNER.refuse(
-                "the checkpoint container must be a blob container name "
-                "(3-63 lower-case letters, digits and single hyphens)"
-            )
-        interval = _seconds(values, "load_balancing_interval", 30.0, 1.0, 3600.0)
-        expiration = _seconds(values, "ownership_expiration", 6 * interval, 2.0, 86_400.0)
-        if expiration <= interval:
-            raise OWNER.refuse("ownership_expiration must be longer than load_balancing_interval")
-        self.load_balancing_interval = interval
-        self.ownership_expiration = expiration
-
-    def _parse_url(self, url: str, hub: EventHubsOptions) -> None:
-        parts = urlsplit(url)
-        if parts.query or parts.fragment or "@" in parts.netloc:
-            raise OWNER.refuse(
-                "no SAS token or credentials in checkpoint_url; it uses the hub's Entra "
-                "ID credential (or use checkpoint_connection_string_env/_file)"
-            )
-        if parts.scheme.lower() != "https" or not parts.hostname:
-            raise OWNER.refuse(
-                "checkpoint_url must be "
-                "https://<account>.blob.core.windows.net/<container> (Entra ID tokens are only sent over TLS)"
-            )
-        segments = [s for s in parts.path.split("/") if s]
-        if not segments:
-            raise OWNER.refuse(
-                "checkpoint_url names no container: https://<account>.blob.core.windows.net/<container>"
-            )
-        if hub.uses_connection_string:
-            raise OWNER.refuse(
-                "checkpoint_url uses the hub's Entra ID credential (credential=managed or "
-                "default); with connection_string_* give checkpoint_connection_string_env/_file and "
-                "checkpoint_container"
-            )
-        self.container = segments[-1]
-        path = "/".join(segments[:-1])
-        self.account_url = urlunsplit((parts.scheme, parts.netloc, f"/{path}" if path else "", "", ""))
-
-    @property
-    def has_store(self) -> bool:
-        return bool(self.checkpoint_url or self.checkpoint)
-
-
-def _seconds(values: dict[str, str], name: str, default: float, low: float, high: float) -> float:
-    raw = values.get(name)
-    if raw is None or raw == "":
-        return default
-    return float(numeric_option(OWNER, name, raw, low, high))
-
-
-def parse_source_spec(spec: str, group: str | None = None) -> tuple[EventHubsOptions, SourceOptions]:
-    """An ``eventhubs://`` source spec: the hub part (:func:`bridge.transports.eventhubs.parse_spec`,
-    shared with the sink) and the source's own options. Every mistake is a :class:`SourceError`
-    naming the option, never a value."""
-    hub, own = eventhubs.parse_spec(spec, OWNER, SOURCE_OPTIONS, _secret_hint)
-    return hub, SourceOptions(own, hub, group)
-
-
-def _secret_hint(name: str) -> str | None:
-    """A ``checkpoint_*`` name that looks like a secret's is refused with the checkpoint's ways of
-    giving one; any other name as the hub's would be."""
-    if name.startswith("checkpoint_") and _SECRETISH.search(name):
-        return _CHECKPOINT_SECRET_HINT
-    return eventhubs.secret_hint(name)
 
 
 def _payload(event: Any) -> bytes:
@@ -224,75 +90,6 @@ def _payload(event: Any) -> bytes:
         return b"".join(bytes(part) for part in body)
     except TypeError:
         return str(event.body_as_str()).encode()
-
-
-class _StoreHealth:
-    """The last failure of the checkpoint store as the SDK's load balancing met it (None: fine)."""
-
-    def __init__(self) -> None:
-        self.failure: str | None = None
-
-
-def _stable_owner_store(inner: Any, owner_id: str, health: _StoreHealth) -> Any:
-    """A ``CheckpointStore`` that writes ``owner_id`` instead of the processor's random one.
-
-    The processor's own id is learned from its first claim (every ownership it claims carries it) and
-    translated both ways, so the SDK sees a consistent picture. Before that first claim, ownerships of
-    ``owner_id`` (a previous incarnation of this approver, killed without releasing them) are shown as
-    released: claimable at once instead of after ``ownership_expiration``.
-    """
-    from azure.eventhub import CheckpointStore
-
-    class StableOwnerStore(CheckpointStore):
-        def __init__(self) -> None:
-            self.runtime_id: str | None = None
-
-        def _track(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                result = fn(*args, **kwargs)
-            except Exception as exc:
-                health.failure = one_line(exc)
-                raise
-            health.failure = None
-            return result
-
-        def list_ownership(
-            self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str, **kwargs: Any
-        ) -> Iterable[dict[str, Any]]:
-            out = []
-            listed = self._track(
-                inner.list_ownership, fully_qualified_namespace, eventhub_name, consumer_group, **kwargs
-            )
-            for ownership in listed:
-                if ownership.get("owner_id") == owner_id:
-                    ownership = {**ownership, "owner_id": self.runtime_id or ""}
-                out.append(ownership)
-            return out
-
-        def claim_ownership(self, ownership_list: Any, **kwargs: Any) -> Any:
-            to_write = []
-            for ownership in ownership_list:
-                owner = ownership.get("owner_id")
-                if owner and owner != owner_id:  # the processor's own (random) id
-                    self.runtime_id = owner
-                    ownership = {**ownership, "owner_id": owner_id}
-                to_write.append(ownership)
-            claimed = self._track(inner.claim_ownership, to_write, **kwargs)
-            return [
-                {**c, "owner_id": self.runtime_id} if c.get("owner_id") == owner_id else c for c in claimed
-            ]
-
-        def update_checkpoint(self, checkpoint: Any, **kwargs: Any) -> None:
-            inner.update_checkpoint(checkpoint, **kwargs)
-
-        def list_checkpoints(
-            self, fully_qualified_namespace: str, eventhub_name: str, consumer_group: str, **kwargs: Any
-        ) -> Iterable[dict[str, Any]]:
-            return self._track(  # type: ignore[no-any-return]
-                inner.list_checkpoints, fully_qualified_namespace, eventhub_name, consumer_group, **kwargs
-            )
-
-    return StableOwnerStore()
 
 
 class EventHubsSource(DecisionSource):
@@ -326,7 +123,7 @@ class EventHubsSource(DecisionSource):
         # Partitions claimed (ownership, /metrics): replaced under the lock, never mutated, so the HTTP
         # thread reads a consistent set without taking the lock.
         self._owned: frozenset[str] = frozenset()
-        self._health = _StoreHealth()
+        self._health = StoreHealth()
         self._closing = False
         self._client: Any = None
         self._thread: threading.Thread | None = None
@@ -370,12 +167,12 @@ class EventHubsSource(DecisionSource):
         assert so.container is not None
         if so.account_url is not None:
             return BlobCheckpointStore(
-                so.account_url, so.container, credential=self.connection.azure_credential(), **_STORE_OPTIONS
+                so.account_url, so.container, credential=self.connection.azure_credential(), **STORE_OPTIONS
             )
         assert so.checkpoint is not None
         text = so.checkpoint.resolve(OWNER).strip()
         try:
-            return BlobCheckpointStore.from_connection_string(text, so.container, **_STORE_OPTIONS)
+            return BlobCheckpointStore.from_connection_string(text, so.container, **STORE_OPTIONS)
         except (ValueError, TypeError, KeyError) as exc:
             # The SDK's parse errors are generic, but never echo anything derived from the secret.
             raise OWNER.refuse(
@@ -389,7 +186,7 @@ class EventHubsSource(DecisionSource):
             str(getattr(container, "url", self.source_options.container)).split("?")[0]
         )
         self._sdk_store = self._new_store()
-        self._store = _stable_owner_store(self._sdk_store, self._owner_id(), self._health)
+        self._store = stable_owner_store(self._sdk_store, self._owner_id(), self._health)
 
     def _build_client(self) -> Any:
         """A new consumer client (connects lazily: building it contacts nothing)."""
