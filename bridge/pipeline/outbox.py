@@ -48,7 +48,6 @@ room frees up it publishes one record that carries the net change (see ``docs/op
 
 from __future__ import annotations
 
-import bisect
 import errno
 import logging
 import os
@@ -70,6 +69,7 @@ from bridge.fsutil import (
 from bridge.observability import ErrorStreak
 from bridge.pipeline import frames
 from bridge.pipeline.entry import Entry, RecordMeta
+from bridge.pipeline.frame_index import FrameIndex, Loc, run_end
 from bridge.pipeline.metrics import PipelineMetrics
 
 log = logging.getLogger(__name__)
@@ -89,60 +89,6 @@ class OutboxFull(Exception):
 
 class OutboxWriteError(OSError):
     """A record could not be made durable (disk full, I/O error); nothing of it was kept."""
-
-
-_Loc = frames.Span  # the index keeps, per record, what the frame scan or the append found
-
-
-class _FrameIndex:
-    """The frames some sink has not confirmed, in seq order; found by bisection, not by arithmetic."""
-
-    def __init__(self) -> None:
-        self._locs: list[_Loc] = []
-        self._seqs: list[int] = []
-        self._head = 0  # frames before it were confirmed by every sink (compacted lazily)
-        self.bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._seqs) - self._head
-
-    def add(self, loc: _Loc) -> None:
-        self._locs.append(loc)
-        self._seqs.append(loc.seq)
-        self.bytes += loc.length
-
-    def after(self, seq: int) -> int:
-        """Position of the first frame with a seq above ``seq``."""
-        return bisect.bisect_right(self._seqs, seq, self._head)
-
-    def at(self, position: int) -> _Loc | None:
-        return self._locs[position] if position < len(self._locs) else None
-
-    def slice(self, position: int, limit: int) -> list[_Loc]:
-        return self._locs[position : position + limit]
-
-    def last_seq(self) -> int | None:
-        return self._seqs[-1] if len(self) else None
-
-    def drop_through(self, seq: int) -> None:
-        """Forget every frame with a seq up to ``seq`` (all sinks confirmed them)."""
-        end = self.after(seq)
-        for loc in self._locs[self._head : end]:
-            self.bytes -= loc.length
-        self._head = end
-        if self._head > 1024 and self._head * 2 > len(self._seqs):
-            del self._locs[: self._head], self._seqs[: self._head]
-            self._head = 0
-
-    def count_after(self, seq: int) -> int:
-        return len(self._seqs) - self.after(seq)
-
-    def remove(self, loc: _Loc) -> None:
-        """Take out one frame found damaged when read back."""
-        position = bisect.bisect_left(self._seqs, loc.seq, self._head)
-        if position < len(self._seqs) and self._locs[position] is loc:
-            del self._locs[position], self._seqs[position]
-            self.bytes -= loc.length
 
 
 class Outbox:
@@ -170,7 +116,7 @@ class Outbox:
         self._metrics = metrics
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._index = _FrameIndex()
+        self._index = FrameIndex()
         self._segments: list[int] = []  # first seq of each segment file, ascending
         self._read_fds: dict[int, int] = {}
         self._next_seq = 1
@@ -203,7 +149,7 @@ class Outbox:
 
     def _recover(self, sink_ids: list[str]) -> None:
         self._segments = sorted(int(m.group(1)) for p in self.dir.iterdir() if (m := _SEGMENT.match(p.name)))
-        locs: list[_Loc] = []
+        locs: list[Loc] = []
         for i, first in enumerate(self._segments):
             following = self._segments[i + 1] if i + 1 < len(self._segments) else None
             locs.extend(self._scan_segment(first, following))
@@ -226,7 +172,7 @@ class Outbox:
                 extra={"records": len(self._index), "bytes": self._index.bytes, "nextSeq": self._next_seq},
             )
 
-    def _recover_cursors(self, sink_ids: list[str], locs: list[_Loc]) -> None:
+    def _recover_cursors(self, sink_ids: list[str], locs: list[Loc]) -> None:
         """Each sink's saved position; a sink seen for the first time starts where the slowest known
         sink is (what the outbox still holds for it), or at the oldest record on disk, and its cursor
         file is written at once so it never borrows another sink's position after a restart."""
@@ -243,7 +189,7 @@ class Outbox:
             self._cursors[sid] = cursor
         self._save_cursors()
 
-    def _scan_segment(self, first: int, following: int | None) -> list[_Loc]:
+    def _scan_segment(self, first: int, following: int | None) -> list[Loc]:
         """The intact frames of one segment; damage is reported, and cut off at the end of the active
         segment (``following`` is None), where it can only be a torn append."""
         path = self._segment_path(first)
@@ -260,7 +206,7 @@ class Outbox:
         self,
         path: Path,
         region: frames.Damage,
-        locs: list[_Loc],
+        locs: list[Loc],
         bounds: tuple[int, int | None],
         at_tail: bool,
     ) -> None:
@@ -464,15 +410,15 @@ class Outbox:
                     self._drop_damaged(loc)
         return out
 
-    def _read_run(self, position: int, limit: int) -> tuple[list[Entry], list[_Loc]]:
+    def _read_run(self, position: int, limit: int) -> tuple[list[Entry], list[Loc]]:
         """Read the frames from ``position`` on: each run of adjacent frames of one segment with a
         single ``pread`` (a backlog is read in big pieces), each frame checked on its own."""
         locs = self._index.slice(position, limit)
         out: list[Entry] = []
-        damaged: list[_Loc] = []
+        damaged: list[Loc] = []
         start = 0
         while start < len(locs):
-            end = _run_end(locs, start)
+            end = run_end(locs, start)
             first, last = locs[start], locs[end - 1]
             try:
                 data = os.pread(
@@ -499,7 +445,7 @@ class Outbox:
             self._read_fds[segment] = fd
         return fd
 
-    def _drop_damaged(self, loc: _Loc) -> None:
+    def _drop_damaged(self, loc: Loc) -> None:
         self._index.remove(loc)
         self._count_corrupt()
         log.error(
@@ -652,15 +598,3 @@ class Outbox:
             records, size = self.pending
             self._metrics.outbox_records.set(records)
             self._metrics.outbox_bytes.set(size)
-
-
-def _run_end(locs: list[_Loc], start: int) -> int:
-    """End (exclusive) of the run of frames from ``start`` that lie back to back in one segment."""
-    end = start + 1
-    while (
-        end < len(locs)
-        and locs[end].segment == locs[start].segment
-        and locs[end].offset == locs[end - 1].offset + locs[end - 1].length
-    ):
-        end += 1
-    return end
