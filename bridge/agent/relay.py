@@ -41,7 +41,8 @@ from bridge.imds.client import ImdsClient, ImdsError
 from bridge.imds.document import SCHEDULED
 from bridge.imds.instance import VmIdentity
 from bridge.observability import ErrorStreak
-from bridge.pipeline import Outbox, OutboxFull, RecordMeta
+from bridge.pipeline import Outbox, RecordMeta
+from bridge.pipeline.storing import REFUSED
 from bridge.relay_api import RelayDecision, RelayRequestError, parse_request
 
 log = logging.getLogger(__name__)
@@ -438,7 +439,7 @@ class Relay:
         )
         try:
             self._outbox.append(RecordMeta.of(record), records.encode(record))
-        except (OutboxFull, OSError) as exc:
+        except REFUSED as exc:  # best effort (bridge.pipeline.storing)
             # The approval itself already happened (or was refused); the audit is best effort here
             # and the log line is its trace.
             log.error("audit record not admitted to the outbox", extra={"error": str(exc), "audit": record})

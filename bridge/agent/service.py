@@ -42,7 +42,8 @@ from bridge.fsutil import ensure_private_dir, watch_lock
 from bridge.imds.client import ImdsClient
 from bridge.imds.document import ScheduledEvent
 from bridge.listener import Limits, Listener, Request, Response, Route, json_response, probe_routes
-from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxFull, OutboxLocked, RecordMeta
+from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked, RecordMeta
+from bridge.pipeline.storing import REFUSED, until_stored
 from bridge.relay_api import DOCUMENT_PATH, PREPARATIONS_PATH, START_REQUESTS_PATH
 from bridge.retry import Backoff
 from bridge.signing import H_NONCE, KeyRing, NonceStore, RequestVerifier, sign_answer
@@ -219,25 +220,21 @@ class Agent:
             )
             try:
                 self.outbox.append(RecordMeta.of(record), records.encode(record))
-            except (OutboxFull, OSError) as exc:
+            except REFUSED as exc:  # best effort (bridge.pipeline.storing)
                 log.warning("heartbeat skipped: the outbox cannot take it now", extra={"error": str(exc)})
 
     def _publish(self, record: dict[str, Any]) -> None:
         """Append a record the agent made itself (preparation, coordination audit) to the outbox,
         waiting for room or a working disk: such a record is never dropped (until the agent stops)."""
-        backoff = Backoff(base=0.5, cap=10.0)
-        while True:
-            try:
-                self.outbox.append(RecordMeta.of(record), records.encode(record))
-                return
-            except (OutboxFull, OSError) as exc:
-                log.warning(
-                    "record waits for the outbox",
-                    extra={"recordType": record["recordType"], "error": str(exc)},
-                )
-            if self.stop_event.wait(backoff.next_delay()):
-                log.error("agent stopping: record not stored", extra={"record": record})
-                return
+
+        def refused(exc: BaseException) -> None:
+            log.warning(
+                "record waits for the outbox", extra={"recordType": record["recordType"], "error": str(exc)}
+            )
+
+        store = lambda: self.outbox.append(RecordMeta.of(record), records.encode(record))  # noqa: E731
+        if until_stored(store, self.stop_event, refused, Backoff(base=0.5, cap=10.0)) is None:
+            log.error("agent stopping: record not stored", extra={"record": record})
 
     def _build_listener(self, config: AgentConfig, state_dir: Path) -> Listener:
         tls = None

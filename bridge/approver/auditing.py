@@ -20,7 +20,8 @@ from bridge.approver.metrics import ApproverMetrics
 from bridge.approver.sources import Message
 from bridge.approver.store import DecisionStore
 from bridge.observability import ErrorStreak
-from bridge.pipeline import Outbox, OutboxFull, OutboxWriteError, RecordMeta
+from bridge.pipeline import Outbox, OutboxWriteError, RecordMeta
+from bridge.pipeline.storing import until_stored
 from bridge.relay_api import Outcome, fits
 from bridge.retry import Backoff
 
@@ -123,16 +124,14 @@ class AuditWriter:
         """Run ``store`` until the disk takes it (full, quota, failing: waited out with backoff, as
         ``DecisionLife.handle`` does) and return what it returned; None when the approver stops
         first (so ``store`` must not return None itself)."""
-        backoff = Backoff(base=1.0, cap=30.0)
-        while not self.stop_event.is_set():
-            try:
-                result = store()
-                self.streak.success()
-                return result
-            except (OutboxFull, OSError) as exc:
-                self.streak.failure("outbox", f"not stored yet: {exc}", position=message.position)
-            self.stop_event.wait(backoff.next_delay())
-        return None
+
+        def refused(exc: BaseException) -> None:
+            self.streak.failure("outbox", f"not stored yet: {exc}", position=message.position)
+
+        result = until_stored(store, self.stop_event, refused, Backoff(base=1.0, cap=30.0))
+        if result is not None:
+            self.streak.success()
+        return result
 
     def synced(self, done: list[tuple[Slot, dict[str, Any]]]) -> bool:
         """One fsync for a chunk's audit records. When it fails, the frames may be gone from the
