@@ -52,6 +52,7 @@ FAST_MODULES = frozenset(
         "test_delivery",
         "test_diff_record",
         "test_document",
+        "test_errors",
         "test_emulator",
         "test_ledger",
         "test_decision",
