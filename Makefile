@@ -21,7 +21,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 
 venv: $(VENV)/.installed
 
-# The infrastructure checks (tests/test_infra.py, tests/test_installer.py) run checkov and
+# The infrastructure checks (tests/integration/test_infra.py, tests/integration/test_installer.py) run checkov and
 # pycep-parser, which pin many packages: they get their own virtual environment, never .venv. Its
 # own .gitignore keeps it out of git.
 INFRA_VENV ?= .venv-infra

@@ -41,7 +41,7 @@ before the consumer group handed its partitions over: the survivor's standby car
 decision after ``/readyz`` first answered 200 (its event on the stream before the approver started;
 target <= 100 ms).
 
-Run by hand, it is not a test (``tests/test_fleet_bench.py`` runs a small fleet through it):
+Run by hand, it is not a test (``tests/integration/test_fleet_bench.py`` runs a small fleet through it):
 
     .venv/bin/python bench/fleet_bench.py                    # 100 VMs (about 3 minutes)
     .venv/bin/python bench/fleet_bench.py --vms 20 --events 60 --burst 60 --json out.json

@@ -10,7 +10,7 @@ redacted on the way in, so an error can be logged or stored as it is.
 
 The other exceptions are not failures of the outside world: a refusal with its reason (what the
 caller audits or answers), a configuration refused at start, or control flow inside one module.
-Every exception class of ``bridge/`` (the emulator aside) is on this map; tests/test_errors.py
+Every exception class of ``bridge/`` (the emulator aside) is on this map; tests/unit/test_errors.py
 checks that none is missing::
 
     BridgeError                    talking to the outside failed: kind + retryable

@@ -6,7 +6,7 @@ Why it looks like this:
   errors (``SinkError``), sink names (the ``se_bridge_sink_info{sink,name}`` label, dead-letter files)
   all go through :func:`redact`. Every shape of secret the bridge knows about is one row of
   :data:`SHAPES`: a name, a compiled pattern, and what it keeps. A new shape is a new row and a new
-  line in ``tests/test_redaction.py``, not another regex hidden in a module.
+  line in ``tests/unit/test_redaction.py``, not another regex hidden in a module.
 * **Greedy on purpose.** A ``***`` too many costs nothing; a leaked SAS key or webhook token costs a
   rotation across a fleet. So a value runs to the *end* of what could still be the secret: a URL
   password may hold ``/``, ``@`` and ``:``; a header value runs to the end of its line; a value may

@@ -41,37 +41,11 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
-# `make test-fast` runs the unit and property tests (`-m "not slow"`, about half a minute): these
-# modules hold no test that starts a service process or a broker. Every other test is marked `slow`
-# here, so a new integration module is slow unless it is listed, never the other way round.
-FAST_MODULES = frozenset(
-    {
-        "test_approver_seams",
-        "test_config",
-        "test_console_board",
-        "test_delivery",
-        "test_diff_record",
-        "test_document",
-        "test_errors",
-        "test_emulator",
-        "test_ledger",
-        "test_decision",
-        "test_fleet_view",
-        "test_imds_client",
-        "test_observability",
-        "test_outbox",
-        "test_outbox_model",
-        "test_redaction",
-        "test_relay_api",
-        "test_retry",
-        "test_topology",
-        "test_state",
-        "test_transports",
-    }
-)
-
-
+# The tests mirror the code by directory (issue 24): tests/unit holds the unit and property tests (no
+# service process, broker or peer; in-process servers at most), tests/integration everything that
+# starts real processes and peers. `make test-fast` runs tests/unit (`-m "not slow"`, about half a
+# minute); every test under tests/integration is marked `slow` here, by where it lives.
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.module is None or item.module.__name__.rsplit(".", 1)[-1] not in FAST_MODULES:
+        if "integration" in item.path.parts:
             item.add_marker(pytest.mark.slow)

@@ -1,7 +1,7 @@
 """Build deploy/linux/cloud-init.yaml: the cloud-config for new Linux VMs, with install.sh embedded.
 
 Why generated: cloud-init custom data is one file, so the installer has to be inside it; generating it
-keeps that copy identical to install.sh (tests/test_installer.py rebuilds it and compares).
+keeps that copy identical to install.sh (tests/integration/test_installer.py rebuilds it and compares).
 
     python3 deploy/linux/build_cloud_init.py > deploy/linux/cloud-init.yaml
 """

@@ -220,7 +220,7 @@ def test_answers_are_classified(receiver: HttpReceiver) -> None:
 
 
 def test_retry_after_seconds_and_http_dates(receiver: HttpReceiver) -> None:
-    """Parsing itself is tested in tests/test_retry.py; here: what the sink takes from a real answer."""
+    """Parsing itself is tested in tests/unit/test_retry.py; here: what the sink takes from a real answer."""
     s = sink(f"{receiver.url}/hook")
     receiver.queue(
         Answer(503, headers={"Retry-After": email.utils.formatdate(time.time() + 60, usegmt=True)}),
@@ -546,7 +546,7 @@ def test_file_sink_keeps_going_while_the_webhook_is_down_then_it_catches_up(
 # The verification snippets of docs/sink-webhook.md, run against a request the sink really sent
 # --------------------------------------------------------------------------------------------------
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "sink-webhook.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "sink-webhook.md"
 
 
 def doc_snippet(language: str, marker: str) -> str:

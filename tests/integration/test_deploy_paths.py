@@ -12,7 +12,7 @@ config as the units start them (``--config``), against the emulator: only the IM
 listeners and the approver's relay address are pointed at the test's processes. The Event Hubs
 namespace of the rendered specs cannot be reached from here (nor could Entra ID tokens be had): the
 services must run anyway, keep what they cannot deliver and say so, never crash-loop. Delivery from an
-installed config is tested in tests/test_installer.py (file sinks).
+installed config is tested in tests/integration/test_installer.py (file sinks).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from test_keyvault import FakeAzure
 from bridge.approver import topology
 from bridge.config import load_agent_config, load_approver_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLIENT_ID = "00000000-0000-0000-0000-0000000000a1"
 EXTENSION_PARAMS = {
     "eventHubsNamespaceFqdn": "contoso.servicebus.windows.net",
@@ -45,7 +45,7 @@ EXTENSION_PARAMS = {
 }
 SECRETS = {"approverKeys": {"ops-2026": "o" * 40}, "files": {"relay-fleet.key": "f" * 40}}
 #: Where cloud-init's Key Vault reference points in the rendered config until a test's fake vault
-#: (tests/test_keyvault.py) stands in for it.
+#: (tests/integration/test_keyvault.py) stands in for it.
 VAULT_PLACEHOLDER = "https://127.0.0.1:1"
 
 

@@ -58,7 +58,7 @@ def assert_masked(text: str, secret: str, kept: tuple[str, ...] = ()) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# Table-driven: every shape the security review found, and the ones tests/test_observability.py covers
+# Table-driven: every shape the security review found, and the ones tests/unit/test_observability.py covers
 # --------------------------------------------------------------------------------------------------
 
 # (text, secret, parts that must stay)

@@ -280,7 +280,7 @@ def test_a_fleet_approver_falls_back_to_arm_when_no_agent_of_the_event_answers(
 def test_the_arm_path_refuses_what_every_agent_refuses(arm: FakeArm, tmp_path: Path) -> None:
     """Issue 19: the target rule (and the rest of bridge.eligibility) before ARM is called. A decision
     for a VM the event does not name is refused ``targetMismatch``, as an agent's relay refuses it
-    (tests/security/test_relay_attacks.py), and ARM is never asked; a decision for the event's other
+    (tests/integration/security/test_relay_attacks.py), and ARM is never asked; a decision for the event's other
     VM (vm2, no agent known) is acknowledged on vm1's scope."""
     import socket
 

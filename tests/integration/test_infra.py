@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 INFRA_VENV = Path(os.environ.get("SE_BRIDGE_INFRA_VENV", ROOT / ".venv-infra"))
 TOOLS_PYTHON = INFRA_VENV / "bin" / "python"
 BICEP_FILES = sorted(

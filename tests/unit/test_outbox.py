@@ -2,7 +2,7 @@
 
 Faults are real where they can be (files damaged on disk, SIGKILL); short writes and ENOSPC are
 injected through the outbox's write seam here, and produced by a full tmpfs in
-tests/test_storage_faults.py.
+tests/integration/test_storage_faults.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 from bridge import errors
 from bridge.errors import BridgeError
 
-BRIDGE = Path(__file__).resolve().parent.parent / "bridge"
+BRIDGE = Path(__file__).resolve().parents[2] / "bridge"
 
 
 def test_every_exception_class_is_on_the_map() -> None:

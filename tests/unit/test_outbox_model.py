@@ -9,7 +9,7 @@ exactly the intact appended records, in append order, each once; no record is in
 ones are skipped and reported.
 
 Faults of the disk are injected through the outbox's write and sync seams here (thousands of steps
-need to be fast); tests/test_storage_faults.py produces the same faults with a real full tmpfs.
+need to be fast); tests/integration/test_storage_faults.py produces the same faults with a real full tmpfs.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from procs import wait_until
 
 from bridge.imds.emulator import SCENARIOS, SCHEDULED_EVENTS_VERSIONS, EmulatorServer, VmProfile
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SE = "/metadata/scheduledevents"
 BAD_VERSION = {
     "error": "Bad request. api-version is invalid or was not specified in the request. "

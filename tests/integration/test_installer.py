@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from procs import Emulator, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 INSTALLER = ROOT / "deploy" / "linux" / "install.sh"
 WEBHOOK_KEY = "webhook-secret-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
 APPROVER_KEY = "approver-secret-0a1b2c3d4e5f60718293a4b5c6d7e8f9"

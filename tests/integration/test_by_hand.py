@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "approvals.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "approvals.md"
 
 
 def _free_port() -> int:
