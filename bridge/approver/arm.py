@@ -28,6 +28,7 @@ from __future__ import annotations
 import email.utils
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -68,7 +69,10 @@ class ArmAcknowledger:
         timeout: float = 15.0,
         deadline: float = 30.0,
         allowed_scopes: tuple[str, ...] = (),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        self._clock, self._sleep = clock, sleep  # the retry schedule's time (tests drive their own)
         self.endpoint = endpoint.rstrip("/")
         self.allowed = tuple(parse_allowed_scope(scope) for scope in allowed_scopes)
         self.api_version = api_version
@@ -121,7 +125,7 @@ class ArmAcknowledger:
             return ArmAnswer("refused", "armScopeRefused", str(exc), None, None)
         except ValueError as exc:
             return ArmAnswer("refused", "armRejected", str(exc), None, None)
-        give_up = time.monotonic() + self._deadline
+        give_up = self._clock() + self._deadline
         delay, last = 0.5, "no attempt"
         while True:
             try:
@@ -141,9 +145,9 @@ class ArmAcknowledger:
                     return answer
                 last = f"HTTP {response.status_code}"
                 wait = _retry_after(response.headers.get("Retry-After")) or delay
-            if time.monotonic() + wait > give_up:
+            if self._clock() + wait > give_up:
                 return ArmAnswer("failed", "armUnavailable", f"{last}; gave up after retries", None, None)
-            time.sleep(wait)
+            self._sleep(wait)
             delay = min(delay * 2, 8.0)
 
 

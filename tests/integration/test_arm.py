@@ -180,10 +180,21 @@ def test_a_retry_after_beyond_the_deadline_ends_failed_without_another_request(a
 
 
 def test_an_endless_outage_ends_failed_within_the_deadline(arm: FakeArm) -> None:
+    """The retry schedule on the acknowledger's own clock (a fake one here, which the waits move on:
+    a loaded machine cannot change how many requests fit in the deadline)."""
+    now = [0.0]
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+
     arm.script = [(503, {}, {})] * 50
-    answer = acknowledger(arm, FakeCredential(), deadline=2.0).acknowledge(VM_ID, EVENT)
+    answer = acknowledger(arm, FakeCredential(), deadline=2.0, clock=lambda: now[0], sleep=sleep).acknowledge(
+        VM_ID, EVENT
+    )
     assert (answer.outcome, answer.reason) == ("failed", "armUnavailable")
-    assert 2 <= len(arm.requests) <= 3  # retried with backoff (0.5 s, 1 s), not hammered
+    assert waits == [0.5, 1.0] and len(arm.requests) == 3  # backoff 0.5 s, 1 s; the next (2 s) is past it
 
 
 def test_a_token_for_another_audience_is_refused_and_tls_is_verified(arm: FakeArm) -> None:
@@ -280,8 +291,8 @@ def test_a_fleet_approver_falls_back_to_arm_when_no_agent_of_the_event_answers(
 def test_the_arm_path_refuses_what_every_agent_refuses(arm: FakeArm, tmp_path: Path) -> None:
     """Issue 19: the target rule (and the rest of bridge.eligibility) before ARM is called. A decision
     for a VM the event does not name is refused ``targetMismatch``, as an agent's relay refuses it
-    (tests/integration/security/test_relay_attacks.py), and ARM is never asked; a decision for the event's other
-    VM (vm2, no agent known) is acknowledged on vm1's scope."""
+    (tests/integration/security/test_relay_attacks.py), and ARM is never asked; a decision for the
+    event's other VM (vm2, no agent known) is acknowledged on vm1's scope."""
     import socket
 
     with socket.socket() as s:
