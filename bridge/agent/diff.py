@@ -42,14 +42,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from bridge.imds.document import SCHEDULED, STARTED, EventsDocument, ScheduledEvent
+
+#: The ``change`` of a record (the table above; record.v1.schema.json lists the same words).
+Transition = Literal[
+    "present", "scheduled", "startedWithoutNotice", "appeared", "started", "statusChanged", "updated",
+    "completed", "canceled", "removed",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
 class Change:
     event_id: str
-    change: str
+    change: Transition
     event_type: str
     previous_status: str | None
     event_status: str | None  # None: the event is gone
@@ -88,7 +95,7 @@ def diff(
         if old is None:
             changes.append(_appeared(event))
         elif old.event_status != event.event_status:
-            kind = (
+            kind: Transition = (
                 "started"
                 if (old.event_status, event.event_status) == (SCHEDULED, STARTED)
                 else "statusChanged"
@@ -104,14 +111,14 @@ def diff(
     when = time.time() if observed_at is None else observed_at
     for old in previous.events:
         if old.event_id not in still_there:
-            kind = _gone(old, when, continuous, approved)
-            changes.append(Change(old.event_id, kind, old.event_type, old.event_status, None))
+            gone = _gone(old, when, continuous, approved)
+            changes.append(Change(old.event_id, gone, old.event_type, old.event_status, None))
     return changes
 
 
 def _gone(
     event: ScheduledEvent, observed_at: float, continuous: bool, approved: Callable[[str], bool] | None
-) -> str:
+) -> Transition:
     if event.event_status == STARTED:
         return "completed"
     if event.event_status == SCHEDULED:
@@ -125,7 +132,13 @@ def _gone(
 
 
 def _appeared(event: ScheduledEvent) -> Change:
-    kind = {SCHEDULED: "scheduled", STARTED: "startedWithoutNotice"}.get(event.event_status, "appeared")
+    kind: Transition = (
+        "scheduled"
+        if event.event_status == SCHEDULED
+        else "startedWithoutNotice"
+        if event.event_status == STARTED
+        else "appeared"
+    )
     return Change(event.event_id, kind, event.event_type, None, event.event_status)
 
 

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from bridge.agent.diff import Change, diff, is_change
 from bridge.agent.identity import IdentityResolver
@@ -45,6 +46,8 @@ log = logging.getLogger(__name__)
 
 GONE_RETRY_WINDOW = 70.0  # seconds, from the IMDS documentation of 410
 COMPONENT = "poller"
+#: What one poll did (the poll loop's next step depends on it).
+PollOutcome = Literal["unchanged", "changed", "error", "invalid", "full"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +152,7 @@ class Poller:
 
     # -- one poll -----------------------------------------------------------------------------------
 
-    def poll_once(self) -> str:
+    def poll_once(self) -> PollOutcome:
         """Poll once. Returns ``unchanged``, ``changed``, ``error``, ``invalid`` or ``full``."""
         try:
             resp = self.client.get_scheduled_events()
@@ -193,7 +196,7 @@ class Poller:
                 except Exception:
                     log.exception("first-document listener failed")
 
-    def _record(self, doc: EventsDocument, resp: ImdsResponse, previous_seen: float | None) -> str:
+    def _record(self, doc: EventsDocument, resp: ImdsResponse, previous_seen: float | None) -> PollOutcome:
         """A changed document: its record into the outbox, then the baseline and the listeners."""
         # Watching without a break since the baseline was seen? Not after a restart (the baseline came
         # from disk) nor after a long IMDS outage: then a vanished Scheduled event may have started.
@@ -304,7 +307,7 @@ class Poller:
                 self._wake.clear()  # a refresh (or a stop): poll now, and the schedule restarts here
                 next_due = time.monotonic()
 
-    def _poll_counted(self) -> str:
+    def _poll_counted(self) -> PollOutcome:
         """:meth:`poll_once`, then wake the refreshes that waited for it (whatever it returned)."""
         try:
             return self.poll_once()

@@ -172,3 +172,14 @@ def test_affects_this_vm(compute: dict, resources: list[str], affected: bool) ->
 def test_identity_round_trips_through_the_state_cache() -> None:
     again = VmIdentity.from_state(VM.to_state())
     assert again.to_record() == VM.to_record() and again.source == "cache"
+
+
+def test_the_transitions_are_the_record_schemas() -> None:
+    """One list of words (issue 24): the type the diff returns and the schema's enum agree."""
+    from typing import get_args
+
+    from bridge.agent.diff import Transition
+    from bridge.schemas import load_schema
+
+    schema = load_schema("record.v1.schema.json")
+    assert list(get_args(Transition)) == schema["$defs"]["change"]["properties"]["change"]["enum"]
