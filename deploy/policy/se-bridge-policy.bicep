@@ -246,5 +246,19 @@ module assignment 'policy-assignment.bicep' = {
   }
 }
 
+// The remediation deploys from the template spec with the assignment's identity: it must be able to
+// read the spec, which lives in its own group (/subscriptions/S/resourceGroups/R/providers/
+// Microsoft.Resources/templateSpecs/NAME/versions/V).
+var specParts = split(templateSpecVersionId, '/')
+
+module specReader 'template-spec-reader.bicep' = {
+  name: 'se-bridge-install-template-spec-reader'
+  scope: resourceGroup(specParts[2], specParts[4])
+  params: {
+    templateSpecName: specParts[8]
+    principalId: assignment.outputs.principalId
+  }
+}
+
 @description('The policy definition (assign it elsewhere too: a management group covers a fleet).')
 output definitionId string = definition.id

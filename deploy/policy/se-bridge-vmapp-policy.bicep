@@ -120,10 +120,16 @@ resource definitions 'Microsoft.Authorization/policyDefinitions@2023-04-01' = [f
           roleDefinitionIds: [
             '/providers/Microsoft.Authorization/roleDefinitions/${virtualMachineContributor}'
           ]
+          // A request the operation cannot apply to (an older api-version without applicationProfile,
+          // another policy writing the same array) is audited, never denied: modify's default
+          // conflictEffect, deny, would refuse VM creations that have nothing to do with the bridge.
+          conflictEffect: 'audit'
           operations: [
             {
+              // The [*] alias appends one element; the array alias itself would replace the VM's
+              // other gallery applications (and conflict with them).
               operation: 'add'
-              field: '${kind.fields}applicationProfile.galleryApplications'
+              field: '${kind.fields}applicationProfile.galleryApplications[*]'
               value: {
                 packageReferenceId: '[concat(\'/subscriptions/\', parameters(\'subscriptionId\'), \'/resourceGroups/\', parameters(\'resourceGroup\'), \'/providers/Microsoft.Compute/galleries/\', parameters(\'galleryName\'), \'/applications/\', parameters(\'applicationName\'), \'/versions/\', parameters(\'applicationVersion\'))]'
                 treatFailureAsDeploymentFailure: true

@@ -9,8 +9,9 @@
 // a wheel of every dependency) and uploaded with the settings JSON to the artifacts container. The
 // gallery reads both at publish time with its own user-assigned identity (plain blob URLs: no SAS
 // is stored in the version, which would keep it readable in plain text; Microsoft's "Publish VM
-// applications using managed identity", API 2025-04-01). A VM Application has no protected
-// settings: the settings must hold no secret (keys stay in Key Vault; the settings name their
+// applications using managed identity"; a gallery's identity is in GalleryRP 2025-03-03, the
+// version pinned here: 2025-04-01 is a ComputeRP version, which galleries refuse). A VM Application
+// has no protected settings: the settings must hold no secret (keys stay in Key Vault; the settings name their
 // https://<vault>/secrets/<name> URLs).
 //
 // Limits checked here or by infra/tools/bicep_lint.py: commands <= 4,096 characters, a version name
@@ -109,7 +110,7 @@ resource galleryReadsArtifacts 'Microsoft.Authorization/roleAssignments@2022-04-
   }
 }
 
-resource gallery 'Microsoft.Compute/galleries@2025-04-01' = {
+resource gallery 'Microsoft.Compute/galleries@2025-03-03' = {
   name: galleryName
   location: location
   tags: tags
@@ -124,7 +125,7 @@ resource gallery 'Microsoft.Compute/galleries@2025-04-01' = {
   }
 }
 
-resource application 'Microsoft.Compute/galleries/applications@2025-04-01' = {
+resource application 'Microsoft.Compute/galleries/applications@2025-03-03' = {
   parent: gallery
   name: applicationName
   location: location
@@ -135,7 +136,7 @@ resource application 'Microsoft.Compute/galleries/applications@2025-04-01' = {
   }
 }
 
-resource applicationVersion 'Microsoft.Compute/galleries/applications/versions@2025-04-01' = {
+resource applicationVersion 'Microsoft.Compute/galleries/applications/versions@2025-03-03' = {
   parent: application
   name: version
   location: location

@@ -67,15 +67,37 @@ API_VERSIONS = {
     "Microsoft.Kusto/clusters/databases/principalAssignments": "2023-08-15",
     # A gallery's user-assigned identity (publishing from private blobs without a SAS): the version
     # Microsoft's "Publish VM applications using managed identity" uses.
-    "Microsoft.Compute/galleries": "2025-04-01",
-    "Microsoft.Compute/galleries/applications": "2025-04-01",
-    "Microsoft.Compute/galleries/applications/versions": "2025-04-01",
+    "Microsoft.Compute/galleries": "2025-03-03",
+    "Microsoft.Compute/galleries/applications": "2025-03-03",
+    "Microsoft.Compute/galleries/applications/versions": "2025-03-03",
+    "Microsoft.Resources/templateSpecs": "2022-02-01",
     # The ops console: the Microsoft.App stable version whose authConfigs, Key Vault secret
     # references (keyVaultUrl + identity) and Secret volumes the module uses.
     "Microsoft.App/managedEnvironments": "2024-03-01",
     "Microsoft.App/containerApps": "2024-03-01",
     "Microsoft.App/containerApps/authConfigs": "2024-03-01",
 }
+
+# Versions the resource providers publish (Azure/azure-rest-api-specs, each provider's stable folder;
+# learn.microsoft.com/azure/templates), for the types whose namespace holds several providers with
+# different version sets: Microsoft.Compute's galleries are GalleryRP's (2025-03-03), not ComputeRP's
+# (2025-04-01, which a gallery refuses). Checked against the pins above (issue 25).
+GALLERY_RP = {"2022-03-03", "2022-08-03", "2023-07-03", "2024-03-03", "2025-03-03"}
+PUBLISHED = {
+    "Microsoft.Compute/galleries": GALLERY_RP,
+    "Microsoft.Compute/galleries/applications": GALLERY_RP,
+    "Microsoft.Compute/galleries/applications/versions": GALLERY_RP,
+    "Microsoft.App/managedEnvironments": {"2023-05-01", "2024-03-01", "2025-01-01"},
+    "Microsoft.App/containerApps": {"2023-05-01", "2024-03-01", "2025-01-01"},
+    "Microsoft.App/containerApps/authConfigs": {"2023-05-01", "2024-03-01", "2025-01-01"},
+    "Microsoft.Resources/templateSpecs": {"2021-05-01", "2022-02-01"},
+}  # fmt: skip
+
+
+def test_the_pinned_versions_are_ones_their_provider_publishes() -> None:
+    for rtype, published in PUBLISHED.items():
+        assert API_VERSIONS[rtype] in published, f"{rtype}@{API_VERSIONS[rtype]} is not a version it has"
+
 
 # Every checkov skip, per scanned directory: a new skip must be justified inline and listed here.
 EXPECTED_SKIPS = {
@@ -161,6 +183,7 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
         "Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01",
         "Microsoft.KeyVault/vaults/secrets@2023-07-01",
         "Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31",  # attach one identity, no other
+        "Microsoft.Resources/templateSpecs@2022-02-01",  # read the one spec a policy deploys from
     }
     assignments = 0
     for path, entry in lint_report["files"].items():
@@ -358,6 +381,29 @@ def test_the_fleet_policy_deploys_the_extension_template_it_checks_for(lint_repo
         )
 
 
+def test_the_install_policy_can_read_the_template_spec_it_deploys(lint_report: dict[str, Any]) -> None:
+    """Issue 25: the remediation deploys from a template spec with the assignment's identity, which
+    held Virtual Machine Contributor on the VMs' group only: the deployment failed reading a spec kept
+    elsewhere. It now gets Template Spec Reader on that one spec, found from the version id the
+    policy is given (the Bicep's split of the id is replayed here)."""
+    policy = (ROOT / "deploy" / "policy" / "se-bridge-policy.bicep").read_text()
+    version_id = (
+        "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg-se-bridge/providers/"
+        "Microsoft.Resources/templateSpecs/se-bridge-vm-extension/versions/1.0"
+    )
+    parts = version_id.split("/")
+    scope = re.search(r"scope: resourceGroup\(specParts\[(\d+)\], specParts\[(\d+)\]\)", policy)
+    name = re.search(r"templateSpecName: specParts\[(\d+)\]", policy)
+    assert scope and name
+    assert (parts[int(scope.group(1))], parts[int(scope.group(2))]) == (parts[2], "rg-se-bridge")
+    assert parts[int(name.group(1))] == "se-bridge-vm-extension"
+    assert "principalId: assignment.outputs.principalId" in policy
+    reader = lint_report["files"]["deploy/policy/template-spec-reader.bicep"]
+    assert reader["errors"] == []
+    module = (ROOT / "deploy" / "policy" / "template-spec-reader.bicep").read_text()
+    assert "'392ae280-861d-42bd-9ea5-08ee6d83b80e'" in module  # Template Spec Reader, built in
+
+
 def test_the_vm_application_policy_adds_the_version_it_is_given(lint_report: dict[str, Any]) -> None:
     """Issue 13: the `modify` policies (VMs, scale sets; Microsoft's "Govern and enforce compliance
     for VM Applications with Azure Policy") rebuild the version id they are assigned from its parts
@@ -386,6 +432,11 @@ def test_the_vm_application_policy_adds_the_version_it_is_given(lint_report: dic
     )
     assert rebuilt == version_id
     assert "treatFailureAsDeploymentFailure: true" in policy and "operation: 'add'" in policy
+    # Issue 25: an element appended through the [*] alias (the array alias replaces the other
+    # applications), and a conflict audited, not denied (modify's default).
+    appended = r"operation: 'add'\n\s+field: '\$\{kind.fields\}applicationProfile\.galleryApplications\[\*\]'"
+    assert re.search(appended, policy)
+    assert "conflictEffect: 'audit'" in policy
     where = "contains: '[concat(\\'/galleries/\\', parameters(\\'galleryName\\'), \\'/applications/\\', "
     assert where + "parameters(\\'applicationName\\'), \\'/\\')]'" in policy  # any version: compliant
     for path in ("deploy/policy/se-bridge-vmapp-policy.bicep", POLICY_ASSIGNMENT):
