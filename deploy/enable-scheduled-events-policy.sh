@@ -1,48 +1,103 @@
 #!/bin/sh
-# Turn on scheduledEventsPolicy for VMs and scale sets that already exist (issue 12): Scheduled Events
-# are then published to Event Grid and Azure Resource Graph as well as IMDS.
+# Turn on scheduledEventsPolicy for VMs, scale sets and availability sets that already exist (issue 12):
+# Scheduled Events are then published to Event Grid and Azure Resource Graph as well as IMDS. This is a
+# preview of Azure's (feature SendScheduledEventsPolicy of Microsoft.Compute, which Microsoft does not
+# yet recommend for production workloads): the script checks the subscription has it before it changes
+# anything.
 #
-#   deploy/enable-scheduled-events-policy.sh [--dry-run] RESOURCE_ID...
+#   deploy/enable-scheduled-events-policy.sh [--dry-run] [--events-api-version V]
+#       [--all-instances-down-approve true|false] RESOURCE_ID...
 #
-# Each id is a VM (.../Microsoft.Compute/virtualMachines/NAME) or a scale set
-# (.../Microsoft.Compute/virtualMachineScaleSets/NAME). `az vm update` / `az vmss update` read the
-# resource, set the block and write the whole model back: the supported way to change one property of
-# a resource that was deployed from elsewhere (a Bicep redeploy of the VM would need its whole model;
-# infra/modules/scheduled-events-policy.bicep is for templates that define the VM).
-# User-initiated reboots and redeploys stay for the agent and its approvers to approve
+# Each id is a VM (.../Microsoft.Compute/virtualMachines/NAME), a scale set
+# (.../virtualMachineScaleSets/NAME) or an availability set (.../availabilitySets/NAME). The policy
+# belongs to a scale set or an availability set as a whole ("all VMs in the same scale set or
+# availability set are required to have the same scheduled events policy"): a VM that is a member of
+# one is refused, naming the parent to give instead. `az vm update` / `az vmss update` /
+# `az vm availability-set update` read the resource, set the block and write the whole model back: the
+# supported way to change one property of a resource deployed from elsewhere
+# (infra/modules/scheduled-events-policy.bicep is for templates that define the resource).
+#
+# --events-api-version pins the Scheduled Events schema Event Grid delivers (scheduledEventsApiVersion,
+# e.g. 2020-07-01) and --all-instances-down-approve sets allInstancesDown.automaticallyApprove (Azure's
+# default: true); both need Microsoft.Compute 2025-04-01 on Azure's side and an Azure CLI recent enough
+# to send them. User-initiated reboots and redeploys stay for the agent and its approvers to approve
 # (automaticallyApprove false). Needs the Azure CLI, signed in with rights to update the resources.
 set -eu
 
-POLICY='{"scheduledEventsAdditionalPublishingTargets":{"eventGridAndResourceGraph":{"enable":true}},"userInitiatedReboot":{"automaticallyApprove":false},"userInitiatedRedeploy":{"automaticallyApprove":false}}'
 dry_run=0
-if [ "${1:-}" = "--dry-run" ]; then dry_run=1; shift; fi
+events_api_version=""
+all_down=""
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --dry-run) dry_run=1; shift ;;
+        --events-api-version) events_api_version="${2:?--events-api-version needs a value}"; shift 2 ;;
+        --all-instances-down-approve)
+            all_down="${2:?--all-instances-down-approve needs true or false}"; shift 2
+            case "$all_down" in true|false) ;; *) echo "--all-instances-down-approve: true or false" >&2; exit 2 ;; esac ;;
+        --) shift; break ;;
+        -*) echo "unknown option: $1" >&2; exit 2 ;;
+        *) break ;;
+    esac
+done
 if [ "$#" -eq 0 ]; then
-    echo "usage: $0 [--dry-run] RESOURCE_ID..." >&2
+    echo "usage: $0 [--dry-run] [--events-api-version V] [--all-instances-down-approve true|false] RESOURCE_ID..." >&2
     exit 2
 fi
+case "$events_api_version" in
+    ""|[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]) ;;
+    *) echo "--events-api-version: YYYY-MM-DD, e.g. 2020-07-01" >&2; exit 2 ;;
+esac
+
+targets='"enable":true'
+[ -n "$events_api_version" ] && targets="$targets,\"scheduledEventsApiVersion\":\"$events_api_version\""
+POLICY="{\"scheduledEventsAdditionalPublishingTargets\":{\"eventGridAndResourceGraph\":{$targets}},\"userInitiatedReboot\":{\"automaticallyApprove\":false},\"userInitiatedRedeploy\":{\"automaticallyApprove\":false}"
+[ -n "$all_down" ] && POLICY="$POLICY,\"allInstancesDown\":{\"automaticallyApprove\":$all_down}"
+POLICY="$POLICY}"
 
 # Every id is checked before anything is changed: a typo must not leave half the fleet updated.
 for id in "$@"; do
     case "$id" in
+        */virtualMachineScaleSets/*/virtualMachines/*|*/virtualmachinescalesets/*/virtualmachines/*)
+            echo "scale-set instance: its scale set holds the policy, give that instead: ${id%/virtual[Mm]achines/*}" >&2
+            exit 2 ;;
         /subscriptions/*/[Mm]icrosoft.[Cc]ompute/[Vv]irtual[Mm]achines/*) ;;
         /subscriptions/*/[Mm]icrosoft.[Cc]ompute/[Vv]irtual[Mm]achine[Ss]cale[Ss]ets/*) ;;
-        *) echo "not a VM or scale set resource id: $id" >&2; exit 2 ;;
-    esac
-    case "$id" in
-        */virtualMachineScaleSets/*/virtualMachines/*|*/virtualmachinescalesets/*/virtualmachines/*)
-            echo "scale-set instance: set the policy on its scale set instead: $id" >&2; exit 2 ;;
+        /subscriptions/*/[Mm]icrosoft.[Cc]ompute/[Aa]vailability[Ss]ets/*) ;;
+        *) echo "not a VM, scale set or availability set resource id: $id" >&2; exit 2 ;;
     esac
 done
 
+if [ "$dry_run" -eq 0 ]; then
+    state=$(az feature show --namespace Microsoft.Compute --name SendScheduledEventsPolicy \
+        --query properties.state --output tsv 2>/dev/null || true)
+    if [ "$state" != "Registered" ]; then
+        echo "the preview feature Microsoft.Compute/SendScheduledEventsPolicy is not registered in this subscription (state: ${state:-unknown});" >&2
+        echo "  az feature register --namespace Microsoft.Compute --name SendScheduledEventsPolicy" >&2
+        echo "  az provider register --namespace Microsoft.Compute   (once the feature says Registered)" >&2
+        exit 3
+    fi
+    # A VM in an availability set or a (Flexible) scale set shares its parent's policy.
+    for id in "$@"; do
+        case "$id" in */[Vv]irtual[Mm]achine[Ss]cale[Ss]ets/*|*/[Aa]vailability[Ss]ets/*) continue ;; esac
+        parent=$(az vm show --ids "$id" --query "availabilitySet.id || virtualMachineScaleSet.id" --output tsv)
+        if [ -n "$parent" ]; then
+            echo "$id is a member of $parent: the policy is set on the parent for all its members; give $parent instead" >&2
+            exit 2
+        fi
+    done
+fi
+
 for id in "$@"; do
     case "$id" in
-        */[Vv]irtual[Mm]achine[Ss]cale[Ss]ets/*) group=vmss ;;
-        *) group=vm ;;
+        */[Vv]irtual[Mm]achine[Ss]cale[Ss]ets/*) command="vmss update" ;;
+        */[Aa]vailability[Ss]ets/*) command="vm availability-set update" ;;
+        *) command="vm update" ;;
     esac
     if [ "$dry_run" -eq 1 ]; then
-        echo "az $group update --ids $id --set scheduledEventsPolicy=$POLICY"
+        echo "az $command --ids $id --set scheduledEventsPolicy=$POLICY"
     else
-        az "$group" update --ids "$id" --set "scheduledEventsPolicy=$POLICY" --output none
+        # shellcheck disable=SC2086 # the command is two or three words on purpose
+        az $command --ids "$id" --set "scheduledEventsPolicy=$POLICY" --output none
         echo "scheduledEventsPolicy set: $id"
     fi
 done

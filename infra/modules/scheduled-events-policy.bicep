@@ -1,6 +1,10 @@
-// The `scheduledEventsPolicy` block of a VM or scale set (Microsoft.Compute 2024-03-01 and later; the
-// templates pin 2024-07-01): publish Scheduled Events to Event Grid and Azure Resource Graph as well as
-// IMDS (issue 12), and whether user-initiated reboots and redeploys are approved by the platform itself.
+// The `scheduledEventsPolicy` block of a VM or scale set (Microsoft.Compute 2024-03-01 and later), or of
+// an availability set (2024-07-01 and later; the templates pin 2024-07-01): publish Scheduled Events to
+// Event Grid and Azure Resource Graph as well as IMDS (issue 12, a preview: the subscription needs the
+// feature Microsoft.Compute/SendScheduledEventsPolicy), and whether user-initiated reboots and
+// redeploys are approved by the platform itself. A scale set's or availability set's members share its
+// policy: set it on the parent. From Compute 2025-04-01, the schema version Event Grid delivers and
+// the approval of events that take every instance down (issue 25) can be set too.
 //
 // Use it where the VM or scale set is *defined* (a property of the resource you deploy):
 //
@@ -24,11 +28,26 @@ param autoApproveUserReboot bool = false
 @description('Let the platform approve user-initiated redeploys at once. Off: the agent and its approvers decide.')
 param autoApproveUserRedeploy bool = false
 
-var policy = {
+@description('Compute 2025-04-01 and later: the Scheduled Events schema version Event Grid delivers (e.g. 2020-07-01; the Azure channel\'s reader parses it). Empty: not set (older api-versions refuse the property).')
+param scheduledEventsApiVersion string = ''
+
+@description('Compute 2025-04-01 and later: let the platform approve an event that takes every instance down at once (Azure\'s default: true). Empty: not set; otherwise \'true\' or \'false\'.')
+@allowed([
+  ''
+  'true'
+  'false'
+])
+param autoApproveAllInstancesDown string = ''
+
+var targets = union({
+  enable: publishToEventGridAndResourceGraph
+}, empty(scheduledEventsApiVersion) ? {} : {
+  scheduledEventsApiVersion: scheduledEventsApiVersion
+})
+
+var policy = union({
   scheduledEventsAdditionalPublishingTargets: {
-    eventGridAndResourceGraph: {
-      enable: publishToEventGridAndResourceGraph
-    }
+    eventGridAndResourceGraph: targets
   }
   userInitiatedReboot: {
     automaticallyApprove: autoApproveUserReboot
@@ -36,7 +55,11 @@ var policy = {
   userInitiatedRedeploy: {
     automaticallyApprove: autoApproveUserRedeploy
   }
-}
+}, empty(autoApproveAllInstancesDown) ? {} : {
+  allInstancesDown: {
+    automaticallyApprove: autoApproveAllInstancesDown == 'true'
+  }
+})
 
 @description('The scheduledEventsPolicy object for properties.scheduledEventsPolicy of a VM or scale set.')
 output policy object = policy

@@ -220,41 +220,83 @@ def test_the_arm_path_grants_only_the_scheduled_events_role_per_resource_group()
 
 
 def test_scheduled_events_policy_is_one_block_for_templates_and_existing_vms(tmp_path: Path) -> None:
-    """Issue 12: the Bicep module (VMs a template defines) and the script (VMs that exist; `az vm
-    update` / `az vmss update`, which read, change and write back the whole model) set the same
-    scheduledEventsPolicy block. The script runs here against a stand-in `az` that records its
-    arguments (the Azure CLI cannot reach Azure from this machine)."""
+    """Issues 12 and 25: the Bicep module (resources a template defines) and the script (resources
+    that exist; `az vm update` / `az vmss update` / `az vm availability-set update`, which read,
+    change and write back the whole model) set the same scheduledEventsPolicy block. The script runs
+    here against a stand-in `az` that records its arguments and answers the two questions the script
+    asks (the preview feature's state, a VM's parent): the Azure CLI cannot reach Azure from here."""
     module = (ROOT / "infra" / "modules" / "scheduled-events-policy.bicep").read_text()
     script = ROOT / "deploy" / "enable-scheduled-events-policy.sh"
-    policy = json.loads(re.search(r"POLICY='(.*)'", script.read_text()).group(1))  # type: ignore[union-attr]
-    assert policy == {
+    policy = {
         "scheduledEventsAdditionalPublishingTargets": {"eventGridAndResourceGraph": {"enable": True}},
         "userInitiatedReboot": {"automaticallyApprove": False},
         "userInitiatedRedeploy": {"automaticallyApprove": False},
     }
     keys = ["scheduledEventsAdditionalPublishingTargets", "eventGridAndResourceGraph", "enable:"]
     keys += ["userInitiatedReboot", "userInitiatedRedeploy", "automaticallyApprove:", "output policy object"]
+    keys += ["scheduledEventsApiVersion:", "allInstancesDown:"]
     assert all(key in module for key in keys)
+    rg = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg/providers/Microsoft.Compute"
+    vm, vmss, aset = (
+        f"{rg}/virtualMachines/vm-1",
+        f"{rg}/virtualMachineScaleSets/set-1",
+        f"{rg}/availabilitySets/as-1",
+    )
+    member = f"{rg}/virtualMachines/vm-in-set"
     calls = tmp_path / "calls"
     fake = tmp_path / "bin" / "az"
     fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n')
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$*" >> {calls}\n'
+        'case "$*" in\n'
+        f'  "feature show"*) echo "${{FEATURE_STATE:-Registered}}" ;;\n'
+        f'  "vm show --ids {member} "*) echo "{aset}" ;;\n'
+        '  "vm show"*) echo "" ;;\n'
+        "esac\n"
+    )
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
-    rg = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg/providers/Microsoft.Compute"
-    vm, vmss = f"{rg}/virtualMachines/vm-1", f"{rg}/virtualMachineScaleSets/set-1"
-    done = subprocess.run([str(script), vm, vmss], env=env, capture_output=True, text=True, check=False)
+
+    def run(*args: str, **more: str) -> subprocess.CompletedProcess[str]:
+        if calls.exists():
+            calls.unlink()
+        return subprocess.run(
+            [str(script), *args], env={**env, **more}, capture_output=True, text=True, check=False
+        )
+
+    done = run(vm, vmss, aset)
     assert done.returncode == 0, done.stderr
-    lines = calls.read_text().splitlines()
-    expected = [["vm", "update", "--ids", vm], ["vmss", "update", "--ids", vmss]]
-    assert [line.split()[:4] for line in lines] == expected
-    sent = [line.split("scheduledEventsPolicy=", 1)[1].split(" --output")[0] for line in lines]
-    assert [json.loads(s) for s in sent] == [policy, policy]
-    # A wrong id anywhere stops everything before the first change.
-    calls.unlink()
+    updates = [line for line in calls.read_text().splitlines() if " update " in line]
+    assert [line.split(" --ids ")[0] for line in updates] == [
+        "vm update",
+        "vmss update",
+        "vm availability-set update",
+    ]
+    sent = [line.split("scheduledEventsPolicy=", 1)[1].split(" --output")[0] for line in updates]
+    assert [json.loads(s) for s in sent] == [policy] * 3
+    # Compute 2025-04-01's two settings, when asked for.
+    done = run("--events-api-version", "2020-07-01", "--all-instances-down-approve", "false", vm)
+    sent_one = calls.read_text().split("scheduledEventsPolicy=", 1)[1].split(" --output")[0]
+    assert json.loads(sent_one) == {
+        **policy,
+        "scheduledEventsAdditionalPublishingTargets": {
+            "eventGridAndResourceGraph": {"enable": True, "scheduledEventsApiVersion": "2020-07-01"}
+        },
+        "allInstancesDown": {"automaticallyApprove": False},
+    }
+    # Nothing changes without the preview feature, or for a VM whose availability set holds the policy.
+    refused = run(vm, FEATURE_STATE="NotRegistered")
+    assert refused.returncode == 3 and "SendScheduledEventsPolicy" in refused.stderr
+    assert " update " not in calls.read_text()
+    refused = run(vm, member)
+    assert refused.returncode == 2 and f"give {aset} instead" in refused.stderr
+    assert " update " not in calls.read_text()
+    # A wrong id anywhere stops everything before the first change (or question).
     for bad in (f"{rg}/disks/d-1", f"{rg}/virtualMachineScaleSets/set-1/virtualMachines/3"):
-        refused = subprocess.run([str(script), vm, bad], env=env, capture_output=True, text=True, check=False)
+        refused = run(vm, bad)
         assert refused.returncode == 2 and not calls.exists(), refused.stderr
+    assert "give that instead: " + vmss in run(f"{vmss}/virtualMachines/3").stderr
 
 
 FAKE_AZ = """#!{python}
