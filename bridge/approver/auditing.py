@@ -12,9 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar, get_args
 
 from bridge import records
+from bridge.approver.decision import Decision
 from bridge.approver.dispatch import Slot
 from bridge.approver.metrics import ApproverMetrics
 from bridge.approver.sources import Message
@@ -32,6 +34,33 @@ T = TypeVar("T")
 AUDIT_OUTCOMES = frozenset(get_args(Outcome))
 
 
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a decision ended, as its audit record tells it: the outcome and why, each event's result,
+    and the path that acted (``relay``: the agent's URL, or ``arm``)."""
+
+    outcome: str
+    reason: str | None = None
+    detail: str | None = None
+    results: tuple[dict[str, Any], ...] = ()
+    relay: str | None = None
+    path: str | None = None
+    arm_correlation_id: str | None = None
+
+    @classmethod
+    def of_answer(cls, answer: dict[str, Any]) -> Ending:
+        """An agent's relay answer (or the ARM path's, shaped alike: bridge.approver.relaying)."""
+        return cls(
+            answer.get("outcome", "failed"),
+            answer.get("reason"),
+            answer.get("detail"),
+            tuple(answer.get("results") or ()),
+            relay=answer.get("relay"),
+            path=answer.get("path"),
+            arm_correlation_id=answer.get("armCorrelationId"),
+        )
+
+
 class AuditWriter:
     """Writes audit records and final outcomes, and waits for the disk when it refuses them."""
 
@@ -46,22 +75,21 @@ class AuditWriter:
 
     def finish(
         self,
-        decision: Any,
+        decision: Decision | dict[str, Any] | None,
         message: Message,
-        outcome: str,
-        reason: str | None,
-        detail: str | None,
-        results: list[dict[str, Any]],
+        ending: Ending,
         *,
-        relay: str | None = None,
         record_final: bool = True,
         sync: bool = True,
-        path: str | None = None,
-        arm_correlation_id: str | None = None,
         coordination: dict[str, Any] | None = None,
         unverified: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        d = decision if isinstance(decision, dict) else {}
+        """Append the decision's audit record (and, ``record_final``, its final outcome in the
+        store). ``decision``: a :class:`Decision` proven valid, or the raw object of one refused
+        after its signature was proven (its bounded fields are its own), or None."""
+        d: dict[str, Any] = decision.claims() if isinstance(decision, Decision) else (decision or {})
+        outcome, reason, detail = ending.outcome, ending.reason, ending.detail
+        results: list[dict[str, Any]] = list(ending.results)
 
         def text(key: str) -> str | None:
             # Only what fits the decision schema's bounds reaches an audit record (a 5 MB decisionId
@@ -78,7 +106,7 @@ class AuditWriter:
             event_ids=[event_id] if event_id else [],
             target=text("target"),
             issued_by=text("issuedBy"),
-            requester=relay,
+            requester=ending.relay,
             outcome=outcome if outcome in AUDIT_OUTCOMES else "failed",
             reason=reason,
             detail=(detail or None) and str(detail)[:500],
@@ -90,13 +118,13 @@ class AuditWriter:
                 }
                 for r in results
             ],
-            path=path,
-            arm_correlation_id=arm_correlation_id,
+            path=ending.path,
+            arm_correlation_id=ending.arm_correlation_id,
             coordination=coordination,
             unverified=unverified,
             # One record per decision whichever instance writes it (bridge.approver.standby).
             record_id=records.approver_record_id(
-                text("decisionId") if record_final else None, message.position, message.payload
+                text("decisionId") if record_final else None, str(message.position), message.payload
             ),
         )
         # Durable first, then the store, then (in the caller) the source commit: a crash anywhere
@@ -115,7 +143,7 @@ class AuditWriter:
                 "eventId": event_id,
                 "reason": reason,
                 "detail": audit["detail"],
-                "relay": relay,
+                "relay": ending.relay,
             },
         )
         return audit
@@ -126,7 +154,7 @@ class AuditWriter:
         first (so ``store`` must not return None itself)."""
 
         def refused(exc: BaseException) -> None:
-            self.streak.failure("outbox", f"not stored yet: {exc}", position=message.position)
+            self.streak.failure("outbox", f"not stored yet: {exc}", position=str(message.position))
 
         result = until_stored(store, self.stop_event, refused, Backoff(base=1.0, cap=30.0))
         if result is not None:

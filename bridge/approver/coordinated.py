@@ -13,10 +13,11 @@ import logging
 from typing import Any
 
 from bridge import coordination
-from bridge.approver.auditing import AuditWriter
+from bridge.approver.auditing import AuditWriter, Ending
+from bridge.approver.decision import Decision
 from bridge.approver.lifecycle import DecisionLife
 from bridge.approver.metrics import ApproverMetrics
-from bridge.approver.sources import Message
+from bridge.approver.sources import Message, Position
 from bridge.approver.store import DecisionStore
 from bridge.coordination import Verdict
 from bridge.relay_api import RelayDecision
@@ -50,15 +51,15 @@ class CoordinatedApprovals:
         coordinator tries again later (a relay request that never arrived approved nothing)."""
         decision_id = coordination.decision_id(event_id)
         coordinator = f"fleet-approver:{self.instance}"
-        decision = {
-            "decisionId": decision_id,
-            "eventId": event_id,
+        decision = Decision(
+            decision_id,
+            event_id,
             # The first prepared VM: its agent is live and its ledger sees any repeat of this id.
-            "target": (verdict.prepared or verdict.waited_for or tuple(members) or ("",))[0],
-            "issuedBy": f"coordinator:{coordinator}",
-        }
+            target=(verdict.prepared or verdict.waited_for or tuple(members) or ("",))[0],
+            issued_by=f"coordinator:{coordinator}",
+        )
         account = verdict.to_json(coordinator, self.on_deadline)
-        message = Message(b"", f"coordinator:{event_id}")
+        message = Message(b"", Position(f"coordinator/{event_id}", 0, partitioned=False))
         done = self.audit.until_stored(
             lambda: self._act_on_verdict(decision, message, verdict, account), message
         )
@@ -69,30 +70,29 @@ class CoordinatedApprovals:
         return done
 
     def _act_on_verdict(
-        self, decision: dict[str, Any], message: Message, verdict: Verdict, account: dict[str, Any]
+        self, decision: Decision, message: Message, verdict: Verdict, account: dict[str, Any]
     ) -> bool:
-        earlier = self.store.get(decision["decisionId"])
+        earlier = self.store.get(decision.decision_id)
         if earlier is not None and earlier["state"] == "final":
             return True  # acted on already (the stream was read again after a restart)
         if verdict.action == "leave":
             detail = verdict.left_detail()
-            self.audit.finish(
-                decision, message, "refused", "leftToPlatform", detail, [], coordination=account
-            )
+            ending = Ending("refused", "leftToPlatform", detail)
+            self.audit.finish(decision, message, ending, coordination=account)
             return True
-        self.store.started(decision["decisionId"], message.position)
+        self.store.started(decision.decision_id, message.position)
         body = RelayDecision(
-            decision["decisionId"],
-            (decision["eventId"],),
-            target=decision["target"],
-            issued_by=decision["issuedBy"],
+            decision.decision_id,
+            (decision.event_id,),
+            target=decision.target,
+            issued_by=decision.issued_by,
             coordination=account,
         ).to_json()
         answer, unreached = self.life.relay(decision, body)
         if answer is None:
             log.warning(
                 "coordinated approval reached no agent of the event; trying again later",
-                extra={"eventId": decision["eventId"], "error": str(unreached)},
+                extra={"eventId": decision.event_id, "error": str(unreached)},
             )
             return False
         self.life.finish_relayed(decision, message, answer, coordination=account)

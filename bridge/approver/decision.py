@@ -33,9 +33,10 @@ import hashlib
 import hmac
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from bridge.signing import KeyRing
 
@@ -112,6 +113,48 @@ def new_decision(
     return decision
 
 
+Action = Literal["approve", "decline"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A decision proven valid, parsed once: every step after validation (routing, the relay
+    request, the ARM path, the parking, the audit record) reads these fields, never the message
+    again. A coordinated approval (bridge.approver.coordinated) is one too, issued by the fleet's
+    coordinator: it has no signature and no expiry of its own."""
+
+    decision_id: str
+    event_id: str
+    target: str
+    issued_by: str
+    action: Action = "approve"
+    expires_at: str | None = None  # as signed (the agent checks it too)
+    expires: float = float("inf")  # ``expires_at`` as Unix time
+
+    @classmethod
+    def of(cls, valid: Mapping[str, Any]) -> Decision:
+        """The fields of a decision object the schema and the signature proved."""
+        expires_at = valid.get("expiresAt")
+        return cls(
+            decision_id=valid["decisionId"],
+            event_id=valid["eventId"],
+            target=valid["target"],
+            issued_by=valid["issuedBy"],
+            action="decline" if valid.get("action") == "decline" else "approve",
+            expires_at=expires_at,
+            expires=_timestamp(expires_at),
+        )
+
+    def claims(self) -> dict[str, str]:
+        """Its identity as the audit record names it (the decision schema's member names)."""
+        return {
+            "decisionId": self.decision_id,
+            "eventId": self.event_id,
+            "target": self.target,
+            "issuedBy": self.issued_by,
+        }
+
+
 @dataclass(frozen=True)
 class ValidationPolicy:
     keys: KeyRing
@@ -129,7 +172,7 @@ def warm_up() -> None:
     validate_document({}, SCHEMA_FILE)
 
 
-def validate(decision: Any, policy: ValidationPolicy, now: float) -> dict[str, Any]:
+def validate(decision: Any, policy: ValidationPolicy, now: float) -> Decision:
     """Return the decision when every check passes; raise :class:`DecisionRefused` otherwise."""
     from bridge.schemas import validate_document
 
@@ -172,15 +215,14 @@ def validate(decision: Any, policy: ValidationPolicy, now: float) -> dict[str, A
     ):
         if refused:
             raise DecisionRefused(reason, detail, authentic=authentic)
-    valid: dict[str, Any] = decision  # proven a decision object above (schema, then signature)
-    return valid
+    return Decision.of(decision)  # proven a decision object above (schema, then signature)
 
 
-def expires_at(decision: dict[str, Any]) -> float:
-    """A validated decision's ``expiresAt`` as Unix time (``inf`` for one without: never expires)."""
+def _timestamp(text: str | None) -> float:
+    """An ``expiresAt`` as Unix time (``inf`` for none: never expires)."""
     try:
-        return datetime.fromisoformat(str(decision["expiresAt"])).timestamp()
-    except (KeyError, ValueError, OverflowError):
+        return datetime.fromisoformat(str(text)).timestamp() if text else float("inf")
+    except (ValueError, OverflowError):
         return float("inf")
 
 

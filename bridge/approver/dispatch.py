@@ -29,10 +29,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from bridge.approver.decision import Decision
+from bridge.approver.messages import MAX_MESSAGE_BYTES, loads_object
 from bridge.approver.sources import Message
-from bridge.approver.sources.base import split_position
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,19 @@ class Slot:
     unreached: int = 0  # relay rounds in which no agent of the event answered
     maybe_sent: bool = False  # one of them may have reached an agent (connected, no answer)
     unreached_since: float | None = None
+    decision: Decision | None = None  # once proven valid (the parking reads it, not the message)
+    _fields: tuple[dict[str, Any] | None] | None = field(default=None, repr=False)
+
+    @property
+    def fields(self) -> dict[str, Any] | None:
+        """The message's JSON object, parsed once and *not trusted*: what routing (its lane), the
+        decision-id claims and a refusal's ``unverified`` part read before or instead of validation
+        (which parses strictly, once more, to prove it). None when it is no JSON object, or too
+        large to be a decision (never parsed)."""
+        if self._fields is None:
+            payload = self.message.payload
+            self._fields = (loads_object(payload) if len(payload) <= MAX_MESSAGE_BYTES else None,)
+        return self._fields[0]
 
 
 class Parking:
@@ -112,7 +127,7 @@ class OrderedCommits:
 
     def track(self, message: Message) -> Slot:
         slot = Slot(message)
-        partition = split_position(message.position)[0]
+        partition = message.position.partition
         with self._cond:
             self._orders.setdefault(partition, deque()).append(slot)
             self._count += 1

@@ -1,10 +1,10 @@
 """The life of one decision in an approver, from the message read to its commit.
 
-One sequence, whether a decision travels alone (:meth:`DecisionLife.process`, the retrying way of
-:meth:`DecisionLife.handle`) or in a lane's batch with the other decisions for its VM
-(:meth:`DecisionLife.drain_lane`, one relay request and one sync for the lot):
+One sequence (:meth:`DecisionLife.live`) for a lane's batch of the decisions for one VM (one relay
+request and one sync for the lot) and for a decision alone (:meth:`DecisionLife.process`, a batch of
+one: the retrying way of :meth:`DecisionLife.handle`, where a failure is raised, not sent on):
 
-    validate -> store "started" -> relay -> audit record -> store final -> commit
+    validate -> store "started" (one sync) -> relay -> audit records -> store final (one sync) -> commit
 
 1. validate (:mod:`bridge.approver.decision`): anything not proven valid is refused and audited,
    what it claims of itself kept apart (``unverified``); a decision for another VM is skipped;
@@ -30,14 +30,15 @@ import logging
 import random
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from bridge.approver.auditing import AuditWriter, claims_of
-from bridge.approver.decision import DecisionRefused, ValidationPolicy, expires_at, loads_strict, validate
+from bridge.approver.auditing import AuditWriter, Ending, claims_of
+from bridge.approver.decision import Decision, DecisionRefused, ValidationPolicy, loads_strict, validate
 from bridge.approver.dispatch import Claims, Lanes, OrderedCommits, Parking, Slot
-from bridge.approver.messages import MAX_MESSAGE_BYTES, lane_of, loads_object, peek
+from bridge.approver.messages import MAX_MESSAGE_BYTES, lane_of, peek
 from bridge.approver.metrics import ApproverMetrics
 from bridge.approver.relaying import Relayer, Unreached
 from bridge.approver.routing import FleetRouter, LocalRouter
@@ -69,7 +70,17 @@ ARM_AFTER = 3
 #: Longest wait between two tries of a parked decision (a restarted agent is reached within it).
 PARKED_MAX_DELAY = 2.0
 
-Prepared = tuple[Slot, dict[str, Any], dict[str, Any]]  # a message, its decision, its relay body
+Result = dict[str, Any]  # a message's final result: its audit record, or a skip / re-read
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A message validated and stored as started: what is relayed for it."""
+
+    index: int  # in its batch
+    slot: Slot
+    decision: Decision
+    body: dict[str, Any]  # the relay request's entry (bridge.relay_api.RelayDecision)
 
 
 class DecisionLife:
@@ -109,133 +120,179 @@ class DecisionLife:
 
     def add(self, message: Message, slot: Slot | None = None) -> bool:
         """Hand a message to its VM's lane; False when stopping before there was room."""
-        return self.lanes.add(lane_of(message), slot or Slot(message), self.stop_event)
-
-    # -- one decision ---------------------------------------------------------------------------------
-
-    def process(
-        self, message: Message, now: float | None = None, slot: Slot | None = None
-    ) -> dict[str, Any] | None:
-        """Take one message to a final outcome and publish its audit record. Returns the audit, or
-        None when no agent answered: the decision then waits in the parking (uncommitted) and is
-        relayed again later, until an agent answers or it expires."""
-        prepared = self._prepare(message, now)
-        if not isinstance(prepared, tuple):
-            return prepared
-        decision, body = prepared
         slot = slot or Slot(message)
-        answer, unreached = self.relay(decision, body, fallback=self._may_fall_back([slot]))
-        if answer is None:
-            assert unreached is not None
-            self._park(slot, decision, unreached)
-            return None
-        return self.finish_relayed(decision, message, answer)
+        return self.lanes.add(lane_of(slot.fields), slot, self.stop_event)
 
-    def _prepare(
-        self, message: Message, now: float | None = None, *, sync: bool = True
-    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, Any]]:
+    # -- the one sequence ------------------------------------------------------------------------------
+
+    def process(self, message: Message, now: float | None = None, slot: Slot | None = None) -> Result | None:
+        """Take one message to its final outcome: a batch of one whose failures are raised to the
+        caller (:meth:`handle` retries them). Returns the final result (the caller commits), or None
+        when no agent answered: the decision then waits in the parking (uncommitted) and is relayed
+        again later, until an agent answers or it expires."""
+        return self.live([slot or Slot(message)], now, alone=True)[0]
+
+    def live(
+        self, slots: list[Slot], now: float | None = None, *, alone: bool = False
+    ) -> list[Result | None]:
+        """Validate and store as started each message (one sync), relay the decisions (one request
+        per chunk), audit each and store its outcome (one sync), and return each message's final
+        result for the caller to commit; None for one parked, or sent on its own way.
+
+        ``alone`` (a batch of one, :meth:`process`): a failure is raised. Otherwise a message whose
+        step fails goes the one-at-a-time way (:meth:`_settle`: retried, waited for the disk, or
+        ended ``unprocessable``) and the others carry on without it."""
+        results: dict[int, Result] = {}
+        prepared: list[Prepared] = []
+        for index, slot in enumerate(slots):
+            try:
+                step = self._prepare(slot, now)
+            except Exception:
+                if alone:
+                    raise
+                self._settle(slot)
+                continue
+            if isinstance(step, Prepared):
+                prepared.append(Prepared(index, slot, step.decision, step.body))
+            else:
+                results[index] = step
+        # Every "started" durable before anything is relayed.
+        if prepared and self._synced([p.slot for p in prepared], alone):
+            for chunk in _chunks(prepared):
+                results.update(self._relay_and_finish(chunk, alone))
+        return [results.get(index) for index in range(len(slots))]
+
+    def _prepare(self, slot: Slot, now: float | None) -> Result | Prepared:
         """Everything before the relay: the final result (a refusal, a skip, a re-read) or the
-        validated decision, recorded as started, and its relay body.
+        validated decision, stored as started (not synced: :meth:`live` syncs the batch once), and
+        its relay request.
 
         Everything about the message is proven before anything is stored: only a decision that
         passed every check claims its ``decisionId`` (an unsigned or malformed message cannot burn
         the id of the real decision that follows it)."""
-        now = time.time() if now is None else now
+        message = slot.message
         try:
-            decision = self._validated(message, now)
+            decision = self._validated(slot, time.time() if now is None else now)
         except DecisionRefused as refusal:
-            # A message never proven to be a decision does not speak for one: what it claims goes
-            # under "unverified" (never as the audit's decisionId), and one too large is not parsed.
-            raw = loads_object(message.payload) if refusal.reason != "tooLarge" else None
-            if refusal.authentic:
-                return self.audit.finish(
-                    raw, message, "refused", refusal.reason, refusal.detail, [], record_final=False
-                )
-            return self.audit.finish(
-                None, message, "refused", refusal.reason, refusal.detail, [], record_final=False,
-                unverified=claims_of(raw),
-            )  # fmt: skip
+            return self._refused(slot, refusal)
         if not self.router.owns(decision):
-            # Another VM's approver acts on it (local mode): no audit here, but never unseen, since a
-            # target no VM has is skipped by every approver (one line a minute, with the count).
-            self.metrics.skipped.labels("otherVm").inc()
-            self._skipped_log.log(
-                "decision for another VM skipped (its own approver acts on it)",
-                decisionId=decision["decisionId"],
-                target=decision["target"],
-                thisVm=sorted(self.router.this_vm() or ()) if isinstance(self.router, LocalRouter) else None,
-            )
-            return {"outcome": "skipped", "reason": "otherVm"}
-        decision_id: str = decision["decisionId"]
-        earlier = self.store.get(decision_id)
+            return self._skipped(decision)
+        earlier = self.store.get(decision.decision_id)
         if earlier is not None and earlier["state"] == "final":
-            if earlier.get("position") == message.position:
+            if earlier.get("position") == str(message.position):
                 log.info(
-                    "decision already final (re-read after a restart)", extra={"decisionId": decision_id}
+                    "decision already final (re-read after a restart)",
+                    extra={"decisionId": decision.decision_id},
                 )
                 return {"outcome": earlier["outcome"], "reason": earlier.get("reason"), "reread": True}
-            detail = f"decision id already used ({earlier['outcome']})"
-            return self.audit.finish(decision, message, "refused", "replayed", detail, [], record_final=False)
-        if decision["action"] == "decline":  # a person said no: audited, nothing relayed
-            detail = f"declined by {decision['issuedBy']}: the platform starts the event at NotBefore"
-            return self.audit.finish(decision, message, "refused", "declined", detail, [])
-        self.store.started(decision_id, message.position, sync=sync)
+            ending = Ending("refused", "replayed", f"decision id already used ({earlier['outcome']})")
+            return self.audit.finish(decision, message, ending, record_final=False)
+        if decision.action == "decline":  # a person said no: audited, nothing relayed
+            detail = f"declined by {decision.issued_by}: the platform starts the event at NotBefore"
+            return self.audit.finish(decision, message, Ending("refused", "declined", detail))
+        self.store.started(decision.decision_id, message.position, sync=False)
         body = RelayDecision(
-            decision_id,
-            (decision["eventId"],),
-            target=decision["target"],
-            issued_by=decision["issuedBy"],
-            expires_at=decision["expiresAt"],  # the agent checks it too: relaying may take a while
+            decision.decision_id,
+            (decision.event_id,),
+            target=decision.target,
+            issued_by=decision.issued_by,
+            expires_at=decision.expires_at,  # the agent checks it too: relaying may take a while
         ).to_json()
-        return decision, body
+        return Prepared(0, slot, decision, body)
+
+    def _refused(self, slot: Slot, refusal: DecisionRefused) -> Result:
+        """A message not proven valid: audited, never stored as a decision. One never proven to be
+        a decision does not speak for one: what it claims goes under ``unverified`` (never as the
+        audit's decisionId)."""
+        ending = Ending("refused", refusal.reason, refusal.detail)
+        if refusal.authentic:
+            return self.audit.finish(slot.fields, slot.message, ending, record_final=False)
+        return self.audit.finish(
+            None, slot.message, ending, record_final=False, unverified=claims_of(slot.fields)
+        )
+
+    def _skipped(self, decision: Decision) -> Result:
+        """Another VM's approver acts on it (local mode): no audit here, but never unseen, since a
+        target no VM has is skipped by every approver (one line a minute, with the count)."""
+        self.metrics.skipped.labels("otherVm").inc()
+        self._skipped_log.log(
+            "decision for another VM skipped (its own approver acts on it)",
+            decisionId=decision.decision_id,
+            target=decision.target,
+            thisVm=sorted(self.router.this_vm() or ()) if isinstance(self.router, LocalRouter) else None,
+        )
+        return {"outcome": "skipped", "reason": "otherVm"}
+
+    def _relay_and_finish(self, chunk: list[Prepared], alone: bool) -> dict[int, Result]:
+        """One relay request for a chunk, each answer audited, one sync; the final results."""
+        try:
+            answers = self.relayer.relay(
+                [p.decision for p in chunk],
+                [p.body for p in chunk],
+                fallback=self._may_fall_back([p.slot for p in chunk]),
+            )
+        except Exception:
+            if alone:
+                raise
+            log.exception("relaying a batch failed; each decision is retried on its own")
+            for p in chunk:
+                self._settle(p.slot)
+            return {}
+        done: list[tuple[Prepared, Result]] = []
+        for p, (answer, unreached) in zip(chunk, answers, strict=True):
+            if answer is None:
+                assert unreached is not None
+                self._park(p.slot, p.decision, unreached)  # its "started" is durable already
+                continue
+            try:
+                done.append((p, self.finish_relayed(p.decision, p.slot.message, answer, sync=False)))
+            except Exception:
+                if alone:
+                    raise
+                self._settle(p.slot)  # waits for outbox room, or ends a poison message
+        # The chunk's audit records and outcomes durable (one sync each) before any is committed.
+        if self.audit.synced([(p.slot, audit) for p, audit in done]) and self._synced(
+            [p.slot for p, _ in done], alone
+        ):
+            return {p.index: audit for p, audit in done}
+        return {}
 
     def finish_relayed(
         self,
-        decision: dict[str, Any],
+        decision: Decision,
         message: Message,
         answer: dict[str, Any],
         *,
         sync: bool = True,
         coordination: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        return self.audit.finish(
-            decision,
-            message,
-            answer.get("outcome", "failed"),
-            answer.get("reason"),
-            answer.get("detail"),
-            answer.get("results") or [],
-            relay=answer.get("relay"),
-            sync=sync,
-            path=answer.get("path"),
-            arm_correlation_id=answer.get("armCorrelationId"),
-            coordination=coordination,
-        )
+    ) -> Result:
+        ending = Ending.of_answer(answer)
+        return self.audit.finish(decision, message, ending, sync=sync, coordination=coordination)
 
-    def _validated(self, message: Message, now: float) -> dict[str, Any]:
-        """The decision in ``message`` once every check passed; :class:`DecisionRefused` otherwise.
-        Nothing here raises anything else: a message that cannot be read is a refusal, never a
-        retry (a poison message must not wedge the source)."""
-        if len(message.payload) > MAX_MESSAGE_BYTES:
+    def _validated(self, slot: Slot, now: float) -> Decision:
+        """The decision in the slot's message once every check passed; :class:`DecisionRefused`
+        otherwise. Nothing here raises anything else: a message that cannot be read is a refusal,
+        never a retry (a poison message must not wedge the source)."""
+        payload = slot.message.payload
+        if len(payload) > MAX_MESSAGE_BYTES:
             raise DecisionRefused(
-                "tooLarge", f"message of {len(message.payload)} bytes (at most {MAX_MESSAGE_BYTES})"
+                "tooLarge", f"message of {len(payload)} bytes (at most {MAX_MESSAGE_BYTES})"
             )
-        decision = loads_object(message.payload)
-        if decision is None:
+        if slot.fields is None:
             raise DecisionRefused("schema", "message is not a JSON object")
         try:
-            loads_strict(message.payload)  # I-JSON: no member twice (bridge.approver.decision)
+            strict = loads_strict(payload)  # I-JSON: no member twice (bridge.approver.decision)
         except ValueError as exc:
             raise DecisionRefused("schema", f"not I-JSON: {exc}") from None
         try:
-            return validate(decision, self.policy, now)
+            return validate(strict, self.policy, now)
         except DecisionRefused:
             raise
         except Exception as exc:  # a check that could not run proves nothing: refuse
             raise DecisionRefused("schema", f"cannot be validated: {type(exc).__name__}: {exc}") from None
 
     def relay(
-        self, decision: dict[str, Any], body: dict[str, Any], *, fallback: bool = True
+        self, decision: Decision, body: dict[str, Any], *, fallback: bool = True
     ) -> tuple[dict[str, Any] | None, Unreached | None]:
         return self.relayer.relay([decision], [body], fallback=fallback)[0]
 
@@ -246,19 +303,20 @@ class DecisionLife:
         agent, none of which can have reached one (else the agent may have posted already)."""
         return all(not s.maybe_sent and s.unreached + 1 >= ARM_AFTER for s in slots)
 
-    def _park(self, slot: Slot, decision: dict[str, Any], unreached: Unreached) -> None:
+    def _park(self, slot: Slot, decision: Decision, unreached: Unreached) -> None:
         """No agent answered: keep the decision, uncommitted, and relay it again after a backoff
         (0.5 s doubling to ``PARKED_MAX_DELAY``), until an agent answers or the decision expires."""
+        slot.decision = decision
         slot.unreached += 1
         slot.maybe_sent = slot.maybe_sent or not unreached.never_sent
         slot.unreached_since = slot.unreached_since or time.time()
         delay = min(PARKED_MAX_DELAY, 0.5 * 2 ** (slot.unreached - 1)) * random.uniform(0.8, 1.0)
-        self.parking.park(slot, delay, expires_at(decision))
+        self.parking.park(slot, delay, decision.expires)
         self.metrics.parked.set(self.parking.count)
         self._parked_log.log(
             "decision waits for an agent of its event (not committed; retried until it expires)",
-            decisionId=decision["decisionId"],
-            target=decision["target"],
+            decisionId=decision.decision_id,
+            target=decision.target,
             attempts=slot.unreached,
             retryInSeconds=round(delay, 2),
             error=unreached.why,
@@ -266,20 +324,20 @@ class DecisionLife:
 
     def resubmit(self, slot: Slot) -> bool:
         self.metrics.parked.set(self.parking.count)
-        return self.lanes.add(lane_of(slot.message), slot, self.stop_event)
+        return self.lanes.add(lane_of(slot.fields), slot, self.stop_event)
 
     def expire_parked(self, slot: Slot) -> None:
         """A parked decision expired before any agent answered: its one final outcome. ``failed``
         when provably no request reached an agent (nothing was posted), ``unknown`` when one may
         have (connected, no answer: the agent's ledger and audit tell)."""
-        decision = loads_object(slot.message.payload) or {}
         outcome = "unknown" if slot.maybe_sent else "failed"
         since = slot.unreached_since or time.time()
         detail = (
             f"no agent of the event answered in {slot.unreached} attempts over {time.time() - since:.0f} s "
             f"before the decision expired{'; one may have reached an agent' if slot.maybe_sent else ''}"
         )
-        finish = lambda: self.audit.finish(decision, slot.message, outcome, "expired", detail, [])  # noqa: E731
+        ending = Ending(outcome, "expired", detail)
+        finish = lambda: self.audit.finish(slot.decision, slot.message, ending)  # noqa: E731
         if self.audit.until_stored(finish, slot.message) is not None:
             self.commits.finished(slot)
         self.metrics.parked.set(self.parking.count)
@@ -287,25 +345,25 @@ class DecisionLife:
     # -- many decisions at once: lanes (bridge.approver.dispatch) ---------------------------------------
 
     def drain_lane(self, lane: str, slots: list[Slot]) -> None:
-        """Process one lane's batch: prepare each, relay the decisions to relay in one request, finish
-        each. Anything unexpected for a message falls back to :meth:`handle` (retries, poison
-        handling, waiting for outbox room) for that message alone."""
+        """Take one lane's batch through :meth:`live` and commit what ended. A decision id another
+        worker holds (a replay, the standby's copy) waits until that one is final."""
         if self.stop_event.is_set():
             return  # not finished: not committed, read again after the restart
-        prepared: list[Prepared] = []
+        mine: list[Slot] = []
         later: list[tuple[Slot, str]] = []
         claimed: list[str] = []
         try:
             for slot in slots:
-                decision_id = peek(slot.message, "decisionId")
+                decision_id = peek(slot.fields, "decisionId")
                 if decision_id is not None and not self.claims.claim(decision_id):
                     later.append((slot, decision_id))  # another worker has this id: after it is final
                     continue
                 if decision_id is not None:
                     claimed.append(decision_id)
-                self._prepare_into(slot, prepared)
-            if prepared and self._synced([slot for slot, _, _ in prepared]):
-                self._relay_and_finish(prepared)  # every "started" is durable before anything is relayed
+                mine.append(slot)
+            for slot, result in zip(mine, self.live(mine), strict=True):
+                if result is not None:
+                    self.commits.finished(slot)
         finally:
             for decision_id in claimed:
                 self.claims.release(decision_id)
@@ -313,56 +371,16 @@ class DecisionLife:
             if self.claims.wait_released(decision_id, self.stop_event):
                 self._settle(slot)
 
-    def _prepare_into(self, slot: Slot, prepared: list[Prepared]) -> None:
-        """Prepare one message of a lane batch: to relay (``prepared``), finished, or on its own."""
-        try:
-            result = self._prepare(slot.message, sync=False)  # the batch is synced by the caller, once
-        except Exception:
-            self._settle(slot)
-            return
-        if isinstance(result, tuple):
-            prepared.append((slot, *result))
-        else:
-            self.commits.finished(slot)
-
-    def _relay_and_finish(self, prepared: list[Prepared]) -> None:
-        for chunk in _chunks(prepared):
-            fallback = self._may_fall_back([slot for slot, _, _ in chunk])
-            try:
-                results = self.relayer.relay(
-                    [d for _, d, _ in chunk], [b for _, _, b in chunk], fallback=fallback
-                )
-            except Exception:
-                log.exception("relaying a batch failed; each decision is retried on its own")
-                for slot, _, _ in chunk:
-                    self._settle(slot)
-                continue
-            done: list[tuple[Slot, dict[str, Any]]] = []
-            for (slot, decision, _), (answer, unreached) in zip(chunk, results, strict=True):
-                if answer is None:
-                    assert unreached is not None
-                    self._park(slot, decision, unreached)  # its "started" is durable already
-                    continue
-                try:
-                    audit = self.finish_relayed(decision, slot.message, answer, sync=False)
-                except Exception:
-                    self._settle(slot)  # waits for outbox room, or ends a poison message
-                else:
-                    done.append((slot, audit))
-            # The chunk's audit records and outcomes durable (one sync each) before any is committed.
-            if self.audit.synced(done) and self._synced([slot for slot, _ in done]):
-                for slot, _ in done:
-                    self.commits.finished(slot)
-
-    def _synced(self, slots: list[Slot]) -> bool:
-        """Sync the decision store for a lane's batch. When the disk refuses (EIO, ENOSPC), each
-        message goes the one-at-a-time way instead (:meth:`handle`: retried until the store can be
-        written, never committed before): a batch must not be left neither finished nor retried,
-        which would hold every later commit back."""
+    def _synced(self, slots: list[Slot], alone: bool) -> bool:
+        """Sync the decision store for a batch. When the disk refuses (EIO, ENOSPC), a batch of one
+        raises (:meth:`handle` waits for the disk); a larger batch goes message by message that way
+        instead: it must not be left neither finished nor retried, holding every later commit back."""
         try:
             self.store.sync()
             return True
         except OSError as exc:
+            if alone:
+                raise
             log.error(
                 "decision store cannot be synced; retrying decision by decision", extra={"error": str(exc)}
             )
@@ -388,50 +406,55 @@ class DecisionLife:
             try:
                 if errors < POISON_ATTEMPTS:
                     if self.process(message, slot=slot) is None:
-                        return False  # parked: relayed again later, committed once final
+                        return False  # parked (or stopping): relayed again later, committed once final
                 else:
-                    self._give_up(message)
+                    self._give_up(slot)
                 self.audit.streak.success()
                 break
             except (OutboxFull, OutboxWriteError) as exc:  # not the message's fault: wait for room
                 self.audit.streak.failure(
-                    "outbox", f"audit record not admitted: {exc}", position=message.position
+                    "outbox", f"audit record not admitted: {exc}", position=str(message.position)
                 )
             except Exception as exc:
                 if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
                     # The decision store cannot be written (disk full, I/O error): not the message's
                     # fault either. Counted as a poison attempt, valid decisions were given up.
                     self.audit.streak.failure(
-                        "store", f"decision store not writable: {exc.strerror}", position=message.position
+                        "store",
+                        f"decision store not writable: {exc.strerror}",
+                        position=str(message.position),
                     )
                     if self.stop_event.wait(backoff.next_delay()):
                         return False
                     continue
                 errors += 1
                 log.exception(
-                    "decision could not be processed", extra={"position": message.position, "attempt": errors}
+                    "decision could not be processed",
+                    extra={"position": str(message.position), "attempt": errors},
                 )
             if self.stop_event.wait(backoff.next_delay()):
                 return False
         return True
 
-    def _give_up(self, message: Message) -> None:
-        raw = loads_object(message.payload) or {}
-        decision_id = raw.get("decisionId") if isinstance(raw.get("decisionId"), str) else None
+    def _give_up(self, slot: Slot) -> None:
+        decision_id = peek(slot.fields, "decisionId")
         started = decision_id is not None and self.store.get(decision_id) is not None
         # Once started it may have reached an agent: say "failed", not "refused" (the agent's own
         # audit record tells whether a StartRequest was posted).
-        outcome = "failed" if started else "refused"
-        detail = f"processing failed {POISON_ATTEMPTS} times; see the approver log"
-        self.audit.finish(raw, message, outcome, "unprocessable", detail, [], record_final=started)
+        ending = Ending(
+            "failed" if started else "refused",
+            "unprocessable",
+            f"processing failed {POISON_ATTEMPTS} times; see the approver log",
+        )
+        self.audit.finish(slot.fields, slot.message, ending, record_final=started)
 
 
-def _chunks(prepared: list[Any]) -> list[list[Any]]:
+def _chunks(prepared: list[Prepared]) -> list[list[Prepared]]:
     """Relay requests of at most ``LANE_BATCH`` decisions and ``MAX_RELAY_BYTES``."""
-    out: list[list[Any]] = [[]]
+    out: list[list[Prepared]] = [[]]
     size = 0
     for item in prepared:
-        item_size = len(orjson.dumps(item[2]))
+        item_size = len(orjson.dumps(item.body))
         if out[-1] and (len(out[-1]) >= LANE_BATCH or size + item_size > MAX_RELAY_BYTES):
             out.append([])
             size = 0

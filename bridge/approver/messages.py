@@ -10,23 +10,19 @@ from typing import Any
 
 import orjson
 
-from bridge.approver.sources import Message
-
 #: A decision is a few hundred bytes; anything far larger is refused before it is parsed.
 MAX_MESSAGE_BYTES = 16 * 1024
 
 
-def peek(message: Message, field: str) -> str | None:
-    """A field of a message not validated yet (for routing only); a message too large to be a
-    decision is not parsed here either."""
-    decision = loads_object(message.payload) if len(message.payload) <= MAX_MESSAGE_BYTES else None
-    value = decision.get(field) if decision else None
+def peek(fields: dict[str, Any] | None, name: str) -> str | None:
+    """A string field of a message not validated yet (routing and claims only: never trusted)."""
+    value = fields.get(name) if fields else None
     return value if isinstance(value, str) else None
 
 
-def lane_of(message: Message) -> str:
+def lane_of(fields: dict[str, Any] | None) -> str:
     """The lane of a message: its target VM (case-insensitive); unreadable messages share one lane."""
-    return (peek(message, "target") or "").lower()
+    return (peek(fields, "target") or "").lower()
 
 
 def loads_object(payload: bytes) -> dict[str, Any] | None:

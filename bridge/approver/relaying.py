@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.approver.arm import ArmAcknowledger
-from bridge.approver.decision import expires_at
+from bridge.approver.decision import Decision
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
 from bridge.eligibility import check_event
 from bridge.retry import Backoff
@@ -55,7 +55,7 @@ class Relayer:
         self.arm_mode = arm_mode if arm is not None else "off"
 
     def relay(
-        self, decisions: list[dict[str, Any]], bodies: list[dict[str, Any]], *, fallback: bool = True
+        self, decisions: list[Decision], bodies: list[dict[str, Any]], *, fallback: bool = True
     ) -> list[tuple[dict[str, Any] | None, Unreached | None]]:
         """Relay decisions for one VM in one request (their order kept), to each candidate agent in
         turn (fleet failover), ``attempts`` rounds; ``(None, Unreached)`` for each when none answered
@@ -91,9 +91,7 @@ class Relayer:
             return self._through_arm(decisions)
         return [(None, Unreached(why, never_sent))] * len(bodies)
 
-    def _through_arm(
-        self, decisions: list[dict[str, Any]]
-    ) -> list[tuple[dict[str, Any] | None, Unreached | None]]:
+    def _through_arm(self, decisions: list[Decision]) -> list[tuple[dict[str, Any] | None, Unreached | None]]:
         """Acknowledge each decision's event through Azure Resource Manager (bridge.approver.arm), on
         the target VM's resource, or another VM's of the event when the target's is not known; only
         once the rule every approving path applies (bridge.eligibility) let it: the agents' relays
@@ -101,25 +99,25 @@ class Relayer:
         assert self.arm is not None
         return [self._acknowledge(decision) for decision in decisions]
 
-    def _acknowledge(self, decision: dict[str, Any]) -> tuple[dict[str, Any] | None, Unreached | None]:
+    def _acknowledge(self, decision: Decision) -> tuple[dict[str, Any] | None, Unreached | None]:
         assert self.arm is not None
-        event_id = decision["eventId"]
+        event_id = decision.event_id
         scope = self.router.scope_vm(decision)
         if scope is None:
             return None, Unreached("ARM: no resource id known for the event's VMs", never_sent=True)
         refusal = check_event(
             self.router.event_facts(event_id),
             approver_names={scope.name.lower()},
-            target=decision.get("target"),
-            expires_at=expires_at(decision),
+            target=decision.target,
+            expires_at=decision.expires,
             now=time.time(),
         )
         if refusal is not None:
             detail = f"not acknowledged through ARM: {refusal.detail}"
-            result = {"eventId": event_id, "result": refusal.result, "detail": refusal.detail}
-            return _answer(decision, "refused", refusal.result, detail, result, None), None
+            refused = {"eventId": event_id, "result": refusal.result, "detail": refusal.detail}
+            return _answer(decision, "refused", refusal.result, detail, refused, None), None
         answer = self.arm.acknowledge(scope.resource_id, event_id)
-        result = {
+        result: dict[str, Any] = {
             "eventId": event_id,
             "result": "approved" if answer.outcome == "approved" else "armError",
             "detail": answer.detail,
@@ -130,7 +128,7 @@ class Relayer:
 
 
 def _answer(
-    decision: dict[str, Any],
+    decision: Decision,
     outcome: str,
     reason: str | None,
     detail: str | None,
@@ -139,7 +137,7 @@ def _answer(
 ) -> dict[str, Any]:
     """The ARM path's answer, shaped like an agent's (the approver audits both alike)."""
     return {
-        "decisionId": decision["decisionId"],
+        "decisionId": decision.decision_id,
         "outcome": outcome,
         "reason": reason,
         "detail": detail,

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from bridge.approver.decision import Decision
 from bridge.approver.fleet import FleetView, Vm
 from bridge.approver.sources import DecisionSource
 from bridge.approver.sources.follow import follow
@@ -211,23 +212,23 @@ class LocalRouter:
         self._resource_id: str | None = None
         self._asking = threading.Lock()  # one question to the agent at a time (start thread, owns())
 
-    def candidates(self, decision: dict[str, Any]) -> list[str]:
+    def candidates(self, decision: Decision) -> list[str]:
         return [self.relay_url]
 
-    def owns(self, decision: dict[str, Any]) -> bool:
+    def owns(self, decision: Decision) -> bool:
         """Whether this VM's approver acts on ``decision``. While the agent cannot tell who this VM
         is (it is starting, or down), every decision is acted on: the agent's relay checks the
         target itself, and a decision must never be skipped on a guess."""
         names = self.this_vm()
         if names is None:
             return True
-        return str(decision.get("target", "")).lower() in names
+        return decision.target.lower() in names
 
-    def resource_id(self, decision: dict[str, Any]) -> str | None:
+    def resource_id(self, decision: Decision) -> str | None:
         """This VM's ARM resource id, once the agent told it."""
         return self._resource_id
 
-    def scope_vm(self, decision: dict[str, Any]) -> Vm | None:
+    def scope_vm(self, decision: Decision) -> Vm | None:
         return None  # the ARM path is a fleet approver's (bridge.approver.build refuses it here)
 
     def event_facts(self, event_id: str) -> EventFacts | None:
@@ -285,16 +286,16 @@ class FleetRouter:
         """Whether an agent of VM ``name`` published anything (it runs the agent)."""
         return self.view.vm(name) is not None
 
-    def owns(self, decision: dict[str, Any]) -> bool:
+    def owns(self, decision: Decision) -> bool:
         """The fleet approver serves every VM it can reach."""
         return True
 
-    def _order(self, decision: dict[str, Any]) -> list[str]:
+    def _order(self, decision: Decision) -> list[str]:
         """The decision's target first, then the other VMs of its event."""
-        event = self.view.event(str(decision.get("eventId", "")))
-        return [str(decision.get("target", "")), *(event.resources if event else ())]
+        event = self.view.event(decision.event_id)
+        return [decision.target, *(event.resources if event else ())]
 
-    def candidates(self, decision: dict[str, Any]) -> list[str]:
+    def candidates(self, decision: Decision) -> list[str]:
         urls: list[str] = []
         for name in self._order(decision):
             vm = self.view.vm(name)
@@ -305,7 +306,7 @@ class FleetRouter:
                 urls.append(url)
         return urls
 
-    def scope_vm(self, decision: dict[str, Any]) -> Vm | None:
+    def scope_vm(self, decision: Decision) -> Vm | None:
         """The VM whose ARM scope acknowledges the decision's event: its target, or another VM of
         its event (an approval through any VM of an event releases it for all)."""
         for name in self._order(decision):
@@ -314,7 +315,7 @@ class FleetRouter:
                 return vm
         return None
 
-    def resource_id(self, decision: dict[str, Any]) -> str | None:
+    def resource_id(self, decision: Decision) -> str | None:
         vm = self.scope_vm(decision)
         return vm.resource_id if vm is not None else None
 

@@ -37,7 +37,6 @@ from collections import deque
 from collections.abc import Callable
 
 from bridge.approver.sources import DecisionSource, Message
-from bridge.approver.sources.base import split_position
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ class Standby:
         kept: list[tuple[float, Message]] = []
         while self._held and now - self._held[0][0] >= self.after:
             read_at, message = self._held.popleft()
-            partition, number = split_position(message.position)
+            partition, number = message.position.partition, message.position.number
             if number <= self._progress.get(partition, -1) or partition in owned:
                 dropped.append(message)  # the owner finished it, or this instance's own reader has it
             elif now - self._moved_at.get(partition, read_at) < self.after:
@@ -119,7 +118,7 @@ class Standby:
                 self._on_acted(len(due))
             log.warning(
                 "standby acts on decisions their owner did not finish in time",
-                extra={"count": len(due), "afterSeconds": self.after, "first": due[0].position},
+                extra={"count": len(due), "afterSeconds": self.after, "first": str(due[0].position)},
             )
             self._act(due)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from bridge.approver.sources.base import Position
 from bridge.fsutil import DirectoryLocked, datasync, ensure_private_dir, lock_directory, write_atomic
 
 COMPACT_AT = 20_000
@@ -50,20 +51,20 @@ class DecisionStore:
         with self._lock:
             return self._entries.get(decision_id)
 
-    def started(self, decision_id: str, position: str, *, sync: bool = True) -> None:
+    def started(self, decision_id: str, position: Position, *, sync: bool = True) -> None:
         """Record that the decision is being acted on. ``sync=False`` leaves the line for the
         caller's :meth:`sync` (one disk sync for a lane's whole batch, before it is relayed)."""
-        entry = {"decisionId": decision_id, "state": "started", "position": position, "at": time.time()}
+        entry = {"decisionId": decision_id, "state": "started", "position": str(position), "at": time.time()}
         self._write(entry, sync)
 
     def final(
-        self, decision_id: str, position: str, outcome: str, reason: str | None, *, sync: bool = True
+        self, decision_id: str, position: Position, outcome: str, reason: str | None, *, sync: bool = True
     ) -> None:
         """Record the decision's outcome (``sync`` as for :meth:`started`: before its commit)."""
         entry = {
             "decisionId": decision_id,
             "state": "final",
-            "position": position,
+            "position": str(position),
             "outcome": outcome,
             "reason": reason,
             "at": time.time(),

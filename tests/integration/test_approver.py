@@ -296,7 +296,7 @@ def test_approver_killed_after_relaying_does_not_post_twice(
     from bridge.approver.decision import ValidationPolicy
     from bridge.approver.routing import LocalRouter, RelayClient
     from bridge.approver.service import Approver as ApproverService
-    from bridge.approver.sources import Message
+    from bridge.approver.sources import Message, Position
     from bridge.approver.sources.file import FileSource
     from bridge.signing import KeyRing
     from bridge.sinks import create_sink
@@ -305,7 +305,7 @@ def test_approver_killed_after_relaying_does_not_post_twice(
     eid = emulator.add_event(eventType="Freeze")
     agent.wait_for_change(eid, "scheduled")
     decision = signed(eid)
-    message = Message(orjson.dumps(decision), "line:1")
+    message = Message(orjson.dumps(decision), Position("line", 1, partitioned=False))
 
     def service() -> ApproverService:
         return ApproverService(
@@ -347,7 +347,7 @@ def test_a_lane_batch_costs_one_audit_fsync_and_a_failed_one_writes_the_audits_a
     from bridge.approver.decision import ValidationPolicy
     from bridge.approver.routing import LocalRouter, RelayClient
     from bridge.approver.service import Approver as ApproverService
-    from bridge.approver.sources import Message
+    from bridge.approver.sources import Message, Position
     from bridge.approver.sources.file import FileSource
     from bridge.pipeline import Outbox
     from bridge.signing import KeyRing
@@ -376,7 +376,10 @@ def test_a_lane_batch_costs_one_audit_fsync_and_a_failed_one_writes_the_audits_a
         real_sync(fd)
 
     service.outbox._sync = sync_failing_once
-    messages = [Message(orjson.dumps(signed(e)), f"line:{i}") for i, e in enumerate(events, 1)]
+    messages = [
+        Message(orjson.dumps(signed(e)), Position("line", i, partitioned=False))
+        for i, e in enumerate(events, 1)
+    ]
     service.life.drain_lane("vm", [service.commits.track(m) for m in messages])
     service.commits.commit_ready()
     assert committed == [m.position for m in messages]

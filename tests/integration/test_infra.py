@@ -1034,7 +1034,7 @@ def test_the_signer_function_signs_decisions_the_approver_accepts() -> None:
     azure-functions request and response types; what it returns passes the approver's validation."""
     import azure.functions as func
 
-    from bridge.approver.decision import DecisionRefused, ValidationPolicy, validate
+    from bridge.approver.decision import Decision, DecisionRefused, ValidationPolicy, validate
     from bridge.signing import KeyRing
 
     signer, function_app = _signer_module()
@@ -1063,7 +1063,7 @@ def test_the_signer_function_signs_decisions_the_approver_accepts() -> None:
     assert answer.status_code == 200 and answer.mimetype == "application/json"
     decision = json.loads(answer.get_body())
     policy = ValidationPolicy(KeyRing({"logicapp": key.encode()}), issuers=frozenset({fields["issuedBy"]}))
-    assert validate(decision, policy, time.time()) == decision
+    assert validate(decision, policy, time.time()) == Decision.of(decision)
     assert decision["decisionId"] == fields["decisionId"] and decision["reason"] == fields["reason"]
     with pytest.raises(DecisionRefused) as refused:
         validate(decision, ValidationPolicy(KeyRing({"logicapp": b"w" * 40})), time.time())

@@ -18,7 +18,7 @@ from bridge.approver import auditing
 from bridge.approver.auditing import AuditWriter
 from bridge.approver.dispatch import Slot
 from bridge.approver.metrics import ApproverMetrics
-from bridge.approver.sources.base import Message
+from bridge.approver.sources.base import Message, Position
 from bridge.pipeline.outbox import OutboxWriteError
 
 
@@ -52,12 +52,12 @@ def test_a_failed_audit_sync_while_stopping_commits_nothing() -> None:
     """The bug issue 24 found: ``_until_stored`` ended with ``return False`` where its callers test
     ``is None``, so a failed sync during shutdown reported the audit records durable and the chunk's
     positions were committed without them."""
-    done = [(Slot(Message(b"{}", f"decisions/0@{n}")), audit(n)) for n in range(3)]
+    done = [(Slot(Message(b"{}", Position("decisions/0", n))), audit(n)) for n in range(3)]
     assert writer(stopping=True).synced(done) is False
 
 
 def test_until_stored_says_none_when_the_approver_stops_first() -> None:
-    assert writer(stopping=True).until_stored(lambda: 1, Message(b"{}", "decisions/0@1")) is None
+    assert writer(stopping=True).until_stored(lambda: 1, Message(b"{}", Position("decisions/0", 1))) is None
 
 
 def test_until_stored_returns_what_the_store_returned_once_the_disk_takes_it(
@@ -72,5 +72,5 @@ def test_until_stored_returns_what_the_store_returned_once_the_disk_takes_it(
             raise step
         return int(step)
 
-    assert writer(stopping=False).until_stored(store, Message(b"{}", "decisions/0@1")) == 7
+    assert writer(stopping=False).until_stored(store, Message(b"{}", Position("decisions/0", 1))) == 7
     assert attempts == []

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from bridge.approver.decision import (
+    Decision,
     DecisionRefused,
     ValidationPolicy,
     canonical,
@@ -71,7 +72,7 @@ def test_the_canonical_form_sorts_keys_by_utf16_code_units_and_drops_the_signatu
 def test_a_signature_over_rfc_8785_verifies_whatever_the_number_spelling() -> None:
     """``schemaVersion: 1.0`` is the schema's 1; signed by an RFC 8785 signer (``1``), it verifies."""
     decision = sign({**new_decision(EVENT, "vm1", "ops", 600), "schemaVersion": 1.0}, "ops", KEY)
-    assert validate(decision, POLICY, time.time()) is decision
+    assert validate(decision, POLICY, time.time()) == Decision.of(decision)
 
 
 def test_a_repeated_member_is_not_i_json() -> None:

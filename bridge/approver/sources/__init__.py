@@ -20,10 +20,10 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from bridge.approver.sources.base import DecisionSource, Message, SourceError
+from bridge.approver.sources.base import DecisionSource, Message, Position, SourceError
 from bridge.redaction import redact
 
-__all__ = ["DecisionSource", "Message", "SourceError", "create_source"]
+__all__ = ["DecisionSource", "Message", "Position", "SourceError", "create_source"]
 
 # scheme -> (module, class); imported on first use so an unused transport costs nothing.
 _REGISTRY = {

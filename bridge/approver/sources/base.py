@@ -21,18 +21,30 @@ from bridge.transports.base import Owner
 
 
 @dataclass(frozen=True, slots=True)
+class Position:
+    """Where a message sits in its source, stable across re-reads; made once by the source that read
+    it and never parsed again. ``stream``: a partition (Kafka ``topic/partition``, an Event Hubs
+    partition id) or, for a source read in one line, its kind (``line``, ``stdin``); ``number``: the
+    offset, sequence number or line, cumulative within its stream. Its text is what the decision store
+    keeps and what a refusal's ``recordId`` hashes: ``decisions/3@17``, ``0@17``, ``line:17``."""
+
+    stream: str
+    number: int
+    partitioned: bool = True
+
+    @property
+    def partition(self) -> str:
+        """What commits are ordered within: the partition, ``""`` for a source read in one line."""
+        return self.stream if self.partitioned else ""
+
+    def __str__(self) -> str:
+        return f"{self.stream}@{self.number}" if self.partitioned else f"{self.stream}:{self.number}"
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     payload: bytes
-    position: str  # where the message sits in its source: stable across re-reads
-
-
-def split_position(position: str) -> tuple[str, int]:
-    """A partitioned source's position, ``<partition>@<number>`` (Kafka ``topic/partition@offset``,
-    Event Hubs ``partition@sequence``), as (partition, number); ("", -1) for any other source."""
-    partition, sep, number = position.rpartition("@")
-    if not sep or not number.isdigit():
-        return "", -1
-    return partition, int(number)
+    position: Position  # where the message sits in its source: stable across re-reads
 
 
 class SourceError(BridgeError):

@@ -55,7 +55,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from bridge.approver.sources.base import DecisionSource, Message, SourceError
+from bridge.approver.sources.base import DecisionSource, Message, Position, SourceError
 from bridge.approver.sources.eventhubs_options import (
     OWNER,
     parse_source_spec,
@@ -116,7 +116,7 @@ class EventHubsSource(DecisionSource):
         self._queue: deque[tuple[str, int, str, bytes]] = deque()  # partition, sequence, offset, body
         self._seen: dict[str, int] = {}  # partition -> highest sequence number queued or handed out
         self._handed: dict[str, int] = {}  # partition -> highest sequence number handed out
-        self._pending: dict[str, tuple[str, int, str]] = {}  # position -> (partition, sequence, offset)
+        self._pending: dict[Position, str] = {}  # handed out, not committed: position -> offset
         self._committed: dict[str, int] = {}  # partition -> sequence number of the last checkpoint
         self._contexts: dict[str, tuple[str, str, str]] = {}  # partition -> namespace, hub, group (SDK's)
         self._errors: deque[str] = deque(maxlen=20)  # one-shot receive errors, reported by poll
@@ -468,9 +468,9 @@ class EventHubsSource(DecisionSource):
             out: list[Message] = []
             while self._queue and len(out) < MAX_BATCH:
                 partition, sequence, offset, payload = self._queue.popleft()
-                position = f"{partition}@{sequence}"
+                position = Position(partition, sequence)
                 self._handed[partition] = max(sequence, self._handed.get(partition, -1))
-                self._pending[position] = (partition, sequence, offset)
+                self._pending[position] = offset
                 out.append(Message(payload, position))
             self._cond.notify_all()  # room again for the receive thread
         return out
@@ -479,12 +479,12 @@ class EventHubsSource(DecisionSource):
 
     def commit(self, message: Message) -> None:
         with self._cond:
-            pending = self._pending.pop(message.position, None)
-            if pending is None:
+            offset = self._pending.pop(message.position, None)
+            if offset is None:
                 raise SourceError(
                     f"eventhubs source {self.name}: nothing to commit at {message.position}", retryable=True
                 )
-            partition, sequence, offset = pending
+            partition, sequence = message.position.stream, message.position.number
             if sequence <= self._committed.get(partition, -1):
                 return  # never move a checkpoint back (a message handed out twice)
             context = self._contexts.get(partition)

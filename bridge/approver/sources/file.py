@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from bridge.approver.sources.base import DecisionSource, Message
+from bridge.approver.sources.base import DecisionSource, Message, Position
 from bridge.fsutil import ensure_private_dir, write_atomic
 
 #: How often a waiting poll checks whether the file grew (a ``stat``: 20 a second cost microseconds).
@@ -78,10 +78,10 @@ class FileSource(DecisionSource):
         for number in range(self._handed + 1, len(complete) + 1):
             line = complete[number - 1].strip()
             if line:
-                out.append(Message(line, f"line:{number}"))
+                out.append(Message(line, Position("line", number, partitioned=False)))
             self._handed = number
         return out
 
     def commit(self, message: Message) -> None:
-        self._committed = int(message.position.split(":", 1)[1])
+        self._committed = message.position.number
         write_atomic(self._cursor_path, b"%d\n" % self._committed)

@@ -22,7 +22,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from bridge.approver.sources.base import DecisionSource, Message, SourceError, owner
+from bridge.approver.sources.base import DecisionSource, Message, Position, SourceError, owner
 from bridge.transports import kafka
 from bridge.transports.kafka import KafkaConnection, TokenUnavailable
 
@@ -56,6 +56,7 @@ class KafkaSource(DecisionSource):
         self._assigned = False
         self._partitions: list[int] = []
         self._partitions_at = 0.0
+        self._streams: dict[str, tuple[str, int]] = {}  # a position's stream -> (topic, partition)
 
     @classmethod
     def create(cls, spec: str, state_dir: Path, group: str) -> KafkaSource:
@@ -165,7 +166,9 @@ class KafkaSource(DecisionSource):
                 # persists is reported again, and then raised by a poll it comes first in).
                 log.warning("kafka source error after messages", extra={"error": str(error)})
                 break
-            out.append(Message(msg.value() or b"", f"{msg.topic()}/{msg.partition()}@{msg.offset()}"))
+            stream = f"{msg.topic()}/{msg.partition()}"
+            self._streams.setdefault(stream, (msg.topic(), msg.partition()))
+            out.append(Message(msg.value() or b"", Position(stream, msg.offset())))
         return out
 
     def commit(self, message: Message) -> None:
@@ -176,10 +179,8 @@ class KafkaSource(DecisionSource):
         # one broker round trip per decision (a burst of 200 spent most of its time committing).
         last: dict[tuple[str, int], int] = {}
         for message in messages:
-            topic_partition, _, offset = message.position.rpartition("@")
-            topic, _, partition = topic_partition.rpartition("/")
-            key = (topic, int(partition))
-            last[key] = max(int(offset), last.get(key, -1))
+            key = self._streams[message.position.stream]
+            last[key] = max(message.position.number, last.get(key, -1))
         if not last:
             return
         offsets = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from bridge.approver.sources.base import DecisionSource, Message
+from bridge.approver.sources.base import DecisionSource, Message, Position
 
 
 class StdinSource(DecisionSource):
@@ -28,7 +28,9 @@ class StdinSource(DecisionSource):
             self._eof = True
             return []
         self._line += 1
-        return [Message(line.strip(), f"stdin:{self._line}")] if line.strip() else []
+        return (
+            [Message(line.strip(), Position("stdin", self._line, partitioned=False))] if line.strip() else []
+        )
 
     def commit(self, message: Message) -> None:
         pass
