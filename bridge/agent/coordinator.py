@@ -67,6 +67,7 @@ class PeerCoordinator:
         interval: float = 2.0,
         takeover: float = 10.0,
         timeout: float = 2.0,
+        asked: Callable[[str], None] = lambda result: None,
     ) -> None:
         import requests
 
@@ -83,6 +84,7 @@ class PeerCoordinator:
         self.interval = interval
         self.takeover = takeover
         self._timeout = timeout
+        self._asked = asked  # -> the result of each question to a peer (a metric)
         self._session = requests.Session()
         self._session.trust_env = False  # peers are in the VNet: never through a proxy
         self._forged = RateLimitedLog(log, every=60.0, level=logging.WARNING)
@@ -197,6 +199,7 @@ class PeerCoordinator:
             answer = orjson.loads(body) if body and len(body) <= MAX_ANSWER else None
         except Exception as exc:  # unreachable, refused, not JSON: not live this round
             log.debug("peer did not answer", extra={"peer": name, "error": type(exc).__name__})
+            self._asked("unanswered")
             return
         try:  # signed by a holder of the relay key, for this very request
             answer = verify_answer(self._keys, headers[H_NONCE], answer)
@@ -204,9 +207,12 @@ class PeerCoordinator:
             self._forged.log(
                 "peer answer refused: not proven (no answer this round)", peer=name, error=str(exc)
             )
+            self._asked("unproven")
             return
         if not isinstance(answer.get("preparations"), dict):
+            self._asked("unanswered")
             return
+        self._asked("answered")
         last_seen[name] = time.monotonic()
         entry = answer["preparations"].get(event_id)
         result = entry.get("result") if isinstance(entry, dict) else None

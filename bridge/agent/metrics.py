@@ -74,4 +74,10 @@ class AgentMetrics(PipelineMetrics):
         "outcome",
         "reason",
     )
+    peer_asks = counter(
+        "se_bridge_coordination_peer_asks",
+        "Questions to a peer agent for its preparation reports (coordinate = peers), by result: answered, "
+        "unanswered (unreachable, refused, not JSON) or unproven (its signature did not verify).",
+        "result",
+    )
     hook_runs = counter("se_bridge_hook_runs", "Local hook runs by hook and result.", "hook", "result")

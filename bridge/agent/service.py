@@ -179,6 +179,7 @@ class Agent:
             template=config.peer_url_template,
             stop=self.stop_event,
             takeover=config.coordinate_takeover,
+            asked=lambda result: self.metrics.peer_asks.labels(result).inc(),
         )
 
     def _audit_left_to_platform(self, event_id: str, verdict: Verdict, coordinator: str) -> None:

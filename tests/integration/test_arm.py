@@ -259,7 +259,9 @@ def run_fleet_approver(
     runner.start()
     try:
         decision = sign(new_decision(EVENT, target, "tests", ttl), "ops", b"k" * 40)
-        wait_until(lambda: approver.router.resource_id(Decision.of(decision)) == VM_ID, 30, what="vm1 learned")
+        wait_until(
+            lambda: approver.router.resource_id(Decision.of(decision)) == VM_ID, 30, what="vm1 learned"
+        )
         decisions.write_bytes(json.dumps(decision).encode() + b"\n")
         wait_until(lambda: audit.exists() and audit.read_bytes().strip(), 60, what="the audit record")
         (line,) = audit.read_bytes().splitlines()

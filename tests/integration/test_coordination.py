@@ -332,7 +332,17 @@ def test_a_coordinator_killed_mid_wait_is_replaced_and_the_event_approved_once(
     aset.prepare("fleet-vm-001")
     for name in ("fleet-vm-000", "fleet-vm-001"):
         wait_until(lambda n=name: aset.preparations(n, event_id), 20, what=f"{name} prepared")
-    time.sleep(2.5)  # at least one round: the others learned fleet-vm-000's report
+    # fleet-vm-001 learned fleet-vm-000's report: two answers counted after the report was visible
+    # (the first may have been asked before it existed; the second was asked after). Order, not time.
+    asks = aset.agents["fleet-vm-001"].metric("se_bridge_coordination_peer_asks_total", result="answered")
+    wait_until(
+        lambda: (
+            aset.agents["fleet-vm-001"].metric("se_bridge_coordination_peer_asks_total", result="answered")
+            >= asks + 2
+        ),
+        20,
+        what="fleet-vm-001 asked fleet-vm-000 after its report",
+    )
     aset.agents["fleet-vm-000"].kill()  # the coordinator, mid-wait (fleet-vm-002 still preparing)
     aset.prepare("fleet-vm-002")
     wait_until(lambda: aset.ledger(event_id)["startRequests"] >= 1, 30, what="the next VM's approval")
