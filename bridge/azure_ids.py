@@ -11,19 +11,21 @@ from __future__ import annotations
 import re
 from urllib.parse import quote
 
-_GUID_TEXT = r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
+GUID_TEXT = r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
 #: Azure's naming rules (learn.microsoft.com, "Naming rules and restrictions for Azure resources"):
 #: a resource group 1-90 of letters, digits, ``_ - . ( )``, not ending with ``.``; a VM or scale set
 #: 1-64 of letters, digits, ``_ - .``; a scale-set instance id, digits. Nothing else reaches a URL:
 #: no ``..`` path walk, no ``?``/``#`` cut, no ``%2F``.
-_RG = r"[-\w().]{0,89}[-\w()]"
-_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
+RG_TEXT = r"[-\w().]{0,89}[-\w()]"
+NAME_TEXT = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
 _VM = re.compile(
-    rf"^/subscriptions/(?P<sub>{_GUID_TEXT})/resourceGroups/(?P<rg>{_RG})/providers/Microsoft\.Compute/"
-    rf"(?:virtualMachineScaleSets/(?P<set>{_NAME})/virtualMachines/\d{{1,10}}|virtualMachines/(?P<vm>{_NAME}))$",
+    rf"^/subscriptions/(?P<sub>{GUID_TEXT})/resourceGroups/(?P<rg>{RG_TEXT})/providers/Microsoft\.Compute/"
+    rf"(?:virtualMachineScaleSets/(?P<set>{NAME_TEXT})/virtualMachines/\d{{1,10}}|virtualMachines/(?P<vm>{NAME_TEXT}))$",
     re.IGNORECASE | re.ASCII,
 )
-_SCOPE = re.compile(rf"^/subscriptions/(?P<sub>{_GUID_TEXT})(?:/resourceGroups/(?P<rg>{_RG}))?$", re.I | re.A)
+_SCOPE = re.compile(
+    rf"^/subscriptions/(?P<sub>{GUID_TEXT})(?:/resourceGroups/(?P<rg>{RG_TEXT}))?$", re.IGNORECASE | re.ASCII
+)
 
 
 class ScopeRefused(ValueError):

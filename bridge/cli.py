@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bridge import __version__
-from bridge.config import AgentConfig, ApproverConfig, ConfigError, ConsoleConfig
+from bridge.config import AgentConfig, ApproverConfig, AzureChannelConfig, ConfigError, ConsoleConfig
 
 DESCRIPTION = """\
 Forward Azure IMDS Scheduled Events (Freeze, Reboot, Redeploy, Preempt, Terminate) from this VM to
@@ -63,6 +63,20 @@ Examples:
       --key console=https://vault.vault.azure.net/secrets/console-key --listen 0.0.0.0:8720
   se-bridge console --auth lab --events-source file:///tmp/records.jsonl \\
       --sink file:///tmp/decisions.jsonl --key console=/tmp/console.key --state-dir /tmp/console
+"""
+
+
+AZURE_EPILOG = f"""\
+Every flag can also be set in the [azure_channel] table of the TOML file given by --config, or in an
+environment variable {AzureChannelConfig.env_prefix}<NAME>. Needs the 'eventhubs' extra for eventhubs://.
+
+Examples:
+  NS=eventhubs://ns.servicebus.windows.net
+  se-bridge azure-channel --listen 0.0.0.0:8730 \\
+      --source "$NS/se-azure-events?credential=managed&consumer_group=azure-channel&checkpoint_url=$BLOB" \\
+      --events-source "$NS/se-records?credential=managed" --sink "$NS/se-records?credential=managed"
+  se-bridge azure-channel --source file:///tmp/event-grid.jsonl --events-source file:///tmp/records.jsonl \\
+      --sink file:///tmp/azure.jsonl --state-dir /tmp/azure-channel --grace 60
 """
 
 
@@ -136,6 +150,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     add_arguments(console, ConsoleConfig)
 
+    azure = sub.add_parser(
+        "azure-channel",
+        help="read Azure's own Scheduled Events channel (Event Grid) and reconcile it with the agents' "
+        "records (docs/azure-channel.md)",
+        description="Publish every Scheduled Event Azure itself reports (Event Grid system topic "
+        "Microsoft.ResourceNotifications.MaintenanceResources delivered to an Event Hub), deduplicated, "
+        "as azureScheduledEvent records, and the findings of joining them with the agents' records: "
+        "VMs nobody watches (unwatched), how each event ended (outcome), events only agents saw (agentOnly).",
+        epilog=AZURE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(azure, AzureChannelConfig)
+
     decide = sub.add_parser(
         "decide",
         help="publish one signed approval decision (the ops tool)",
@@ -176,24 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # said by the sub-command's parser: its usage, not the top level's, is the help
         args.subcommands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
-        if args.command == "agent":
-            return _agent(args)
-        if args.command == "simulate":
-            from bridge.imds.emulator.cli import run
-
-            return run(args)
-        if args.command == "demo":
-            return _demo(args)
-        if args.command == "validate":
-            return _validate(args.files)
-        if args.command == "approver":
-            return _approver(args)
-        if args.command == "decide":
-            from bridge.approver.decide import decide
-
-            return decide(args)
-        if args.command == "console":
-            return _console(args)
+        return _COMMANDS[args.command](args)
     except ConfigError as err:
         print(f"se-bridge: configuration refused: {err}", file=sys.stderr)
         return 2
@@ -205,6 +215,18 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return 2
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from bridge.imds.emulator.cli import run
+
+    return run(args)
+
+
+def _decide(args: argparse.Namespace) -> int:
+    from bridge.approver.decide import decide
+
+    return decide(args)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -254,6 +276,16 @@ def _console(args: argparse.Namespace) -> int:
     return console_main(config)
 
 
+def _azure_channel(args: argparse.Namespace) -> int:
+    from bridge.azure.service import build
+    from bridge.config import load_azure_channel_config
+    from bridge.observability import setup_logging
+
+    config = load_azure_channel_config(args)
+    setup_logging(config.log_level)
+    return build(config).run()
+
+
 def _validate(files: list[Path]) -> int:
     from bridge.schemas import validate_record
 
@@ -301,3 +333,15 @@ def _records_in(data: bytes) -> list[tuple[int, object]]:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+_COMMANDS = {
+    "agent": _agent,
+    "simulate": _simulate,
+    "demo": _demo,
+    "validate": lambda args: _validate(args.files),
+    "approver": _approver,
+    "decide": _decide,
+    "console": _console,
+    "azure-channel": _azure_channel,
+}

@@ -63,6 +63,7 @@ __all__ = [
     "CONFIG_ENV",
     "AgentConfig",
     "ApproverConfig",
+    "AzureChannelConfig",
     "ConfigBase",
     "ConfigError",
     "ConsoleConfig",
@@ -70,6 +71,7 @@ __all__ = [
     "add_arguments",
     "load_agent_config",
     "load_approver_config",
+    "load_azure_channel_config",
     "load_config",
     "load_console_config",
     "settings_of",
@@ -543,6 +545,64 @@ class ConsoleConfig(ConfigBase):
     log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
 
 
+@dataclass(frozen=True)
+class AzureChannelConfig(ConfigBase):
+    """``se-bridge azure-channel``: flags, ``SE_BRIDGE_AZURE_<NAME>`` or the ``[azure_channel]`` table."""
+
+    env_prefix: ClassVar[str] = ENV_PREFIX + "AZURE_"
+    toml_section: ClassVar[str] = "azure_channel"
+
+    source: tuple[str, ...] = setting(
+        (),
+        text,
+        "Where Azure's channel arrives: the Event Hub the Event Grid system topic delivers to "
+        "(eventhubs://...?consumer_group=...&checkpoint_store=...) or a file of Event Grid events "
+        "(file:///path.jsonl); repeat for several.",
+        metavar="SPEC",
+        multiple=True,
+        required="a source is required (--source 'eventhubs://ns.servicebus.windows.net/se-azure-events?...')",
+    )
+    events_source: tuple[str, ...] = setting(
+        (),
+        text,
+        "The agents' events stream, to reconcile Azure's events with what the agents reported (the "
+        "specs of se-bridge console --events-source); repeat. None: no reconciliation findings.",
+        metavar="SPEC",
+        multiple=True,
+    )
+    sink: tuple[str, ...] = setting(
+        (),
+        text,
+        "Where the azureScheduledEvent and reconciliation records go (the agent's sink specs); repeat.",
+        metavar="SPEC",
+        multiple=True,
+        required="a sink is required (--sink eventhubs://..., --sink file:///path.jsonl, ...)",
+    )
+    grace: float = setting(
+        120.0,
+        number(1, 86400),
+        "Seconds an agent has to report an event Azure published (and Azure to publish one an agent "
+        "reported) before a VM is found unwatched (or the event agent-only).",
+        metavar="SECONDS",
+    )
+    listen: str = setting(
+        "127.0.0.1:8730",
+        listen_address,
+        "Where /healthz, /readyz, /metrics and /v1/unwatched are served, HOST:PORT, or off.",
+        metavar="HOST:PORT",
+    )
+    state_dir: Path = setting(  # noqa: RUF009 - setting() returns a dataclasses.field
+        Path("/var/lib/se-bridge/azure-channel"),
+        path,
+        "Directory for the outbox, the dead letters and the readers' positions.",
+        metavar="DIR",
+    )
+    group: str = setting(
+        "se-bridge-azure-channel", text, "Consumer group prefix of the events readers.", metavar="NAME"
+    )
+    log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
+
+
 #: The derived tables (read-only views of the dataclasses above; nothing is declared here).
 AGENT_SETTINGS: tuple[Setting, ...] = settings_of(AgentConfig)
 APPROVER_SETTINGS: tuple[Setting, ...] = settings_of(ApproverConfig)
@@ -562,6 +622,12 @@ def load_console_config(
     args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
 ) -> ConsoleConfig:
     return load_config(ConsoleConfig, args, environ)
+
+
+def load_azure_channel_config(
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> AzureChannelConfig:
+    return load_config(AzureChannelConfig, args, environ)
 
 
 def load_approver_config(

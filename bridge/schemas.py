@@ -26,6 +26,8 @@ SCHEMAS = {
     "decision": "decision.v1.schema.json",
     "preparation": "preparation.v1.schema.json",
     "heartbeat": "heartbeat.v1.schema.json",
+    "azureScheduledEvent": "azure-event.v1.schema.json",
+    "reconciliation": "reconciliation.v1.schema.json",
 }
 
 

@@ -1,0 +1,258 @@
+"""Azure's own Scheduled Events channel: one event as Event Grid or Resource Graph carries it, parsed
+once into an :class:`AzureEvent`.
+
+Since Compute 2024-03-01 a VM, scale set or availability set can have Azure publish its Scheduled
+Events itself (``scheduledEventsPolicy.scheduledEventsAdditionalPublishingTargets
+.eventGridAndResourceGraph``, preview): to an Event Grid system topic of type
+``Microsoft.ResourceNotifications.MaintenanceResources`` and to Resource Graph's
+``maintenanceresources`` table, including the two outcomes IMDS never shows (``Completed``,
+``Canceled``). What arrives differs between Microsoft's page and real captures, so parsing is lenient
+where they differ and strict where a wrong value would mislead:
+
+* an Event Grid delivery is one event object, or an array of them (Event Grid hands subscribers an
+  array holding one event); ``dataVersion`` is "3.0" on Microsoft's page, "1" in captures;
+  ``data.apiVersion`` varies ("2024-07-01", "2020-03-01"); ``subject`` is the event's id or the VM's;
+* ``data.resourceInfo.id`` is the event's own ARM id, under the VM or the scale set:
+  ``/subscriptions/{s}/resourceGroups/{rg}/providers/Microsoft.Compute/{virtualMachines|
+  virtualMachineScaleSets|availabilitySets}/{name}/providers/microsoft.maintenance/scheduledevents/{EventId}``
+  (case varies); ``properties`` are IMDS's event fields (EventId, EventType, EventStatus, EventSource,
+  NotBefore, Description, DurationInSeconds, Resources, ResourceType);
+* Microsoft's table names the event type ``microsoft.maintenance/scheduledevents/write`` in one place:
+  the resource type (``data.resourceInfo.type`` or a Resource Graph row's ``type``) decides, not the
+  envelope's ``eventType``; older AKS material shows ``ResourceType: ManagedCluster`` under the same
+  type: only ``VirtualMachine`` is an event of this product (others are refused with their reason).
+
+A refused event (:class:`AzureEventRefused`) carries a short reason for the metric and the dead letter;
+nothing here raises anything else, whatever a delivery holds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bridge.azure_ids import GUID_TEXT, NAME_TEXT, RG_TEXT
+
+Channel = Literal["eventGrid", "resourceGraph"]
+Status = Literal["Scheduled", "Started", "Completed", "Canceled"]
+
+EVENT_GRID_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
+RESOURCE_TYPE = "microsoft.maintenance/scheduledevents"
+#: How far an event has gone: a later delivery of an earlier status never moves it back.
+STATUS_RANK: dict[str, int] = {"Scheduled": 0, "Started": 1, "Completed": 2, "Canceled": 2}
+KNOWN_TYPES = frozenset({"Freeze", "Reboot", "Redeploy", "Preempt", "Terminate"})
+#: Refusal reasons (a closed set: a metric label).
+REASONS = ("notJson", "notAnEvent", "otherResourceType", "malformed", "tooLarge")
+#: An Event Grid event is at most 1 MB; a Scheduled Event is a few hundred bytes.
+MAX_EVENT_BYTES = 64 * 1024
+
+_EVENT_ID = re.compile(
+    rf"^/subscriptions/(?P<sub>{GUID_TEXT})/resourceGroups/(?P<rg>{RG_TEXT})/providers/Microsoft\.Compute/"
+    rf"(?P<kind>virtualMachines|virtualMachineScaleSets|availabilitySets)/(?P<parent>{NAME_TEXT})/"
+    rf"providers/microsoft\.maintenance/scheduledevents/(?P<event>{GUID_TEXT})$",
+    re.IGNORECASE | re.ASCII,
+)
+_KINDS = {k.lower(): k for k in ("virtualMachines", "virtualMachineScaleSets", "availabilitySets")}
+
+
+class AzureEventRefused(ValueError):
+    """Not an event this product can use; ``reason`` is one of :data:`REASONS`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class VmRef:
+    """A VM an event names, as an agent's record names it: the join key is subscription, resource
+    group and the VM's name (a scale-set instance's ``myvmss_3``, as IMDS's ``compute.name``)."""
+
+    subscription_id: str
+    resource_group: str
+    name: str
+    resource_id: str
+
+    @property
+    def key(self) -> str:
+        return vm_key(self.subscription_id, self.resource_group, self.name)
+
+
+def vm_key(subscription_id: str | None, resource_group: str | None, name: str | None) -> str:
+    """The join key of a VM (lower case): ``<subscription>/<group>/<name>``."""
+    return f"{subscription_id or ''}/{resource_group or ''}/{name or ''}".lower()
+
+
+@dataclass(frozen=True, slots=True)
+class AzureEvent:
+    """One observation of an event by Azure's channel (module docstring)."""
+
+    channel: Channel
+    delivery_id: str | None  # Event Grid's envelope id (a redelivery repeats it); None from Graph
+    event_id: str
+    event_type: str
+    event_status: Status
+    event_source: str | None
+    not_before: str | None
+    description: str | None
+    duration_in_seconds: int | None
+    resources: tuple[str, ...]
+    resource_id: str  # the event's own ARM id
+    subscription_id: str
+    resource_group: str
+    parent_kind: str  # virtualMachines | virtualMachineScaleSets | availabilitySets
+    parent_name: str
+    location: str | None = None
+    event_time: str | None = None  # when Azure says the state changed
+    api_version: str | None = None
+    unknown: dict[str, Any] = field(default_factory=dict)  # properties not understood, kept
+
+    @property
+    def parent_id(self) -> str:
+        """The ARM id of the resource whose event this is: the scope an approval acknowledges on."""
+        return (
+            f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}"
+            f"/providers/Microsoft.Compute/{self.parent_kind}/{self.parent_name}"
+        )
+
+    def vms(self) -> tuple[VmRef, ...]:
+        """The VMs the event names (``Resources``), with the resource id each has: a VM's own, a
+        Uniform scale set's instance (``myvmss_3`` -> ``…/virtualMachineScaleSets/myvmss/virtualMachines/3``)
+        or a Flexible one's VM (``…/virtualMachines/<name>``)."""
+        base = f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}"
+        base += "/providers/Microsoft.Compute"
+        scale_set = self.parent_kind == "virtualMachineScaleSets"
+        out: list[VmRef] = []
+        for name in self.resources or ((self.parent_name,) if self.parent_kind == "virtualMachines" else ()):
+            instance = _uniform_instance(self.parent_name, name) if scale_set else None
+            if instance is not None:
+                resource_id = f"{base}/virtualMachineScaleSets/{self.parent_name}/virtualMachines/{instance}"
+            else:
+                resource_id = f"{base}/virtualMachines/{name}"
+            out.append(VmRef(self.subscription_id, self.resource_group, name, resource_id))
+        return tuple(out)
+
+    @property
+    def content(self) -> tuple[str, str, str | None, tuple[str, ...]]:
+        """What makes two observations the same: status, NotBefore (a moved NotBefore is news) and
+        the VMs named. Redeliveries and Resource Graph's unchanged rows repeat it."""
+        return (self.event_id.lower(), self.event_status, self.not_before, self.resources)
+
+
+def _uniform_instance(scale_set: str, name: str) -> str | None:
+    prefix, sep, number = name.rpartition("_")
+    return number if sep and prefix.lower() == scale_set.lower() and number.isdigit() else None
+
+
+def deliveries(payload: bytes) -> Iterator[dict[str, Any] | AzureEventRefused]:
+    """The event objects of one Event Hubs message Event Grid wrote: one object or an array."""
+    import orjson
+
+    if len(payload) > MAX_EVENT_BYTES * 16:
+        yield AzureEventRefused("tooLarge", f"message of {len(payload)} bytes")
+        return
+    try:
+        value = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        yield AzureEventRefused("notJson", f"not JSON: {str(exc)[:120]}")
+        return
+    for item in value if isinstance(value, list) else [value]:
+        yield item if isinstance(item, dict) else AzureEventRefused("notAnEvent", "not a JSON object")
+
+
+def from_event_grid(envelope: dict[str, Any]) -> AzureEvent:
+    """An Event Grid event (Event Grid schema) of the MaintenanceResources system topic."""
+    data = envelope.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("resourceInfo"), dict):
+        raise AzureEventRefused(
+            "notAnEvent", f"no data.resourceInfo (eventType {_short(envelope.get('eventType'))})"
+        )
+    info = data["resourceInfo"]
+    operational = data.get("operationalInfo")
+    if not isinstance(operational, dict):
+        operational = {}
+    return _event(
+        "eventGrid",
+        info,
+        delivery_id=_text(envelope.get("id")),
+        event_time=_text(operational.get("resourceEventTime")) or _text(envelope.get("eventTime")),
+        api_version=_text(data.get("apiVersion")),
+    )
+
+
+def from_graph_row(row: dict[str, Any]) -> AzureEvent:
+    """A Resource Graph ``maintenanceresources`` row (updated in place at each state change)."""
+    return _event("resourceGraph", row, delivery_id=None, event_time=None, api_version=None)
+
+
+def _event(
+    channel: Channel,
+    info: dict[str, Any],
+    *,
+    delivery_id: str | None,
+    event_time: str | None,
+    api_version: str | None,
+) -> AzureEvent:
+    if str(info.get("type", "")).lower() != RESOURCE_TYPE:
+        raise AzureEventRefused("notAnEvent", f"resource type {_short(info.get('type'))}")
+    props = info.get("properties")
+    if not isinstance(props, dict):
+        raise AzureEventRefused("malformed", "no properties")
+    resource_type = props.get("ResourceType")
+    if resource_type not in (None, "VirtualMachine"):
+        raise AzureEventRefused("otherResourceType", f"ResourceType {_short(resource_type)}")
+    match = _EVENT_ID.match(str(info.get("id", "")))
+    if match is None:
+        raise AzureEventRefused("malformed", f"not a scheduled event's resource id: {_short(info.get('id'))}")
+    event_id, status = props.get("EventId"), props.get("EventStatus")
+    if not isinstance(event_id, str) or event_id.lower() != match["event"].lower():
+        raise AzureEventRefused("malformed", "EventId missing or not the one in the resource id")
+    if status not in STATUS_RANK:
+        raise AzureEventRefused("malformed", f"EventStatus {_short(status)}")
+    resources = props.get("Resources") or []
+    if not isinstance(resources, list) or not all(isinstance(r, str) and r for r in resources):
+        raise AzureEventRefused("malformed", "Resources is not an array of names")
+    known = {"EventId", "EventType", "EventStatus", "EventSource", "NotBefore", "Description",
+             "DurationInSeconds", "Resources", "ResourceType"}  # fmt: skip
+    return AzureEvent(
+        channel=channel,
+        delivery_id=delivery_id,
+        event_id=event_id,
+        event_type=str(props.get("EventType") or ""),
+        event_status=status,
+        event_source=_text(props.get("EventSource")),
+        not_before=_text(props.get("NotBefore")) or None,  # empty once Started
+        description=_text(props.get("Description")),
+        duration_in_seconds=_duration(props.get("DurationInSeconds")),
+        resources=tuple(r.removeprefix("_") for r in resources),
+        resource_id=match.group(0),
+        subscription_id=match["sub"].lower(),
+        resource_group=match["rg"],
+        parent_kind=_KINDS[match["kind"].lower()],
+        parent_name=match["parent"],
+        location=_text(info.get("location")),
+        event_time=event_time,
+        api_version=api_version,
+        unknown={k: v for k, v in props.items() if k not in known},
+    )
+
+
+def _duration(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _short(value: Any) -> str:
+    return repr(value)[:80]

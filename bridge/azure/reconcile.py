@@ -1,0 +1,203 @@
+"""Azure's channel joined with the agents' records, by event and VM: what no agent reported, how each
+event ended, and what only an agent saw (docs/azure-channel.md).
+
+Findings, each published once as a ``reconciliation`` record:
+
+* **unwatched**: Azure published an event for a VM and no agent record naming that event came from
+  that VM within ``grace`` seconds of it (the agent is down, not installed, or cannot reach the bus).
+  This is the VM that will be surprised; :meth:`Reconciler.unwatched` lists the open ones (the
+  service's ``GET /v1/unwatched``; the console and the approver's ARM fallback can read it).
+* **outcome**: Azure said ``Completed`` or ``Canceled`` (an agent only sees the event vanish), with
+  the VMs whose agents reported the event.
+* **agentOnly**: an agent reported an event Azure did not publish within ``grace`` seconds: expected
+  while the VM's (or its scale set's, availability set's) policy does not publish to Event Grid and
+  Resource Graph (preview, off by default), so the finding says so.
+
+The join key is the VM's subscription, resource group and name (``bridge.azure.events.vm_key``); an
+agent record without a subscription or group (its identity came from no IMDS answer yet) is matched
+on the name alone. Memory is bounded: an event is forgotten ``retention`` seconds after Azure said
+it ended, and at most ``max_events`` are kept (the oldest first).
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bridge.azure.events import AzureEvent, VmRef, vm_key
+from bridge.azure.records import finding_record
+from bridge.azure.tracker import News
+
+FINAL = frozenset({"Completed", "Canceled"})
+Check = Literal["unwatched", "agentOnly"]
+
+
+@dataclass
+class _Event:
+    event_id: str  # as Azure or the agent wrote it (the key is lower case)
+    azure_state: str | None = None
+    azure_vms: dict[str, VmRef] = field(default_factory=dict)
+    agent_vms: dict[str, VmRef] = field(default_factory=dict)  # key -> the VM as its agent named it
+    ended_at: float | None = None
+    flagged: set[str] = field(default_factory=set)  # VM keys found unwatched (open)
+    reported: set[tuple[str, str]] = field(default_factory=set)  # findings published: (kind, key)
+
+
+class Reconciler:
+    def __init__(self, grace: float = 120.0, *, retention: float = 3600.0, max_events: int = 100_000) -> None:
+        self.grace = grace
+        self.retention = retention
+        self.max_events = max_events
+        self._lock = threading.Lock()
+        self._events: OrderedDict[str, _Event] = OrderedDict()
+        self._checks: list[tuple[float, int, Check, str, str]] = []  # (due, order, kind, event, vm key)
+        self._order = 0
+
+    # -- inputs ---------------------------------------------------------------------------------------
+
+    def azure(self, event: AzureEvent, news: News, now: float) -> list[dict[str, Any]]:
+        """An observation of Azure's channel; returns the findings it settles at once (an outcome)."""
+        with self._lock:
+            state = self._event(event.event_id)
+            # An event first seen already ended (Resource Graph's history at the first poll) is only
+            # an outcome: nobody could have been warned of it any more.
+            watchable = state.azure_state is not None or news.state not in FINAL
+            state.azure_state = news.state
+            for vm in event.vms():
+                if vm.key not in state.azure_vms:
+                    state.azure_vms[vm.key] = vm
+                    if watchable:
+                        self._check(now + self.grace, "unwatched", event.event_id.lower(), vm.key)
+            if news.state not in FINAL or ("outcome", "") in state.reported:
+                return []
+            state.ended_at = now
+            state.reported.add(("outcome", ""))
+            agents = sorted(state.agent_vms)
+            detail = f"Azure says the event {news.state.lower()}; {len(agents)} agent(s) reported it"
+            return [
+                finding_record(
+                    "outcome", event.event_id, None, detail, now,
+                    grace_seconds=self.grace, azure_state=news.state, agent_vms=agents,
+                )
+            ]  # fmt: skip
+
+    def agent(self, record: dict[str, Any], now: float) -> None:
+        """An agent's ``scheduledEvents`` record: which events this VM's agent saw (present, or gone
+        in this change: a vanished event was seen too)."""
+        if record.get("recordType") != "scheduledEvents" or not isinstance(record.get("vm"), dict):
+            return
+        vm = record["vm"]
+        name = vm.get("name") if isinstance(vm.get("name"), str) else None
+        if not name:
+            return
+        ref = VmRef(
+            _text(vm.get("subscriptionId")), _text(vm.get("resourceGroup")), name, _text(vm.get("resourceId"))
+        )
+        key = ref.key
+        ids = {e.get("eventId") for e in record.get("events") or [] if isinstance(e, dict)}
+        ids |= {c.get("eventId") for c in record.get("changes") or [] if isinstance(c, dict)}
+        with self._lock:
+            for event_id in ids:
+                if not isinstance(event_id, str) or not event_id:
+                    continue
+                state = self._event(event_id)
+                if key not in state.agent_vms:
+                    state.agent_vms[key] = ref
+                    state.flagged.discard(key)
+                    state.flagged.discard(vm_key(None, None, name))
+                    if state.azure_state is None:
+                        self._check(now + self.grace, "agentOnly", event_id.lower(), key)
+
+    # -- findings due ---------------------------------------------------------------------------------
+
+    def due(self, now: float) -> list[dict[str, Any]]:
+        """Findings whose grace ended (each once), and events forgotten after ``retention``."""
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            while self._checks and self._checks[0][0] <= now:
+                _, _, kind, event_id, key = heapq.heappop(self._checks)
+                state = self._events.get(event_id)
+                if state is not None and (kind, key) not in state.reported:
+                    finding = self._finding(kind, state.event_id, key, state, now)
+                    if finding is not None:
+                        state.reported.add((kind, key))
+                        out.append(finding)
+            self._forget(now)
+        return out
+
+    def _finding(
+        self, kind: Check, event_id: str, key: str, state: _Event, now: float
+    ) -> dict[str, Any] | None:
+        agents = sorted(state.agent_vms)
+        if kind == "unwatched":
+            vm = state.azure_vms[key]
+            if key in state.agent_vms or vm_key(None, None, vm.name) in state.agent_vms:
+                return None
+            state.flagged.add(key)
+            detail = f"no agent record of this event from {vm.name} within {self.grace:g} s of Azure's"
+            return finding_record(
+                "unwatched", event_id, vm, detail, now,
+                grace_seconds=self.grace, azure_state=state.azure_state, agent_vms=agents,
+            )  # fmt: skip
+        if state.azure_state is not None:
+            return None
+        vm = state.agent_vms[key]
+        detail = (
+            f"Azure published nothing for this event within {self.grace:g} s of {vm.name}'s agent: the VM's "
+            "scheduledEventsPolicy may not publish to Event Grid and Resource Graph (preview, off by default)"
+        )
+        return finding_record(
+            "agentOnly",
+            event_id,
+            vm,
+            detail,
+            now,
+            grace_seconds=self.grace,
+            azure_state=None,
+            agent_vms=agents,
+        )
+
+    def unwatched(self) -> list[dict[str, Any]]:
+        """The open unwatched VMs: Azure's event not ended, no agent record of it yet."""
+        with self._lock:
+            return [
+                {"eventId": s.event_id, "azureState": s.azure_state, "vm": s.azure_vms[key].name,
+                 "resourceId": s.azure_vms[key].resource_id}
+                for s in self._events.values()
+                if s.azure_state not in FINAL
+                for key in sorted(s.flagged)
+            ]  # fmt: skip
+
+    def counts(self) -> tuple[int, int]:
+        """(events known, open unwatched VMs): for the metrics."""
+        with self._lock:
+            open_flags = sum(len(s.flagged) for s in self._events.values() if s.azure_state not in FINAL)
+            return len(self._events), open_flags
+
+    # -- bookkeeping ----------------------------------------------------------------------------------
+
+    def _event(self, event_id: str) -> _Event:
+        state = self._events.get(event_id.lower())
+        if state is None:
+            state = self._events[event_id.lower()] = _Event(event_id)
+            if len(self._events) > self.max_events:
+                self._events.popitem(last=False)
+        return state
+
+    def _check(self, due: float, kind: Check, event_id: str, key: str) -> None:
+        self._order += 1
+        heapq.heappush(self._checks, (due, self._order, kind, event_id, key))
+
+    def _forget(self, now: float) -> None:
+        ended = [
+            e for e, s in self._events.items() if s.ended_at is not None and now - s.ended_at > self.retention
+        ]
+        for event_id in ended:
+            del self._events[event_id]
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""

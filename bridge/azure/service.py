@@ -1,0 +1,284 @@
+"""``se-bridge azure-channel``: Azure's own Scheduled Events channel, published and reconciled.
+
+Wiring (the same parts as the approver's: a source, an outbox, delivery workers):
+
+    Event Grid -> Event Hub --(source, committed after the records are durable)--> parse
+    (bridge.azure.events) -> news? (bridge.azure.tracker) -> azureScheduledEvent record + settled
+    findings (bridge.azure.reconcile) -> outbox -> sinks
+
+    agents' events stream --(read, never committed: every instance reads all)--> reconciler
+    every second: findings whose grace ended -> outbox -> sinks
+
+A delivery that is not a usable event (not JSON, another resource type, malformed) is counted by
+reason, logged (rate-limited) and written to ``<state_dir>/dead-letter/azure-refused.jsonl`` with
+its reason; it never stops reading. ``/healthz``, ``/readyz`` (sources open, the agents' stream read
+to its end once), ``/metrics`` and ``GET /v1/unwatched`` (the open unwatched VMs, JSON) like every
+service; SIGTERM stops reading, commits what is durable and drains the sinks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bridge import __version__
+from bridge.apiguard import ApiGuard
+from bridge.approver import topology
+from bridge.approver.sources import DecisionSource, Message, create_source
+from bridge.approver.sources.follow import follow
+from bridge.approver.store import lock_state_dir
+from bridge.azure.events import AzureEvent, AzureEventRefused, deliveries, from_event_grid
+from bridge.azure.metrics import AzureChannelMetrics
+from bridge.azure.reconcile import Reconciler
+from bridge.azure.records import azure_event_record
+from bridge.azure.tracker import EventTracker
+from bridge.errors import BridgeError
+from bridge.fsutil import datasync, ensure_private_dir
+from bridge.listener import Listener, Request, Response, json_response, probe_routes
+from bridge.observability import ErrorStreak, RateLimitedLog
+from bridge.pipeline import DeliveryWorker, Health, Outbox, RecordMeta
+from bridge.pipeline.storing import until_stored
+from bridge.records import encode
+from bridge.retry import Backoff
+from bridge.sinks import Sink, create_sink
+
+log = logging.getLogger(__name__)
+
+READ_PATHS = frozenset({"/metrics", "/v1/unwatched"})
+#: A refused delivery's payload kept in the dead letter, at most (an Event Grid event is <= 1 MB).
+DEAD_LETTER_BYTES = 64 * 1024
+
+
+class AzureChannel:
+    def __init__(
+        self,
+        sources: list[DecisionSource],
+        sinks: list[Sink],
+        state_dir: Path,
+        *,
+        events_sources: list[DecisionSource] = (),  # type: ignore[assignment]
+        grace: float = 120.0,
+    ) -> None:
+        self.sources = sources
+        self.events_sources = list(events_sources)
+        self.state_dir = state_dir
+        self.metrics = AzureChannelMetrics()
+        self.stop_event = threading.Event()
+        self.health = Health(self.metrics, on_fatal=lambda _why: self.stop_event.set())
+        self._lock_fd = lock_state_dir(state_dir)
+        self.outbox = Outbox(state_dir / "outbox", [s.id for s in sinks], metrics=self.metrics)
+        self.workers = [
+            DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter", health=self.health)
+            for s in sinks
+        ]
+        self.tracker = EventTracker()
+        self.reconciler = Reconciler(grace)
+        self.metrics.reconciler_counts(self.reconciler.counts)
+        self.api: Listener | None = None
+        self._open: set[int] = set()
+        self._caught_up: set[int] = set()
+        self._refused_log = RateLimitedLog(log, every=60.0, level=logging.WARNING)
+        self._dead_letter = state_dir / "dead-letter" / "azure-refused.jsonl"
+        self._storing = ErrorStreak(log, "storing Azure channel records")
+
+    # -- serving ----------------------------------------------------------------------------------------
+
+    def serve(self, listen: str) -> None:
+        refused = self.metrics.http_refused
+        routes = probe_routes(self.health.report, self.ready, self.metrics.registry)
+        routes[("GET", "/v1/unwatched")] = self._unwatched
+        guard = ApiGuard(listen, READ_PATHS, on_refused=lambda reason: refused.labels(reason).inc())
+        self.api = Listener(
+            listen, routes, guard=guard, on_refused=lambda reason: refused.labels(reason).inc()
+        )
+
+    def _unwatched(self, _: Request) -> Response:
+        return json_response(200, {"unwatched": self.reconciler.unwatched()})
+
+    def ready(self) -> tuple[bool, str]:
+        if self.health.fatal is not None:
+            return False, f"component failed: {self.health.fatal}"
+        if len(self._open) < len(self.sources):
+            return False, "Azure channel source not open yet"
+        if len(self._caught_up) < len(self.events_sources):
+            return False, "reading the agents' events stream"
+        return True, "ok"
+
+    # -- running ------------------------------------------------------------------------------------------
+
+    def run(self, install_signals: bool = True) -> int:
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop_event.set())
+        for worker in self.workers:
+            worker.open_at_start()
+            worker.start()
+        threads = [
+            threading.Thread(target=self._read, args=(i, s), name=f"azure-{i}", daemon=True)
+            for i, s in enumerate(self.sources)
+        ]
+        threads += [
+            threading.Thread(target=self._follow, args=(i, s), name=f"agents-{i}", daemon=True)
+            for i, s in enumerate(self.events_sources)
+        ]
+        threads.append(threading.Thread(target=self._tick, name="reconcile", daemon=True))
+        for thread in threads:
+            thread.start()
+        if self.api is not None:
+            self.api.start()
+        log.info(
+            "azure channel started",
+            extra={"version": __version__, "sources": [s.name for s in self.sources],
+                   "eventsSources": [s.name for s in self.events_sources]},
+        )  # fmt: skip
+        self.stop_event.wait()
+        for thread in threads:
+            thread.join(10.0)
+        self.shutdown()
+        return 70 if self.health.fatal is not None else 0
+
+    def _read(self, index: int, source: DecisionSource) -> None:
+        """Read one Azure channel source; commit a poll's messages once their records are durable."""
+        streak = ErrorStreak(log, f"reading Azure's channel from {source.name}")
+        backoff = Backoff(base=1.0, cap=30.0)
+        while not self.stop_event.is_set():
+            try:
+                source.open()
+                self._open.add(index)
+                while not self.stop_event.is_set():
+                    messages = source.poll(0.5)
+                    streak.success()
+                    backoff.reset()
+                    if messages and self._publish(messages):
+                        source.commit_many(messages)
+            except Exception as exc:  # a failing source is opened again: a reader never dies
+                self._open.discard(index)
+                kind = exc.kind if isinstance(exc, BridgeError) else "other"
+                self.metrics.source_errors.labels(kind).inc()
+                streak.failure(kind, str(exc))
+                self.stop_event.wait(backoff.next_delay())
+        source.close()
+
+    def _publish(self, messages: list[Message]) -> bool:
+        """The records of a poll's messages, durable; False when stopping first (not committed)."""
+        now = time.time()
+        out: list[dict[str, Any]] = []
+        for message in messages:
+            for item in deliveries(message.payload):
+                event = self._parsed(item, message)
+                if event is None:
+                    continue
+                news = self.tracker.observe(event)
+                if news is None:
+                    self.metrics.events.labels(event.channel, "duplicate").inc()
+                    continue
+                self.metrics.events.labels(event.channel, "late" if news.late else "news").inc()
+                out.append(azure_event_record(event, news, now))
+                out += self.reconciler.azure(event, news, now)
+        return self._store(out)
+
+    def _parsed(self, item: dict[str, Any] | AzureEventRefused, message: Message) -> AzureEvent | None:
+        try:
+            if isinstance(item, AzureEventRefused):
+                raise item
+            return from_event_grid(item)
+        except AzureEventRefused as refusal:
+            self._refused(refusal, message, item)
+            return None
+
+    def _refused(self, refusal: AzureEventRefused, message: Message, item: Any) -> None:
+        self.metrics.refused.labels(refusal.reason).inc()
+        self._refused_log.log(
+            "Azure channel event refused (dead-lettered)", reason=refusal.reason, detail=refusal.detail
+        )
+        payload = message.payload if isinstance(item, AzureEventRefused) else orjson.dumps(item)
+        entry = {
+            "at": time.time(),
+            "reason": refusal.reason,
+            "detail": refusal.detail,
+            "position": str(message.position),
+            "payload": payload[:DEAD_LETTER_BYTES].decode("utf-8", "replace"),
+            "truncated": len(payload) > DEAD_LETTER_BYTES,
+        }
+        try:
+            ensure_private_dir(self._dead_letter.parent)
+            fd = os.open(self._dead_letter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, orjson.dumps(entry) + b"\n")
+                datasync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.error("cannot write the dead letter", extra={"error": str(exc)})
+
+    def _store(self, records: list[dict[str, Any]]) -> bool:
+        def append() -> bool:
+            for index, record in enumerate(records):
+                self.outbox.append(RecordMeta.of(record), encode(record), sync=index == len(records) - 1)
+            return True
+
+        if not records:
+            return True
+        done = until_stored(append, self.stop_event, lambda exc: self._storing.failure("outbox", str(exc)))
+        if done:
+            self._storing.success()
+            for record in records:
+                if record["recordType"] == "reconciliation":
+                    self.metrics.findings.labels(record["finding"]).inc()
+        return bool(done)
+
+    def _follow(self, index: int, source: DecisionSource) -> None:
+        follow(
+            source,
+            lambda record: self.reconciler.agent(record, time.time()),
+            self.stop_event,
+            caught_up=lambda: self._caught_up.add(index),
+        )
+
+    def _tick(self) -> None:
+        while not self.stop_event.wait(1.0):
+            self._store(self.reconciler.due(time.time()))
+
+    def shutdown(self) -> None:
+        self.stop_event.set()
+        if self.api is not None:
+            self.api.stop()
+        for worker in self.workers:
+            worker.stop(10.0)
+        for worker in self.workers:
+            worker.join(15.0)
+        self.outbox.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        log.info("azure channel stopped")
+
+
+def build(config: Any) -> AzureChannel:
+    """The service from its configuration (:class:`bridge.config.AzureChannelConfig`)."""
+    from bridge.config import ConfigError
+    from bridge.sinks import SinkError
+
+    state_dir = Path(config.state_dir)
+    try:
+        ensure_private_dir(state_dir)
+        sources = [create_source(spec, state_dir, group=config.group) for spec in config.source]
+        events = []
+        for spec in config.events_source:
+            topology.check_events_reader(spec)
+            group = topology.events_group(spec, config.group, state_dir)
+            events.append(create_source(spec, state_dir, group=group))
+        sinks = [create_sink(spec) for spec in config.sink]
+    except (ValueError, SinkError, BridgeError, OSError) as exc:
+        raise ConfigError(str(exc)) from None
+    service = AzureChannel(sources, sinks, state_dir, events_sources=events, grace=config.grace)
+    if config.listen:
+        service.serve(config.listen)
+    return service

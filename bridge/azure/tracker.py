@@ -1,0 +1,67 @@
+"""Which observations of Azure's channel are news: duplicates dropped, no state moved back.
+
+Event Grid documents at-least-once delivery with the same envelope ``id`` on a redelivery; Resource
+Graph rows are updated in place and a poll returns unchanged rows again; the two channels report the
+same change twice. So an observation is news only when its content (status, NotBefore, VMs: a moved
+NotBefore is news) was not seen for the event before. Deliveries also arrive out of order (a
+``Completed`` before its ``Started``): the late one is still published, it happened, but the event's
+state (``state`` in the record) never moves back.
+
+Bounded memory: at most ``max_events`` events and ``max_deliveries`` delivery ids are remembered, the
+oldest forgotten first. A restart forgets everything: what is delivered again is published again
+with the same ``recordId`` (deterministic), which a consumer deduplicates as it must for any
+at-least-once stream.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from bridge.azure.events import STATUS_RANK, AzureEvent, Status
+
+
+@dataclass(frozen=True, slots=True)
+class News:
+    """An observation worth a record: the event's state after it, and whether it came late (an
+    earlier status than one already seen)."""
+
+    state: Status
+    late: bool
+
+
+class EventTracker:
+    def __init__(self, max_events: int = 200_000, max_deliveries: int = 200_000) -> None:
+        self.max_events = max_events
+        self.max_deliveries = max_deliveries
+        self._lock = threading.Lock()
+        self._deliveries: OrderedDict[str, None] = OrderedDict()
+        self._events: OrderedDict[str, tuple[Status, set[tuple[object, ...]]]] = OrderedDict()
+
+    def observe(self, event: AzureEvent) -> News | None:
+        """News, or None for a duplicate (same delivery id, or same content as before)."""
+        with self._lock:
+            if event.delivery_id is not None:
+                if event.delivery_id in self._deliveries:
+                    return None
+                self._deliveries[event.delivery_id] = None
+                if len(self._deliveries) > self.max_deliveries:
+                    self._deliveries.popitem(last=False)
+            key = event.event_id.lower()
+            state, seen = self._events.pop(key, (event.event_status, set()))
+            self._events[key] = (state, seen)  # most recently seen last
+            if event.content in seen:
+                return None
+            seen.add(event.content)
+            late = STATUS_RANK[event.event_status] < STATUS_RANK[state]
+            if not late:
+                state = event.event_status
+            self._events[key] = (state, seen)
+            if len(self._events) > self.max_events:
+                self._events.popitem(last=False)
+            return News(state, late)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._events)

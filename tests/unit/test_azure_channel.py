@@ -1,0 +1,191 @@
+"""Azure's channel, in-process: parsing both shapes of an Event Grid event, mapping an event to its VMs,
+deduplication without moving an event back, the records' schemas, and the reconciliation's findings
+with an injected clock (no waiting)."""
+
+from __future__ import annotations
+
+import uuid
+
+import orjson
+import pytest
+from azure_events import RG, SUB, grid_event
+
+from bridge.azure.events import AzureEventRefused, deliveries, from_event_grid, from_graph_row
+from bridge.azure.reconcile import Reconciler
+from bridge.azure.records import azure_event_record
+from bridge.azure.tracker import EventTracker, News
+from bridge.schemas import validate_record
+
+E1, E2 = str(uuid.uuid4()).upper(), str(uuid.uuid4()).upper()
+
+
+@pytest.mark.parametrize("shape", ["microsoft", "capture"])
+def test_both_shapes_parse_to_the_same_event(shape: str) -> None:
+    event = from_event_grid(grid_event(E1, "Scheduled", ["vm-a"], shape=shape, delivery_id="d1"))
+    assert (event.event_id, event.event_status, event.event_type) == (E1, "Scheduled", "Reboot")
+    assert (event.subscription_id, event.resource_group, event.parent_kind) == (SUB, RG, "virtualMachines")
+    assert event.delivery_id == "d1" and event.resources == ("vm-a",)
+    assert event.parent_id.endswith("/providers/Microsoft.Compute/virtualMachines/vm-a")
+    assert event.api_version == ("2024-07-01" if shape == "microsoft" else "2020-03-01")
+    assert event.event_time is not None
+    (vm,) = event.vms()
+    assert vm.key == f"{SUB}/{RG}/vm-a".lower()
+
+
+def test_scale_set_instances_map_to_uniform_and_flexible_ids() -> None:
+    event = from_event_grid(
+        grid_event(E1, "Scheduled", ["web_3", "web_a1b2c3d4"], parent="web", kind="virtualMachineScaleSets")
+    )
+    uniform, flexible = event.vms()
+    assert uniform.resource_id.endswith("/virtualMachineScaleSets/web/virtualMachines/3")
+    assert flexible.resource_id.endswith("/virtualMachines/web_a1b2c3d4")
+    assert event.parent_id.endswith("/virtualMachineScaleSets/web")
+
+
+def test_unknown_properties_are_kept_and_a_graph_row_parses_too() -> None:
+    grid = grid_event(E1, "Started", ["vm-a"], NewField="x")
+    event = from_event_grid(grid)
+    assert event.unknown == {"NewField": "x"} and event.not_before is None  # empty once Started
+    row = {**grid["data"]["resourceInfo"], "resourceGroup": RG, "subscriptionId": SUB}
+    assert from_graph_row(row).content == event.content
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (
+            lambda e: e["data"]["resourceInfo"]["properties"].update(ResourceType="ManagedCluster"),
+            "otherResourceType",
+        ),
+        (lambda e: e["data"]["resourceInfo"].update(type="microsoft.compute/virtualmachines"), "notAnEvent"),
+        (lambda e: e["data"].pop("resourceInfo"), "notAnEvent"),
+        (lambda e: e["data"]["resourceInfo"].update(id="/subscriptions/x/../../etc"), "malformed"),
+        (lambda e: e["data"]["resourceInfo"]["properties"].update(EventStatus="Paused"), "malformed"),
+        (lambda e: e["data"]["resourceInfo"]["properties"].update(EventId=E2), "malformed"),
+        (lambda e: e["data"]["resourceInfo"]["properties"].update(Resources="vm-a"), "malformed"),
+        (lambda e: e["data"]["resourceInfo"].pop("properties"), "malformed"),
+    ],
+)
+def test_what_is_not_a_usable_event_is_refused_with_its_reason(mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
+    event = grid_event(E1, "Scheduled", ["vm-a"])
+    mutate(event)
+    with pytest.raises(AzureEventRefused) as refused:
+        from_event_grid(event)
+    assert refused.value.reason == reason
+
+
+def test_a_delivery_is_an_object_or_an_array_and_junk_is_a_refusal_not_a_crash() -> None:
+    one, two = grid_event(E1, "Scheduled", ["vm-a"]), grid_event(E2, "Scheduled", ["vm-b"])
+    assert list(deliveries(orjson.dumps(one))) == [one]
+    assert list(deliveries(orjson.dumps([one, two]))) == [one, two]
+    (junk,) = deliveries(b"\xff{not json")
+    assert isinstance(junk, AzureEventRefused) and junk.reason == "notJson"
+    assert [getattr(x, "reason", None) for x in deliveries(b"[1, {}]")] == ["notAnEvent", None]
+
+
+def test_duplicates_are_dropped_and_a_late_status_never_moves_the_event_back() -> None:
+    tracker = EventTracker()
+    scheduled = from_event_grid(grid_event(E1, "Scheduled", ["vm-a"], delivery_id="d1"))
+    completed = from_event_grid(grid_event(E1, "Completed", ["vm-a"], delivery_id="d3"))
+    started = from_event_grid(grid_event(E1, "Started", ["vm-a"], delivery_id="d2"))
+    assert tracker.observe(scheduled) == News("Scheduled", late=False)
+    assert tracker.observe(scheduled) is None  # same delivery id
+    assert tracker.observe(completed) == News("Completed", late=False)  # out of order: before Started
+    assert tracker.observe(started) == News("Completed", late=True)  # published, state kept
+    redelivered = from_event_grid(grid_event(E1, "Started", ["vm-a"], delivery_id="d9"))
+    assert tracker.observe(redelivered) is None  # another id, same content
+    moved = from_event_grid(grid_event(E1, "Scheduled", ["vm-a"], not_before="Tue, 01 Dec 2026 10:00:00 GMT"))
+    assert tracker.observe(moved) == News("Completed", late=True)  # a moved NotBefore is news
+
+
+def test_memory_is_bounded() -> None:
+    tracker = EventTracker(max_events=10, max_deliveries=10)
+    for _ in range(100):
+        tracker.observe(from_event_grid(grid_event(str(uuid.uuid4()), "Scheduled", ["vm-a"])))
+    assert len(tracker) == 10
+
+
+def test_records_are_valid_and_their_ids_do_not_depend_on_the_channel_or_the_delivery() -> None:
+    grid = grid_event(E1, "Scheduled", ["vm-a"], delivery_id="d1")
+    first = azure_event_record(from_event_grid(grid), News("Scheduled", False), 1.0)
+    again = azure_event_record(from_event_grid({**grid, "id": "d2"}), News("Scheduled", False), 2.0)
+    row = from_graph_row(grid["data"]["resourceInfo"])
+    graph = azure_event_record(row, News("Scheduled", False), 3.0)
+    assert validate_record(first) == [] and validate_record(graph) == []
+    assert first["recordId"] == again["recordId"] == graph["recordId"]
+    assert first["source"] == {**first["source"], "kind": "azure", "channel": "eventGrid", "deliveryId": "d1"}
+
+
+# -- reconciliation ------------------------------------------------------------------------------------
+
+
+def agent_record(name: str, *event_ids: str, sub: str | None = SUB, rg: str | None = RG) -> dict:
+    return {
+        "recordType": "scheduledEvents",
+        "vm": {"name": name, "subscriptionId": sub, "resourceGroup": rg, "resourceId": None},
+        "events": [{"eventId": e} for e in event_ids],
+        "changes": [],
+    }
+
+
+def observe(reconciler: Reconciler, tracker: EventTracker, grid: dict, now: float) -> list[dict]:
+    event = from_event_grid(grid)
+    news = tracker.observe(event)
+    assert news is not None
+    return reconciler.azure(event, news, now)
+
+
+def test_a_vm_whose_agent_never_reported_is_unwatched_after_the_grace_and_only_then() -> None:
+    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a", "vm-b", "vm-c"], parent="avset",
+                                            kind="availabilitySets"), now=0)  # fmt: skip
+    reconciler.agent(agent_record("vm-a", E1), now=5)
+    reconciler.agent(agent_record("vm-b", E1, sub=None, rg=None), now=6)  # identity not known: name only
+    assert reconciler.due(59) == []
+    (finding,) = reconciler.due(61)
+    assert (finding["finding"], finding["vm"]["name"]) == ("unwatched", "vm-c")
+    assert validate_record(finding) == []
+    assert [u["vm"] for u in reconciler.unwatched()] == ["vm-c"]
+    assert reconciler.due(1000) == []  # once
+    reconciler.agent(agent_record("vm-c", E1), now=70)  # late, but watched now
+    assert reconciler.unwatched() == []
+
+
+def test_every_event_gets_its_outcome_once_with_the_agents_that_saw_it() -> None:
+    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a"]), now=0)
+    reconciler.agent(agent_record("vm-a", E1), now=1)
+    (outcome,) = observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=30)
+    assert (outcome["finding"], outcome["azureState"], outcome["agentVms"]) == (
+        "outcome", "Completed", [f"{SUB}/{RG}/vm-a".lower()],
+    )  # fmt: skip
+    assert validate_record(outcome) == []
+    assert observe(reconciler, tracker, grid_event(E1, "Canceled", ["vm-a"]), now=31) == []
+    assert reconciler.due(100) == []  # vm-a reported: not unwatched
+
+
+def test_an_event_only_an_agent_saw_is_agent_only_after_the_grace() -> None:
+    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    reconciler.agent(agent_record("vm-a", E1), now=0)
+    reconciler.agent(agent_record("vm-b", E2), now=0)
+    observe(reconciler, tracker, grid_event(E2, "Scheduled", ["vm-b"]), now=30)
+    (finding,) = reconciler.due(61)
+    assert (finding["finding"], finding["eventId"], finding["vm"]["name"]) == ("agentOnly", E1, "vm-a")
+    assert "scheduledEventsPolicy" in finding["detail"] and validate_record(finding) == []
+
+
+def test_an_event_first_seen_ended_is_an_outcome_not_an_unwatched_vm() -> None:
+    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    (outcome,) = observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=0)
+    assert outcome["finding"] == "outcome" and outcome["agentVms"] == []
+    assert reconciler.due(100) == []
+
+
+def test_ended_events_are_forgotten_after_the_retention() -> None:
+    reconciler, tracker = Reconciler(grace=1, retention=10), EventTracker()
+    observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a"]), now=0)
+    observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=1)
+    reconciler.due(5)
+    assert reconciler.counts()[0] == 1
+    reconciler.due(20)
+    assert reconciler.counts()[0] == 0
