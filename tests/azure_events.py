@@ -12,8 +12,8 @@ RG = "rg-fleet"
 TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
 
 
-def parent_id(parent: str, kind: str = "virtualMachines") -> str:
-    return f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/{kind}/{parent}"
+def parent_id(parent: str, kind: str = "virtualMachines", sub: str = SUB, rg: str = RG) -> str:
+    return f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/{kind}/{parent}"
 
 
 def grid_event(
@@ -28,10 +28,13 @@ def grid_event(
     event_type: str = "Reboot",
     resource_type: str = "VirtualMachine",
     not_before: str = "Mon, 30 Nov 2026 10:00:00 GMT",
+    sub: str = SUB,
+    rg: str = RG,
     **extra_properties: Any,
 ) -> dict[str, Any]:
     parent = parent or resources[0]
-    event_arm_id = f"{parent_id(parent, kind)}/providers/microsoft.maintenance/scheduledevents/{event_id}"
+    where = parent_id(parent, kind, sub, rg)
+    event_arm_id = f"{where}/providers/microsoft.maintenance/scheduledevents/{event_id}"
     properties = {
         "EventId": event_id,
         "EventType": event_type,
@@ -46,8 +49,8 @@ def grid_event(
     }
     envelope: dict[str, Any] = {
         "id": delivery_id or str(uuid.uuid4()),
-        "topic": f"/subscriptions/{SUB}",
-        "subject": event_arm_id if shape == "microsoft" else parent_id(parent, kind),
+        "topic": f"/subscriptions/{sub}",
+        "subject": event_arm_id if shape == "microsoft" else where,
         "eventType": TYPE,
         "eventTime": "2026-11-25T10:00:00.0000000Z",
         "dataVersion": "3.0" if shape == "microsoft" else "1",

@@ -1,0 +1,204 @@
+"""``se-bridge azure-channel`` as a real process.
+
+* Event Grid -> Event Hub: Event Grid cannot run here, so the test plays Event Grid: it writes the
+  events Event Grid would deliver (both shapes: Microsoft's page and real captures; one wrapped in an
+  array as Event Grid hands subscribers) with the real azure-eventhub SDK into the AMQP test peer
+  (``tests/peers/amqp_eventhubs.py``), with a redelivery, a Completed before its Started, and three
+  deliveries that are no usable event. The service reads them with the real SDK; the test asserts what
+  reached the file sink, the dead letter and ``/metrics``.
+* 20 VMs, 3 agents stopped: the fleet IMDS emulator with 20 VMs and a real agent on 17 of them; Azure's
+  channel (again played by the test, as a file of Event Grid events) publishes an event for every VM:
+  exactly the 3 VMs without an agent are found unwatched within the grace (0 false), ``/v1/unwatched``
+  lists them, and every event gets its outcome once Azure says it completed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import requests
+from azure_events import grid_event
+from brokers import free_port
+from peers.amqp_eventhubs import EventHubsPeer
+from procs import Agent, Emulator, scrape, wait_until
+
+from bridge.imds.emulator.profile import DEFAULT_RESOURCE_GROUP, DEFAULT_SUBSCRIPTION_ID
+from bridge.schemas import validate_record
+
+PY = sys.executable
+EH_KEY = secrets.token_urlsafe(32)
+
+
+class Channel:
+    """The service, its file sink and its API."""
+
+    def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.sink = workdir / "azure.jsonl"
+        self.state = workdir / "state"
+        self.api = f"http://127.0.0.1:{free_port()}"
+        self.log = workdir / "azure-channel.log"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [PY, "-m", "bridge", "azure-channel", "--sink", f"file://{self.sink}",
+                 "--state-dir", str(self.state), "--listen", self.api.removeprefix("http://"), *args],
+                stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, **(env or {})},
+            )  # fmt: skip
+        wait_until(self.ready, 60, what="azure-channel ready")
+
+    def ready(self) -> bool:
+        try:
+            return requests.get(self.api + "/readyz", timeout=2, proxies={"http": ""}).status_code == 200
+        except requests.ConnectionError:
+            assert self.proc.poll() is None, self.log.read_text()[-2000:]
+            return False
+
+    def records(self, record_type: str | None = None) -> list[dict[str, Any]]:
+        lines = self.sink.read_bytes().splitlines() if self.sink.exists() else []
+        found = [orjson.loads(line) for line in lines]
+        return [r for r in found if record_type in (None, r["recordType"])]
+
+    def findings(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records("reconciliation") if r["finding"] == kind]
+
+    def metric(self, name: str, **labels: str) -> float:
+        return scrape(self.api, name, **labels)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        assert self.proc.wait(30) == 0
+
+
+@pytest.fixture
+def peer() -> Iterator[EventHubsPeer]:
+    with EventHubsPeer({"azure-events": 2}, keys={"K": EH_KEY}) as p:
+        yield p
+    assert p.errors == [], p.errors
+
+
+def test_event_grid_through_event_hubs_deduplicated_in_order_and_junk_dead_lettered(
+    peer: EventHubsPeer, tmp_path: Path
+) -> None:
+    from azure.eventhub import EventData, EventHubProducerClient
+
+    env = {"EH_CONN": peer.connection_string("azure-events", "K", EH_KEY)}
+    spec = f"eventhubs://127.0.0.1:{peer.port}/azure-events?connection_string_env=EH_CONN&open_timeout=10"
+    channel = Channel(tmp_path, "--source", spec, env=env)
+    e1, e2 = str(uuid.uuid4()), str(uuid.uuid4())
+    junk_id = grid_event(str(uuid.uuid4()), "Scheduled", ["vm-x"])
+    junk_id["data"]["resourceInfo"]["id"] = "/subscriptions/x/resourceGroups/../../secrets"
+    deliveries: list[bytes] = [
+        orjson.dumps(grid_event(e1, "Scheduled", ["vm-a"], delivery_id="d1")),
+        orjson.dumps(grid_event(e1, "Scheduled", ["vm-a"], delivery_id="d1")),  # a redelivery
+        orjson.dumps(grid_event(e1, "Completed", ["vm-a"], delivery_id="d3")),  # before its Started
+        orjson.dumps(grid_event(e1, "Started", ["vm-a"], delivery_id="d2")),
+        orjson.dumps(
+            [
+                grid_event(
+                    e2, "Scheduled", ["web_3"], parent="web", kind="virtualMachineScaleSets", shape="capture"
+                )
+            ]
+        ),
+        orjson.dumps(grid_event(str(uuid.uuid4()), "Scheduled", ["aks"], resource_type="ManagedCluster")),
+        orjson.dumps(junk_id),
+        b"\x00 not json",
+    ]
+    producer = EventHubProducerClient.from_connection_string(env["EH_CONN"])
+    with producer:
+        for payload in deliveries:  # one partition: Event Grid's order, which the test reverses itself
+            batch = producer.create_batch(partition_id="0")
+            batch.add(EventData(payload))
+            producer.send_batch(batch)
+    try:
+        wait_until(lambda: len(channel.records()) >= 5, 60, what="the records")
+        wait_until(lambda: channel.metric("se_bridge_azure_refused_total") >= 3, 30, what="the refusals")
+        azure = channel.records("azureScheduledEvent")
+        assert [(r["event"]["eventId"], r["event"]["eventStatus"], r["state"], r["late"]) for r in azure] == [
+            (e1, "Scheduled", "Scheduled", False),
+            (e1, "Completed", "Completed", False),
+            (e1, "Started", "Completed", True),  # published, but the event does not move back
+            (e2, "Scheduled", "Scheduled", False),
+        ]
+        assert azure[3]["vms"][0]["resourceId"].endswith("/virtualMachineScaleSets/web/virtualMachines/3")
+        assert azure[3]["source"]["apiVersion"] == "2020-03-01"  # the capture's shape
+        (outcome,) = channel.findings("outcome")
+        assert (outcome["eventId"], outcome["azureState"]) == (e1, "Completed")
+        assert all(validate_record(r) == [] for r in channel.records())
+        assert channel.metric("se_bridge_azure_events_total", result="duplicate") == 1
+        assert channel.metric("se_bridge_azure_events_total", result="late") == 1
+        dead = [
+            orjson.loads(line)
+            for line in (channel.state / "dead-letter" / "azure-refused.jsonl").read_bytes().splitlines()
+        ]
+        assert sorted(d["reason"] for d in dead) == ["malformed", "notJson", "otherResourceType"]
+        assert all(d["payload"] for d in dead)
+    finally:
+        channel.stop()
+    # Restarted on the same state: what was committed is not read (nor published) again.
+    before = len(channel.records())
+    channel = Channel(tmp_path, "--source", spec, env=env)
+    try:
+        wait_until(lambda: channel.metric("se_bridge_outbox_records") >= 0, 10, what="metrics")
+        assert channel.metric("se_bridge_azure_events_total") == 0
+    finally:
+        channel.stop()
+    assert len(channel.records()) == before
+    assert EH_KEY not in channel.log.read_text()
+
+
+def test_twenty_vms_three_without_an_agent_exactly_three_unwatched_and_every_outcome(tmp_path: Path) -> None:
+    emulator = Emulator("--fleet", "20", "--fleet-first-ip", "127.77.0.1")
+    vms = [vm["name"] for vm in emulator.info["fleet"]]
+    silent = set(vms[4:7])  # their agents are stopped (never started here)
+    agents: list[Agent] = []
+    grid = tmp_path / "event-grid.jsonl"
+    grid.touch()
+    channel: Channel | None = None
+    try:
+        for vm in emulator.info["fleet"]:
+            if vm["name"] in silent:
+                continue
+            (tmp_path / vm["name"]).mkdir()
+            agents.append(Agent(vm["url"], tmp_path / vm["name"]).start())
+        sources = [arg for a in agents for arg in ("--events-source", f"file://{a.sink_path}")]
+        channel = Channel(tmp_path, "--source", f"file://{grid}", "--grace", "8", *sources)
+        events = {vm: emulator.control("POST", "fleet/events", {"eventType": "Reboot", "resources": [vm],
+                                                                 "noticeSeconds": 900})["eventId"]
+                  for vm in vms}  # fmt: skip
+
+        def azure_says(status: str) -> None:
+            with grid.open("ab") as out:
+                for vm, event_id in events.items():
+                    event = grid_event(
+                        event_id, status, [vm], sub=DEFAULT_SUBSCRIPTION_ID, rg=DEFAULT_RESOURCE_GROUP
+                    )
+                    out.write(orjson.dumps(event) + b"\n")
+
+        azure_says("Scheduled")
+        wait_until(lambda: len(channel.findings("unwatched")) >= 3, 60, what="three unwatched VMs")
+        unwatched = requests.get(channel.api + "/v1/unwatched", timeout=5, proxies={"http": ""}).json()
+        assert sorted(u["vm"] for u in unwatched["unwatched"]) == sorted(silent)
+        assert channel.metric("se_bridge_azure_unwatched_vms") == 3
+        azure_says("Completed")
+        wait_until(lambda: len(channel.findings("outcome")) >= 20, 60, what="every outcome")
+        found = channel.findings("unwatched")
+        assert sorted(f["vm"]["name"] for f in found) == sorted(silent)  # exactly these, 0 false
+        assert {f["eventId"] for f in channel.findings("outcome")} == set(events.values())
+        watched = {o["eventId"]: o["agentVms"] for o in channel.findings("outcome")}
+        assert all((len(watched[events[vm]]) == 0) == (vm in silent) for vm in vms)
+        assert channel.findings("agentOnly") == []
+        assert all(validate_record(r) == [] for r in channel.records())
+    finally:
+        if channel is not None:
+            channel.stop()
+        for agent in agents:
+            agent.stop()
+        emulator.stop()
