@@ -155,6 +155,9 @@ param dashboardViewerGroupObjectId string = ''
 @description('Deploy the ops console (se-bridge console) on Azure Container Apps behind Entra ID sign-in (docs/console.md).')
 param deployConsole bool = false
 
+@description('Read Azure\'s own Scheduled Events channel (Event Grid system topic of this subscription\'s maintenance resources -> a dedicated hub) with se-bridge azure-channel, run under the approvers\' identity (docs/azure-channel.md). Azure publishes only for VMs, scale sets and availability sets whose scheduledEventsPolicy enables eventGridAndResourceGraph (preview).')
+param deployAzureChannel bool = false
+
 @description('Container image of the console (se-bridge[console,eventhubs] installed; docs/console.md); required when deployConsole is true.')
 param consoleImage string = ''
 
@@ -200,6 +203,8 @@ var eventsConsumerGroups = concat([
   'logicapp'
 ] : [], deployConsole ? [
   'se-bridge-console'
+] : [], deployAzureChannel ? [
+  'se-bridge-azure-channel-fleet'
 ] : [])
 
 module eventHubs 'modules/eventhubs.bicep' = {
@@ -369,6 +374,17 @@ module console 'modules/console.bicep' = if (deployConsole) {
   }
 }
 
+module azureChannel 'modules/azure-channel.bicep' = if (deployAzureChannel) {
+  name: 'se-bridge-azure-channel'
+  params: {
+    namespaceName: eventHubs.outputs.namespaceName
+    retentionDays: retentionDays
+    systemTopicName: '${namePrefix}-maintenance-${suffix}'
+    readerPrincipalId: identities.outputs.approver.principalId
+    tags: tags
+  }
+}
+
 // The agent as a VM Application: the gallery reads the package and settings from the artifacts
 // container with its own identity at publish time (no SAS stored anywhere).
 module vmApplication 'modules/vm-application.bicep' = if (!empty(vmApplicationVersion)) {
@@ -438,6 +454,9 @@ output logicAppWorkflowId string = deployLogicApp ? logicApp.outputs.workflowId 
 
 @description('Resource id of the published VM Application version (deploy/enable_vm_application.py --version-id; applicationProfile.galleryApplications[].packageReferenceId); empty when none was published.')
 output vmApplicationVersionId string = empty(vmApplicationVersion) ? '' : vmApplication.outputs.applicationVersionId
+
+@description('se-bridge azure-channel --source (Event Grid\'s deliveries; checkpoints beside the approvers\'); empty unless deployAzureChannel.')
+output azureChannelSourceSpec string = deployAzureChannel ? 'eventhubs://${eventHubs.outputs.namespaceFqdn}/se-azure-events?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-azure-channel&checkpoint_url=${storage.outputs.blobEndpoint}${storage.outputs.containers.checkpoints}' : ''
 
 @description('The ops console\'s address (empty without deployConsole).')
 output consoleUrl string = deployConsole ? console.outputs.url : ''

@@ -76,6 +76,9 @@ API_VERSIONS = {
     "Microsoft.App/managedEnvironments": "2024-03-01",
     "Microsoft.App/containerApps": "2024-03-01",
     "Microsoft.App/containerApps/authConfigs": "2024-03-01",
+    # Azure's own channel: the newest GA Event Grid version (azure-rest-api-specs, stable/2025-02-15).
+    "Microsoft.EventGrid/systemTopics": "2025-02-15",
+    "Microsoft.EventGrid/systemTopics/eventSubscriptions": "2025-02-15",
 }
 
 # Versions the resource providers publish (Azure/azure-rest-api-specs, each provider's stable folder;
@@ -91,6 +94,8 @@ PUBLISHED = {
     "Microsoft.App/containerApps": {"2023-05-01", "2024-03-01", "2025-01-01"},
     "Microsoft.App/containerApps/authConfigs": {"2023-05-01", "2024-03-01", "2025-01-01"},
     "Microsoft.Resources/templateSpecs": {"2021-05-01", "2022-02-01"},
+    "Microsoft.EventGrid/systemTopics": {"2025-02-15"},  # the stable versions checked so far
+    "Microsoft.EventGrid/systemTopics/eventSubscriptions": {"2025-02-15"},
 }  # fmt: skip
 
 
@@ -624,6 +629,47 @@ def test_the_decisions_hub_has_the_consumer_groups_the_fleet_approvers_read_with
     source = re.search(r"output fleetApproverDecisionsSpec string = '[^']*consumer_group=([^&']+)", main)
     assert source and source.group(1) in groups
     assert standby_group(source.group(1)) in groups and len(groups) <= 20
+
+
+def test_azures_channel_reaches_the_hub_the_azure_channel_service_reads(lint_report: dict[str, Any]) -> None:
+    """Issue 25: the system topic is the subscription's MaintenanceResources (location global), its
+    event subscription delivers only ScheduledEventEmitted to the module's hub with the topic's own
+    identity (Event Hubs Data Sender on that hub alone, granted before the subscription is created);
+    the service's --source spec names that hub and a consumer group the module creates, and parses
+    as a source spec without a secret; the reconciliation's events reader has its group on the records
+    hub (bridge.approver.topology: <group>-fleet)."""
+    from bridge.approver import topology
+    from bridge.approver.sources.eventhubs import parse_source_spec
+
+    module = (ROOT / "infra" / "modules" / "azure-channel.bicep").read_text()
+    assert lint_report["files"]["infra/modules/azure-channel.bicep"]["errors"] == []
+    assert "topicType: topicType" in module and "location: 'global'" in module
+    assert "var topicType = 'Microsoft.ResourceNotifications.MaintenanceResources'" in module
+    assert "source: subscription().id" in module
+    assert re.search(r"includedEventTypes: \[\s*eventType\s*\]", module)
+    assert "'Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted'" in module
+    assert re.search(r"deliveryWithResourceIdentity: \{\s*identity: \{\s*type: 'SystemAssigned'", module)
+    assert re.search(r"dependsOn: \[\s*topicSends\s*\]", module)
+    sender = re.search(r"resource topicSends [^{]*\{(.*?)\n\}", module, re.S)
+    assert sender and "scope: hub" in sender.group(1) and "roles.eventHubsDataSender" in sender.group(1)
+    main = (ROOT / "infra" / "main.bicep").read_text()
+    spec = re.search(r"output azureChannelSourceSpec string = deployAzureChannel \? '([^']+)'", main)
+    assert spec, "azureChannelSourceSpec"
+    filled = re.sub(r"\$\{[^}]+\}", "x", spec.group(1)).replace(
+        "eventhubs://x/", "eventhubs://ns.servicebus.windows.net/"
+    )
+    filled = filled.replace(
+        "checkpoint_url=xx", "checkpoint_url=https://acct.blob.core.windows.net/checkpoints"
+    )
+    filled = filled.replace("client_id=x", "client_id=0f8fad5b-d9cb-469f-a165-70867728950e")
+    hub, source = parse_source_spec(filled)
+    default_hub = re.search(r"param hubName string = '([^']+)'", module)
+    default_group = re.search(r"param consumerGroup string = '([^']+)'", module)
+    assert default_hub and default_group
+    assert (hub.hub, source.consumer_group) == (default_hub.group(1), default_group.group(1))
+    assert source.has_store and hub.credential == "managed"
+    reader_group = topology.events_group("eventhubs://ns/se-records", "se-bridge-azure-channel", Path("/x"))
+    assert f"'{reader_group}'" in main and "deployAzureChannel ? [" in main
 
 
 def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: Path) -> None:
