@@ -41,6 +41,7 @@ from bridge.settings import (
     coordinate_deadline_setting,
     coordinate_on_deadline_setting,
     format_size,
+    guid_text,
     https_url,
     imds_base_url,
     integer,
@@ -599,6 +600,41 @@ class AzureChannelConfig(ConfigBase):
     )
     group: str = setting(
         "se-bridge-azure-channel", text, "Consumer group prefix of the events readers.", metavar="NAME"
+    )
+    graph_subscription: tuple[str, ...] = setting(
+        (),
+        guid_text,
+        "Poll Resource Graph's maintenanceresources for these subscriptions (a GUID; repeat): the second "
+        "input, or the only one without Event Grid. None: no polling.",
+        metavar="ID",
+        multiple=True,
+    )
+    graph_interval: float = setting(
+        60.0,
+        number(10, 3600),
+        "Seconds between two Resource Graph polls (Resource Graph allows 15 queries per 5 s per user).",
+        metavar="SECONDS",
+    )
+    arm_endpoint: str = setting(
+        "https://management.azure.com",
+        https_url,
+        "ARM endpoint of Resource Graph (sovereign clouds: https://management.usgovcloudapi.net, ...).",
+        metavar="URL",
+    )
+    arm_audience: str | None = setting(
+        None, optional_text, "Token audience (default: the endpoint).", metavar="URL"
+    )
+    arm_credential: str = setting(
+        "managed",
+        choice("managed", "default"),
+        "Entra ID credential for Resource Graph: managed identity or azure-identity's default chain.",
+        metavar="KIND",
+    )
+    arm_client_id: str | None = setting(
+        None, optional_text, "Client id of a user-assigned managed identity.", metavar="UUID"
+    )
+    arm_ca_file: str | None = setting(
+        None, optional_text, "CA bundle for the ARM endpoint; default: system CAs.", metavar="PATH"
     )
     log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
 

@@ -170,6 +170,18 @@ def arm_scope_spec(value: Any) -> str:
     return text(value).rstrip("/")
 
 
+def guid_text(value: Any) -> str:
+    """A subscription id: a GUID, lower case (it reaches a request body, never unchecked)."""
+    import re
+
+    from bridge.azure_ids import GUID_TEXT
+
+    v = text(value).lower()
+    if not re.fullmatch(GUID_TEXT, v):
+        raise ValueError("expected a subscription id (a GUID)")
+    return v
+
+
 def optional_text(value: Any) -> str | None:
     v = str(value).strip() if value is not None else ""
     return v or None

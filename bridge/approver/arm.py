@@ -25,7 +25,6 @@ approver that never falls back never loads it.
 
 from __future__ import annotations
 
-import email.utils
 import re
 import time
 from collections.abc import Callable
@@ -34,6 +33,8 @@ from typing import Any
 from urllib.parse import quote
 
 from bridge.azure_ids import ScopeRefused, event_scope, parse_allowed_scope
+from bridge.retry import parse_retry_after
+from bridge.transports.arm import arm_pipeline
 
 DEFAULT_ENDPOINT = "https://management.azure.com"
 #: The newest GA api-version of ScheduledEvents_Acknowledge (2025-11-01; previews 2023-10-01-preview,
@@ -85,25 +86,7 @@ class ArmAcknowledger:
 
     def _pipeline(self) -> Any:
         if self._client is None:
-            from azure.core import PipelineClient
-            from azure.core.pipeline.policies import (
-                BearerTokenCredentialPolicy,
-                HeadersPolicy,
-                RetryPolicy,
-                UserAgentPolicy,
-            )
-            from azure.core.pipeline.transport import RequestsTransport
-
-            from bridge import __version__
-
-            transport = RequestsTransport(use_env_settings=False)  # never through a proxy
-            policies = [
-                HeadersPolicy({"Accept": "application/json"}),
-                UserAgentPolicy(f"se-bridge/{__version__}"),
-                RetryPolicy.no_retries(),  # retried here: a POST's 429 is not retried by azure-core
-                BearerTokenCredentialPolicy(self._credential, self.scope),
-            ]
-            self._client = PipelineClient(self.endpoint, policies=policies, transport=transport)
+            self._client = arm_pipeline(self._credential, self.endpoint, self.scope)
         return self._client
 
     def url(self, resource_id: str, event_id: str) -> str:
@@ -144,7 +127,7 @@ class ArmAcknowledger:
                 if answer is not None:
                     return answer
                 last = f"HTTP {response.status_code}"
-                wait = _retry_after(response.headers.get("Retry-After")) or delay
+                wait = parse_retry_after(response.headers.get("Retry-After"), MAX_RETRY_AFTER) or delay
             if self._clock() + wait > give_up:
                 return ArmAnswer("failed", "armUnavailable", f"{last}; gave up after retries", None, None)
             self._sleep(wait)
@@ -180,19 +163,3 @@ def _error_text(response: Any) -> str | None:
     if isinstance(body, dict) and isinstance(body.get("value"), str):
         return str(body["value"])[:300]
     return None
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds of a ``Retry-After`` (seconds or an HTTP date), capped; None when absent or nonsense."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return None
-    if seconds != seconds or seconds < 0:
-        return None
-    return min(seconds, MAX_RETRY_AFTER)

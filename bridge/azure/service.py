@@ -34,7 +34,8 @@ from bridge.approver import topology
 from bridge.approver.sources import DecisionSource, Message, create_source
 from bridge.approver.sources.follow import follow
 from bridge.approver.store import lock_state_dir
-from bridge.azure.events import AzureEvent, AzureEventRefused, deliveries, from_event_grid
+from bridge.azure.events import AzureEvent, AzureEventRefused, deliveries, from_event_grid, from_graph_row
+from bridge.azure.graph import ResourceGraphReader
 from bridge.azure.metrics import AzureChannelMetrics
 from bridge.azure.reconcile import Reconciler
 from bridge.azure.records import azure_event_record
@@ -65,7 +66,12 @@ class AzureChannel:
         *,
         events_sources: list[DecisionSource] = (),  # type: ignore[assignment]
         grace: float = 120.0,
+        graph: ResourceGraphReader | None = None,
+        graph_interval: float = 60.0,
     ) -> None:
+        self.graph = graph
+        self.graph_interval = graph_interval
+        self._graph_polled = graph is None  # readiness: one poll done (or no Resource Graph)
         self.sources = sources
         self.events_sources = list(events_sources)
         self.state_dir = state_dir
@@ -109,6 +115,8 @@ class AzureChannel:
             return False, "Azure channel source not open yet"
         if len(self._caught_up) < len(self.events_sources):
             return False, "reading the agents' events stream"
+        if not self._graph_polled:
+            return False, "first Resource Graph poll not done yet"
         return True, "ok"
 
     # -- running ------------------------------------------------------------------------------------------
@@ -129,6 +137,10 @@ class AzureChannel:
             for i, s in enumerate(self.events_sources)
         ]
         threads.append(threading.Thread(target=self._tick, name="reconcile", daemon=True))
+        if self.graph is not None:
+            threads.append(
+                threading.Thread(target=self._poll_graph, args=(self.graph,), name="graph", daemon=True)
+            )
         for thread in threads:
             thread.start()
         if self.api is not None:
@@ -175,14 +187,18 @@ class AzureChannel:
                 event = self._parsed(item, message)
                 if event is None:
                     continue
-                news = self.tracker.observe(event)
-                if news is None:
-                    self.metrics.events.labels(event.channel, "duplicate").inc()
-                    continue
-                self.metrics.events.labels(event.channel, "late" if news.late else "news").inc()
-                out.append(azure_event_record(event, news, now))
-                out += self.reconciler.azure(event, news, now)
+                out += self._observed(event, now)
         return self._store(out)
+
+    def _observed(self, event: AzureEvent, now: float) -> list[dict[str, Any]]:
+        """The records an observation makes: none for a duplicate; its record and the findings it
+        settles otherwise."""
+        news = self.tracker.observe(event)
+        if news is None:
+            self.metrics.events.labels(event.channel, "duplicate").inc()
+            return []
+        self.metrics.events.labels(event.channel, "late" if news.late else "news").inc()
+        return [azure_event_record(event, news, now), *self.reconciler.azure(event, news, now)]
 
     def _parsed(self, item: dict[str, Any] | AzureEventRefused, message: Message) -> AzureEvent | None:
         try:
@@ -193,17 +209,21 @@ class AzureChannel:
             self._refused(refusal, message, item)
             return None
 
-    def _refused(self, refusal: AzureEventRefused, message: Message, item: Any) -> None:
+    def _refused(self, refusal: AzureEventRefused, message: Message | None, item: Any) -> None:
         self.metrics.refused.labels(refusal.reason).inc()
         self._refused_log.log(
             "Azure channel event refused (dead-lettered)", reason=refusal.reason, detail=refusal.detail
         )
-        payload = message.payload if isinstance(item, AzureEventRefused) else orjson.dumps(item)
+        payload = (
+            message.payload
+            if message is not None and isinstance(item, AzureEventRefused)
+            else orjson.dumps(item)
+        )
         entry = {
             "at": time.time(),
             "reason": refusal.reason,
             "detail": refusal.detail,
-            "position": str(message.position),
+            "position": str(message.position) if message is not None else "resourceGraph",
             "payload": payload[:DEAD_LETTER_BYTES].decode("utf-8", "replace"),
             "truncated": len(payload) > DEAD_LETTER_BYTES,
         }
@@ -233,6 +253,30 @@ class AzureChannel:
                 if record["recordType"] == "reconciliation":
                     self.metrics.findings.labels(record["finding"]).inc()
         return bool(done)
+
+    def _poll_graph(self, graph: ResourceGraphReader) -> None:
+        """Ask Resource Graph every ``graph_interval`` seconds; only changed rows become records."""
+        streak = ErrorStreak(log, "polling Resource Graph")
+        while not self.stop_event.is_set():
+            try:
+                rows = graph.rows()
+            except Exception as exc:  # the next poll starts over: rows are state, nothing is lost
+                kind = exc.kind if isinstance(exc, BridgeError) else "other"
+                self.metrics.source_errors.labels(kind).inc()
+                streak.failure(kind, str(exc))
+            else:
+                streak.success()
+                now, out = time.time(), []
+                for row in rows:
+                    try:
+                        event = from_graph_row(row)
+                    except AzureEventRefused as refusal:
+                        self._refused(refusal, None, row)
+                        continue
+                    out += self._observed(event, now)
+                if self._store(out):
+                    self._graph_polled = True
+            self.stop_event.wait(self.graph_interval)
 
     def _follow(self, index: int, source: DecisionSource) -> None:
         follow(
@@ -278,7 +322,28 @@ def build(config: Any) -> AzureChannel:
         sinks = [create_sink(spec) for spec in config.sink]
     except (ValueError, SinkError, BridgeError, OSError) as exc:
         raise ConfigError(str(exc)) from None
-    service = AzureChannel(sources, sinks, state_dir, events_sources=events, grace=config.grace)
+    service = AzureChannel(
+        sources, sinks, state_dir, events_sources=events, grace=config.grace,
+        graph=_graph_reader(config), graph_interval=config.graph_interval,
+    )  # fmt: skip
     if config.listen:
         service.serve(config.listen)
     return service
+
+
+def _graph_reader(config: Any) -> ResourceGraphReader | None:
+    """Resource Graph when ``--graph-subscription`` names subscriptions (its credential is built,
+    nothing is contacted yet)."""
+    if not config.graph_subscription:
+        return None
+    from bridge.config import ConfigError
+    from bridge.transports.azure import check_client_id, make_credential
+    from bridge.transports.base import Owner
+
+    owner = Owner("resource graph", lambda message: ConfigError(message))
+    client_id = check_client_id(owner, "arm_client_id", config.arm_client_id)
+    credential = make_credential(owner, "arm_credential", config.arm_credential, client_id)
+    return ResourceGraphReader(
+        credential, tuple(config.graph_subscription), config.arm_endpoint,
+        audience=config.arm_audience, ca_file=config.arm_ca_file,
+    )  # fmt: skip

@@ -11,18 +11,14 @@ that issues an unsigned JWT naming the scope it was asked for.
 
 from __future__ import annotations
 
-import base64
 import json
-import ssl
 import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from brokers import self_signed_certificate
+from peers.fake_arm import FakeArm, FakeCredential
 from procs import wait_until
 
 from bridge.approver.arm import ARM_API_VERSION, ArmAcknowledger, event_scope
@@ -31,66 +27,6 @@ SUB = "0d2d7c4e-6a1b-4f3e-8a52-9c3b1e7f4a21"
 VM_ID = f"/subscriptions/{SUB}/resourceGroups/rg1/providers/Microsoft.Compute/virtualMachines/vm1"
 VMSS_VM_ID = VM_ID.replace("virtualMachines/vm1", "virtualMachineScaleSets/ss1/virtualMachines/3")
 EVENT = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
-
-
-class FakeCredential:
-    """azure-identity's credential contract (``get_token(*scopes) -> AccessToken``); counts its calls."""
-
-    def __init__(self) -> None:
-        self.scopes: list[tuple[str, ...]] = []
-
-    def get_token(self, *scopes: str, **kwargs: Any) -> Any:
-        from azure.core.credentials import AccessToken
-
-        self.scopes.append(scopes)
-        audience = scopes[0].removesuffix("/.default")
-        claims = base64.urlsafe_b64encode(json.dumps({"aud": audience}).encode()).decode().rstrip("=")
-        return AccessToken(f"eyJhbGciOiJub25lIn0.{claims}.", int(time.time()) + 3600)
-
-
-class FakeArm:
-    """HTTPS on 127.0.0.1; ``script`` is the list of (status, headers, body) to answer, in order."""
-
-    def __init__(self, workdir: Path, audience: str) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.script: list[tuple[int, dict[str, str], Any]] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length)
-                token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
-                payload = token.split(".")[1] if token.count(".") == 2 else ""
-                claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)) or b"{}")
-                fake.requests.append({"path": self.path, "aud": claims.get("aud"), "body": body})
-                if claims.get("aud") != audience:
-                    status, headers, answer = 401, {}, {"error": {"code": "InvalidAuthenticationToken"}}
-                elif fake.script:
-                    status, headers, answer = fake.script.pop(0)
-                else:
-                    status, headers, answer = 200, {}, {"value": "Successfully Approved"}
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("x-ms-correlation-request-id", f"corr-{len(fake.requests)}")
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        cert, key = self_signed_certificate(workdir)
-        self.ca_file = str(cert)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert, key)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
 @pytest.fixture

@@ -13,11 +13,13 @@ from bridge.cli import build_parser
 from bridge.config import (
     AgentConfig,
     ApproverConfig,
+    AzureChannelConfig,
     ConfigBase,
     ConfigError,
     Setting,
     load_agent_config,
     load_approver_config,
+    load_azure_channel_config,
     settings_of,
 )
 
@@ -97,7 +99,10 @@ def test_help_explains_environment_and_defaults(capsys: pytest.CaptureFixture[st
     assert "SE_BRIDGE_POLL_INTERVAL" in out and "Default: 1.0" in out and "SIGTERM" in out
 
 
-@pytest.mark.parametrize("config_class", [AgentConfig, ApproverConfig])
+COMMANDS = {AgentConfig: "agent", ApproverConfig: "approver", AzureChannelConfig: "azure-channel"}
+
+
+@pytest.mark.parametrize("config_class", list(COMMANDS))
 def test_every_setting_is_declared_once_on_its_dataclass(config_class: type[ConfigBase]) -> None:
     """Issue 10: each field carries its own metadata; the flags, variables, TOML keys and tables are
     derived from it, so no setting (nor its default) is declared a second time anywhere."""
@@ -116,7 +121,7 @@ def test_every_setting_is_declared_once_on_its_dataclass(config_class: type[Conf
     built = config_class()
     assert {s.name: s.default for s in settings} == {name: getattr(built, name) for name in names}
     # The command line offers exactly these flags, each with its variable named in --help.
-    command = "agent" if config_class is AgentConfig else "approver"
+    command = COMMANDS[config_class]
     sub = next(a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction))
     actions = {a.dest: a for a in sub.choices[command]._actions if a.dest not in ("help", "config")}
     assert list(actions) == names
@@ -162,6 +167,25 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
                 assert from_file.sources[s.name] == str(file)
                 assert from_env.sources[s.name] == f"environment variable {s.env}"
             assert from_flag.sources[s.name] == f"flag {s.flag}"
+
+
+def test_the_azure_channel_checks_its_subscriptions_and_needs_a_source_and_a_sink() -> None:
+    def channel(*argv: str) -> argparse.Namespace:
+        return build_parser("azure-channel").parse_args(["azure-channel", *argv])
+
+    with pytest.raises(ConfigError, match=r"^source: a source is required"):
+        load_azure_channel_config(channel(), {})
+    with pytest.raises(ConfigError, match=r"graph_subscription.*subscription id"):
+        bad = channel("--source", "file:///x", "--sink", "stdout:", "--graph-subscription", "../other")
+        load_azure_channel_config(bad, {})
+    loaded = load_azure_channel_config(
+        channel("--source", "file:///x", "--sink", "stdout:"),
+        {
+            "SE_BRIDGE_AZURE_GRAPH_SUBSCRIPTION": "0F8FAD5B-D9CB-469F-A165-70867728950E",
+            "SE_BRIDGE_AZURE_GRACE": "30",
+        },
+    )
+    assert loaded.graph_subscription == ("0f8fad5b-d9cb-469f-a165-70867728950e",) and loaded.grace == 30
 
 
 def test_approver_refuses_missing_source_and_sink_like_the_agent_its_sink() -> None:
