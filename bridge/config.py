@@ -592,6 +592,13 @@ class AzureChannelConfig(ConfigBase):
         "Where /healthz, /readyz, /metrics and /v1/unwatched are served, HOST:PORT, or off.",
         metavar="HOST:PORT",
     )
+    read_token_file: str | None = setting(
+        None,
+        optional_text,
+        "File holding the token remote callers of /metrics and /v1/unwatched must send (Authorization: "
+        "Bearer); local callers need none. Without one, those paths answer local callers only.",
+        metavar="PATH",
+    )
     state_dir: Path = setting(  # noqa: RUF009 - setting() returns a dataclasses.field
         Path("/var/lib/se-bridge/azure-channel"),
         path,

@@ -96,11 +96,16 @@ class AzureChannel:
 
     # -- serving ----------------------------------------------------------------------------------------
 
-    def serve(self, listen: str) -> None:
+    def serve(self, listen: str, *, read_token_file: str | None = None) -> None:
         refused = self.metrics.http_refused
         routes = probe_routes(self.health.report, self.ready, self.metrics.registry)
         routes[("GET", "/v1/unwatched")] = self._unwatched
-        guard = ApiGuard(listen, READ_PATHS, on_refused=lambda reason: refused.labels(reason).inc())
+        guard = ApiGuard(
+            listen,
+            READ_PATHS,
+            read_token_file=read_token_file,
+            on_refused=lambda reason: refused.labels(reason).inc(),
+        )
         self.api = Listener(
             listen, routes, guard=guard, on_refused=lambda reason: refused.labels(reason).inc()
         )
@@ -327,7 +332,7 @@ def build(config: Any) -> AzureChannel:
         graph=_graph_reader(config), graph_interval=config.graph_interval,
     )  # fmt: skip
     if config.listen:
-        service.serve(config.listen)
+        service.serve(config.listen, read_token_file=config.read_token_file)
     return service
 
 
