@@ -9,6 +9,7 @@ caught mid-line and is read once complete.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ class FileSource(DecisionSource):
         self._handed = self._committed
         self._wake = threading.Event()
         self._size = -1  # of the file when last read
+        self._offset = 0  # bytes of the complete lines read so far
+        self._lines = 0  # complete lines before _offset
 
     @classmethod
     def create(cls, spec: str, state_dir: Path, group: str) -> FileSource:
@@ -67,21 +70,36 @@ class FileSource(DecisionSource):
         return self._read()
 
     def _read(self) -> list[Message]:
+        """The complete lines appended since the last read: read from where the last one ended, not
+        the whole file again (a file of 100 000 lines used to be read and split 20 times a second)."""
         try:
-            data = self.path.read_bytes()
+            with self.path.open("rb") as file:
+                if os.fstat(file.fileno()).st_size < self._offset:  # replaced or truncated
+                    self._offset, self._lines = 0, 0
+                file.seek(self._offset)
+                data = file.read()
         except FileNotFoundError:
             return []
-        self._size = len(data)
-        lines = data.split(b"\n")
-        complete = lines[:-1]  # the last piece has no newline yet: a writer is mid-line
+        self._size = self._offset + len(data)
+        end = data.rfind(b"\n")  # what follows the last newline is a writer mid-line
+        if end < 0:
+            return []
+        self._offset += end + 1
         out = []
-        for number in range(self._handed + 1, len(complete) + 1):
-            line = complete[number - 1].strip()
-            if line:
-                out.append(Message(line, Position("line", number, partitioned=False)))
-            self._handed = number
+        for line in data[:end].split(b"\n"):
+            self._lines += 1
+            if self._lines <= self._handed:
+                continue  # handed out before (or committed before a restart)
+            if line.strip():
+                out.append(Message(line.strip(), Position("line", self._lines, partitioned=False)))
+            self._handed = self._lines
         return out
 
     def commit(self, message: Message) -> None:
-        self._committed = message.position.number
-        write_atomic(self._cursor_path, b"%d\n" % self._committed)
+        self.commit_many([message])
+
+    def commit_many(self, messages: list[Message]) -> None:
+        """One cursor write for the lot (its last line), not one fsync per message."""
+        if messages:
+            self._committed = max(self._committed, max(m.position.number for m in messages))
+            write_atomic(self._cursor_path, b"%d\n" % self._committed)
