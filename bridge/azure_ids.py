@@ -28,6 +28,14 @@ _SCOPE = re.compile(
 )
 
 
+_PARENT = re.compile(
+    rf"^/subscriptions/(?P<sub>{GUID_TEXT})/resourceGroups/(?P<rg>{RG_TEXT})/providers/Microsoft\.Compute/"
+    rf"(?P<kind>virtualMachines|virtualMachineScaleSets|availabilitySets)/(?P<name>{NAME_TEXT})$",
+    re.IGNORECASE | re.ASCII,
+)
+_KINDS = {k.lower(): k for k in ("virtualMachines", "virtualMachineScaleSets", "availabilitySets")}
+
+
 class ScopeRefused(ValueError):
     """A resource id that is no VM's, or a VM outside the configured ``--arm-scope`` s."""
 
@@ -48,11 +56,33 @@ def event_scope(resource_id: str, allowed: tuple[tuple[str, str | None], ...] = 
     match = _VM.match(resource_id.strip())
     if match is None or match["rg"].endswith("."):
         raise ScopeRefused(f"not a virtual machine's resource id: {resource_id[:200]!r}")
-    sub, rg = match["sub"].lower(), match["rg"].lower()
-    if allowed and not any(sub == a_sub and a_rg in (None, rg) for a_sub, a_rg in allowed):
-        raise ScopeRefused(f"resource group {match['rg']} of subscription {sub} is outside --arm-scope")
+    sub = _inside(match, allowed)
     group = quote(match["rg"], safe="")
     base = f"/subscriptions/{quote(sub)}/resourcegroups/{group}/providers/Microsoft.Compute"
     if match["set"]:
         return f"{base}/virtualMachineScaleSets/{quote(match['set'], safe='')}"
     return f"{base}/virtualMachines/{quote(match['vm'], safe='')}"
+
+
+def parent_scope(parent_id: str, allowed: tuple[tuple[str, str | None], ...] = ()) -> str:
+    """The ARM scope of a scheduled event as Azure's own channel names its parent (a VM, a scale set or
+    an availability set: a Flexible scale set's or an availability set's VMs have their events under
+    the parent, which a VM's own id does not tell), checked and quoted as :func:`event_scope` does."""
+    match = _PARENT.match(parent_id.strip())
+    if match is None or match["rg"].endswith("."):
+        raise ScopeRefused(f"not a VM, scale set or availability set id: {parent_id[:200]!r}")
+    sub = _inside(match, allowed)
+    group = quote(match["rg"], safe="")
+    kind = _KINDS[match["kind"].lower()]
+    return (
+        f"/subscriptions/{quote(sub)}/resourcegroups/{group}/providers/Microsoft.Compute/"
+        f"{kind}/{quote(match['name'], safe='')}"
+    )
+
+
+def _inside(match: re.Match[str], allowed: tuple[tuple[str, str | None], ...]) -> str:
+    """The id's subscription (lower case), once its group is inside one of the ``allowed`` scopes."""
+    sub, rg = match["sub"].lower(), match["rg"].lower()
+    if allowed and not any(sub == a_sub and a_rg in (None, rg) for a_sub, a_rg in allowed):
+        raise ScopeRefused(f"resource group {match['rg']} of subscription {sub} is outside --arm-scope")
+    return sub

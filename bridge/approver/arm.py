@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from bridge.azure_ids import ScopeRefused, event_scope, parse_allowed_scope
+from bridge.azure_ids import ScopeRefused, event_scope, parent_scope, parse_allowed_scope
 from bridge.retry import parse_retry_after
 from bridge.transports.arm import arm_pipeline
 
@@ -75,6 +75,7 @@ class ArmAcknowledger:
     ) -> None:
         self._clock, self._sleep = clock, sleep  # the retry schedule's time (tests drive their own)
         self.endpoint = endpoint.rstrip("/")
+        self.allowed_scopes = allowed_scopes
         self.allowed = tuple(parse_allowed_scope(scope) for scope in allowed_scopes)
         self.api_version = api_version
         self.scope = (audience or self.endpoint).rstrip("/") + "/.default"
@@ -89,21 +90,24 @@ class ArmAcknowledger:
             self._client = arm_pipeline(self._credential, self.endpoint, self.scope)
         return self._client
 
-    def url(self, resource_id: str, event_id: str) -> str:
+    def url(self, resource_id: str, event_id: str, parent_id: str | None = None) -> str:
+        """The acknowledgement's URL: on the event's parent when Azure's own channel named it (a
+        Flexible scale set's or an availability set's VMs), else on the VM's scope."""
         if not _GUID.match(event_id):
             raise ValueError("eventId must be a GUID")
+        scope = parent_scope(parent_id, self.allowed) if parent_id else event_scope(resource_id, self.allowed)
         return (
-            f"{self.endpoint}{event_scope(resource_id, self.allowed)}/providers/Microsoft.Maintenance/"
+            f"{self.endpoint}{scope}/providers/Microsoft.Maintenance/"
             f"scheduledevents/{event_id}/acknowledge?api-version={quote(self.api_version, safe='')}"
         )
 
-    def acknowledge(self, resource_id: str, event_id: str) -> ArmAnswer:
+    def acknowledge(self, resource_id: str, event_id: str, parent_id: str | None = None) -> ArmAnswer:
         """One acknowledgement, retried on 429/5xx/connection errors until the deadline."""
         from azure.core.exceptions import AzureError, ClientAuthenticationError
         from azure.core.rest import HttpRequest
 
         try:
-            url = self.url(resource_id, event_id)
+            url = self.url(resource_id, event_id, parent_id)
         except ScopeRefused as exc:
             return ArmAnswer("refused", "armScopeRefused", str(exc), None, None)
         except ValueError as exc:

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,6 +40,7 @@ from typing import Any
 
 import orjson
 
+from bridge.azure_ids import ScopeRefused, parent_scope
 from bridge.eligibility import EventFacts
 from bridge.fsutil import write_atomic
 from bridge.observability import RateLimitedLog
@@ -48,6 +50,8 @@ log = logging.getLogger(__name__)
 MAX_EVENTS_PER_RECORD = 32
 MAX_RESOURCES = 1000
 MAX_NAME = 128
+#: Events whose parent Azure's channel named, remembered at most (the oldest forgotten first).
+MAX_PARENTS = 100_000
 #: An event is dropped this long after its NotBefore even if a silent VM still lists it.
 FORGET_AFTER = 86400.0
 #: How often the forgetting sweep runs (seconds).
@@ -137,6 +141,7 @@ class FleetView:
         self._vms: dict[str, Vm] = {}  # lower-cased name -> Vm
         self._by_id: dict[bytes, str] = {}  # packed vmId -> lower-cased name
         self._events: dict[str, Event] = {}  # upper-cased EventId -> Event
+        self._parents: OrderedDict[str, str] = OrderedDict()  # upper-cased EventId -> parent id (Azure's)
         self.max_vms = max_vms
         self.pin = pin
         self._pins_path = None if state_dir is None else state_dir / PINS_FILE
@@ -159,6 +164,32 @@ class FleetView:
     def event(self, event_id: str) -> Event | None:
         with self._lock:
             return self._events.get(event_id.upper())
+
+    def azure_parent(self, event_id: str) -> str | None:
+        with self._lock:
+            return self._parents.get(event_id.upper())
+
+    def learn_azure(self, record: dict[str, Any]) -> None:
+        """An ``azureScheduledEvent`` record (bridge.azure): the event's parent, the scope the ARM path
+        acknowledges on. It comes from a stream others may write to, so it is only a hint: its id
+        must follow Azure's grammar (checked again, with the allowed scopes, when a URL is made),
+        and ARM itself refuses an event that is not under the scope named (404, audited)."""
+        event = record.get("event")
+        if not isinstance(event, dict):
+            return
+        event_id, parent = event.get("eventId"), event.get("parentId")
+        if not isinstance(event_id, str) or not isinstance(parent, str) or len(event_id) > MAX_NAME:
+            return
+        try:
+            parent_scope(parent)
+        except ScopeRefused as exc:
+            self._refused(ClaimRefused("malformed", str(exc)), record)
+            return
+        with self._lock:
+            self._parents[event_id.upper()] = parent
+            self._parents.move_to_end(event_id.upper())
+            while len(self._parents) > MAX_PARENTS:
+                self._parents.popitem(last=False)
 
     def counts(self) -> tuple[int, int]:
         """(VMs, events) known: the ``se_bridge_approver_fleet_*`` gauges."""

@@ -116,7 +116,7 @@ class Relayer:
             detail = f"not acknowledged through ARM: {refusal.detail}"
             refused = {"eventId": event_id, "result": refusal.result, "detail": refusal.detail}
             return _answer(decision, "refused", refusal.result, detail, refused, None), None
-        answer = self.arm.acknowledge(scope.resource_id, event_id)
+        answer = self.arm.acknowledge(scope.resource_id, event_id, self.router.azure_parent(event_id))
         result: dict[str, Any] = {
             "eventId": event_id,
             "result": "approved" if answer.outcome == "approved" else "armError",

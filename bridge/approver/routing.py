@@ -234,6 +234,9 @@ class LocalRouter:
     def event_facts(self, event_id: str) -> EventFacts | None:
         return None
 
+    def azure_parent(self, event_id: str) -> str | None:
+        return None
+
     def this_vm(self) -> frozenset[str] | None:
         if self._names is not None or self._client is None:
             return self._names
@@ -323,6 +326,10 @@ class FleetRouter:
         event = self.view.event(event_id)
         return event.facts() if event is not None else None
 
+    def azure_parent(self, event_id: str) -> str | None:
+        """The event's parent as Azure's own channel named it (bridge.azure), when one was read."""
+        return self.view.azure_parent(event_id)
+
     def caught_up(self) -> bool:
         """Whether every events source was read to its end once: before, a decision may name a VM
         or an event this approver has not learned yet (``/readyz``)."""
@@ -342,6 +349,8 @@ class FleetRouter:
     def _record(self, record: dict[str, Any]) -> None:
         if record.get("recordType") == "scheduledEvents":
             self.learn(record)
+        elif record.get("recordType") == "azureScheduledEvent":
+            self.view.learn_azure(record)
         for observe in self.observers:
             observe(record)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,13 @@ def test_a_token_for_another_audience_is_refused_and_tls_is_verified(arm: FakeAr
 
 
 def run_fleet_approver(
-    arm: FakeArm, tmp_path: Path, agent_port: int, *, target: str = "vm1", ttl: float = 600
+    arm: FakeArm,
+    tmp_path: Path,
+    agent_port: int,
+    *,
+    target: str = "vm1",
+    ttl: float = 600,
+    azure: list[dict[str, Any]] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
     """The fleet approver of an installed configuration (``arm = "fallback"``), in process, with one
     decision for ``EVENT`` on ``vm1``, whose agent is at ``127.0.0.1:agent_port``; its audit record.
@@ -174,7 +181,7 @@ def run_fleet_approver(
     }
     event = {"eventId": EVENT, "eventStatus": "Scheduled", "resources": ["vm1", "vm2"]}
     record = {"recordType": "scheduledEvents", "vm": vm, "events": [event]}
-    events.write_bytes(json.dumps(record).encode() + b"\n")
+    events.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in [record, *azure]))
     decisions.touch()
     config = tmp_path / "config.toml"
     config.write_text(
@@ -188,9 +195,10 @@ def run_fleet_approver(
     )
     approver = build_approver(load_approver_config(argparse.Namespace(config=str(config)), environ={}))
     assert approver.relayer.arm is not None and approver.relayer.arm_mode == "fallback"
-    approver.relayer.arm = ArmAcknowledger(
-        FakeCredential(), arm.url, audience="https://management.azure.com", ca_file=arm.ca_file
-    )
+    approver.relayer.arm = ArmAcknowledger(  # the configured one, with the test's credential
+        FakeCredential(), arm.url, audience="https://management.azure.com", ca_file=arm.ca_file,
+        allowed_scopes=approver.relayer.arm.allowed_scopes,
+    )  # fmt: skip
     runner = threading.Thread(target=approver.run, kwargs={"install_signals": False}, daemon=True)
     runner.start()
     try:
@@ -241,6 +249,46 @@ def test_the_arm_path_refuses_what_every_agent_refuses(arm: FakeArm, tmp_path: P
     assert written["results"][0]["result"] == "targetMismatch" and arm.requests == []
     written = run_fleet_approver(arm, tmp_path / "b", dead, target="vm2")
     assert (written["outcome"], written["path"]) == ("approved", "arm") and len(arm.requests) == 1
+
+
+def test_the_arm_path_acknowledges_on_the_parent_azures_channel_names(arm: FakeArm, tmp_path: Path) -> None:
+    """Issue 25: a Flexible scale set's VM has its own VM id, but its events live under the scale set;
+    when Azure's channel (bridge.azure, an azureScheduledEvent record on the events stream) named the
+    event's parent, the acknowledgement goes there. A parent outside Azure's grammar is ignored (the
+    VM's own scope is used), and one outside --arm-scope is refused like any scope."""
+    import socket
+
+    from azure_events import grid_event
+
+    from bridge.azure.events import from_event_grid
+    from bridge.azure.records import azure_event_record
+    from bridge.azure.tracker import News
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+
+    def azure(parent: str, sub: str = SUB) -> dict[str, Any]:
+        event = grid_event(EVENT, "Scheduled", ["vm1", "vm2"], parent=parent, kind="virtualMachineScaleSets",
+                           sub=sub, rg="rg1")  # fmt: skip
+        return azure_event_record(from_event_grid(event), News("Scheduled", False), time.time())
+
+    written = run_fleet_approver(arm, tmp_path / "a", dead, azure=[azure("flex1")])
+    assert (written["outcome"], written["path"]) == ("approved", "arm")
+    (request,) = arm.requests
+    assert request["path"].split("?")[0] == (
+        f"/subscriptions/{SUB}/resourcegroups/rg1/providers/Microsoft.Compute/virtualMachineScaleSets/flex1"
+        f"/providers/Microsoft.Maintenance/scheduledevents/{EVENT}/acknowledge"
+    )
+    forged = azure("flex1")
+    forged["event"]["parentId"] += "/../../other"
+    written = run_fleet_approver(arm, tmp_path / "b", dead, azure=[forged])
+    assert "/virtualMachines/vm1/" in arm.requests[-1]["path"]  # the grammar refused it: the VM's own
+    outside = azure("flex1", sub="11111111-2222-3333-4444-555555555555")
+    written = run_fleet_approver(arm, tmp_path / "c", dead, azure=[outside])
+    assert (written["outcome"], written["reason"]) == ("refused", "armScopeRefused") and len(
+        arm.requests
+    ) == 2
 
 
 def test_no_arm_fallback_when_the_agent_may_have_posted(arm: FakeArm, tmp_path: Path) -> None:

@@ -189,3 +189,29 @@ def test_ended_events_are_forgotten_after_the_retention() -> None:
     assert reconciler.counts()[0] == 1
     reconciler.due(20)
     assert reconciler.counts()[0] == 0
+
+
+@pytest.mark.parametrize("kind", ["virtualMachines", "virtualMachineScaleSets", "availabilitySets"])
+def test_a_parent_named_by_azures_channel_is_a_checked_quoted_scope(kind: str) -> None:
+    from bridge.azure_ids import parent_scope
+
+    parent = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/{kind.lower()}/web"
+    assert parent_scope(parent).endswith(f"/providers/Microsoft.Compute/{kind}/web")
+    assert parent_scope(parent, ((SUB, RG.lower()),)) == parent_scope(parent)
+
+
+@pytest.mark.parametrize(
+    "parent",
+    [
+        f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachineScaleSets/web/../x",
+        f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/availabilitySets/a?b",
+        f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/availabilitySets/a%2Fb",
+        f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Storage/storageAccounts/a",
+        f"/subscriptions/{SUB}/resourceGroups/other/providers/Microsoft.Compute/availabilitySets/a",
+    ],
+)
+def test_a_parent_outside_the_grammar_or_the_allowed_scopes_is_refused(parent: str) -> None:
+    from bridge.azure_ids import ScopeRefused, parent_scope
+
+    with pytest.raises(ScopeRefused):
+        parent_scope(parent, ((SUB, RG.lower()),))
