@@ -168,6 +168,13 @@ class AgentConfig(ConfigBase):
         "only with changes): what tells a console or an alert a quiet VM from a dead agent. 0: none.",
         metavar="SECONDS",
     )
+    boot_id_file: Path = setting(  # noqa: RUF009 - setting() returns a dataclasses.field
+        Path("/proc/sys/kernel/random/boot_id"),
+        path,
+        "Where the kernel's boot id is read: a changed one tells the agent the VM rebooted (the impact "
+        "record of an event, docs/operations.md). Change only where /proc hides it (a container).",
+        metavar="PATH",
+    )
     relay_key: tuple[str, ...] = setting(
         (),
         key_spec,

@@ -26,6 +26,7 @@ SCHEMAS = {
     "decision": "decision.v1.schema.json",
     "preparation": "preparation.v1.schema.json",
     "heartbeat": "heartbeat.v1.schema.json",
+    "impact": "impact.v1.schema.json",
     "azureScheduledEvent": "azure-event.v1.schema.json",
     "reconciliation": "reconciliation.v1.schema.json",
 }

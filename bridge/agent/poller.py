@@ -87,6 +87,8 @@ class Poller:
         #: Called once with the first document this run parsed (the relay resolves a POST a previous
         #: run left unanswered: bridge.agent.ledger).
         self.first_document: list[Callable[[EventsDocument], None]] = []
+        #: Called after every poll, whatever it returned (the impact meter: bridge.agent.impact).
+        self.after_poll: list[Callable[[], None]] = []
         #: Whether this VM approved an event (the relay's ledger): a Scheduled event gone after it is
         #: ``completed`` (bridge.agent.diff).
         self.approved: Callable[[str], bool] | None = None
@@ -285,6 +287,11 @@ class Poller:
                 self.health.error(COMPONENT, "internal")
                 self._last_error = ImdsError("internal", f"{type(exc).__name__}: {exc}")
                 outcome = "error"
+            for hook in self.after_poll:
+                try:
+                    hook()
+                except Exception:
+                    log.exception("after-poll hook failed")
             now = time.monotonic()
             if outcome == "error":
                 err = self._last_error

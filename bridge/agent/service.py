@@ -31,6 +31,7 @@ from bridge import __version__, coordination, records
 from bridge.agent.access import AccessPolicy
 from bridge.agent.coordinator import PeerCoordinator
 from bridge.agent.identity import IdentityResolver
+from bridge.agent.impact import ImpactMeter
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.policy import ApprovalRule, LocalPolicy, PolicyConfig
 from bridge.agent.poller import Poller
@@ -90,6 +91,12 @@ class Agent:
         self.relay, self.verifier = self._build_relay(state_dir)
         self.poller.approved = self.relay.approved
         self.poller.first_document.append(self.relay.resolve_interrupted)
+        self.impact = ImpactMeter(
+            state_dir, self.outbox, lambda: self.identity.current,
+            approved=self.relay.approved, boot_id_file=Path(config.boot_id_file),
+        )  # fmt: skip
+        self.poller.listeners.append(self.impact.on_change)
+        self.poller.after_poll.append(self.impact.tick)
         self.policy = self._build_policy()
         self.api: Listener | None = self._build_listener(config, state_dir) if config.listen else None
 
@@ -414,6 +421,7 @@ class Agent:
             self.api.stop()
         if self.policy is not None:
             self.policy.close()
+        self.impact.close()
         self.client.close()
         self.outbox.close()
         log.info(
