@@ -16,7 +16,7 @@ import orjson
 import pytest
 from procs import Emulator, approver_api, approver_command, names_decision, start_approver, wait_until
 
-from bridge.approver.decision import new_decision, sign
+from bridge.approver.decision import Decision, new_decision, sign
 from bridge.schemas import validate_document
 
 pytestmark = pytest.mark.slow
@@ -194,9 +194,9 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
     class BrokenRouter(LocalRouter):
         calls: dict[str, int] = {}
 
-        def candidates(self, decision: dict[str, Any]) -> list[str]:
-            BrokenRouter.calls[decision["eventId"]] = BrokenRouter.calls.get(decision["eventId"], 0) + 1
-            if decision["eventId"] == BOOM:
+        def candidates(self, decision: Decision) -> list[str]:
+            BrokenRouter.calls[decision.event_id] = BrokenRouter.calls.get(decision.event_id, 0) + 1
+            if decision.event_id == BOOM:
                 raise RuntimeError("a bug")
             return []  # no agent: retried until the decision expires (2 s), which is an outcome
 
