@@ -48,6 +48,7 @@ class VmRow:
     last_seen: float = 0.0  # any record of its agent (a heartbeat included)
     heartbeat: float = 0.0  # the interval its agent announced, 0 before its first heartbeat
     events: tuple[str, ...] = ()  # open events its latest record shows
+    unwatched: tuple[str, ...] = ()  # open events Azure announced for it and no agent reported
 
     def to_json(self, now: float, silent_after: float) -> dict[str, Any]:
         return {
@@ -60,6 +61,7 @@ class VmRow:
             "lastSeen": self.last_seen,
             "silent": self.silent(now, silent_after),
             "events": list(self.events),
+            "unwatched": list(self.unwatched),
         }
 
     def silent(self, now: float, silent_after: float) -> bool:
@@ -87,6 +89,7 @@ class EventRow:
     audits: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_AUDITS))
     approved_at: float | None = None
     approved_by: str | None = None
+    azure_outcome: str | None = None  # Completed | Canceled, as Azure's own channel said
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -99,6 +102,7 @@ class EventRow:
             "description": self.description,
             "durationInSeconds": self.duration,
             "outcome": self.outcome,
+            "azureOutcome": self.azure_outcome,
             "approved": self.approved_at is not None,
             "approvedBy": self.approved_by,
             "preparations": {vm: p["result"] for vm, p in self.preparations.items()},
@@ -148,6 +152,10 @@ class Board:
                 self._preparation(record, now)
             elif kind == "approval":
                 self._approval(record)
+            elif kind == "azureScheduledEvent":
+                self._azure_event(record, now)
+            elif kind == "reconciliation" and record.get("finding") == "unwatched":
+                self._unwatched(record, now)
         except (KeyError, TypeError, ValueError, AttributeError):
             return  # a record the board cannot read changes nothing (the approver audits its own)
 
@@ -188,11 +196,11 @@ class Board:
                 changed.append(event)
             for change in record.get("changes") or []:
                 self._timeline(change, row.name, record, at)
-            for gone in set(row.events) - set(shown):
+            for gone in set(row.events) - set(shown) - set(row.unwatched):
                 closed = self._unreport(gone, row.name.lower(), record, at)
                 if closed is not None:
                     changed.append(closed)
-            row.events = tuple(shown)
+            row.events, row.unwatched = tuple(shown), ()  # its agent speaks for it again
         self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})
         for event in changed:
             self._announce({"type": "event", "event": event.summary()})
@@ -276,6 +284,53 @@ class Board:
             if event.approved_at is None or not_before is None
             else round(not_before - event.approved_at, 1),
         }
+
+    def _azure_event(self, record: dict[str, Any], now: float) -> None:
+        """Azure's own channel (bridge.azure): an event no agent reports is shown from it, and how an
+        event ended is Azure's word (an agent only sees it vanish). The agents' view of an event they
+        report is not overwritten."""
+        item = record.get("event")
+        if not isinstance(item, dict) or not isinstance(item.get("eventId"), str):
+            return
+        key, status, at = item["eventId"].upper(), _text(item.get("eventStatus")), _stamp(record, now)
+        with self._lock:
+            event = self._events.get(key)
+            if status in ("Completed", "Canceled"):
+                if event is not None and not event.reporters:
+                    del self._events[key]
+                    event.outcome, event.ended_at = event.outcome or status.lower(), at
+                    self._closed[key] = event
+                event = event or self._closed.get(key)
+                if event is not None:
+                    event.azure_outcome = status
+                    for row in self._vms.values():
+                        if key in row.unwatched:
+                            row.unwatched = tuple(e for e in row.unwatched if e != key)
+                            row.events = tuple(e for e in row.events if e != key or e in row.unwatched)
+            elif event is None or not event.reporters:
+                event = self._event_from(item, at)
+        if event is not None:
+            self._announce({"type": "event", "event": event.summary()})
+
+    def _unwatched(self, record: dict[str, Any], now: float) -> None:
+        """A reconciliation finding: Azure announced the event for this VM and no agent reported it. The
+        VM is listed with the event, flagged (its agent is dead, not installed, or cut off)."""
+        vm, event_id = record.get("vm"), record.get("eventId")
+        if not isinstance(vm, dict) or not isinstance(vm.get("name"), str) or not isinstance(event_id, str):
+            return
+        name, key = _text(vm["name"]), event_id.upper()
+        if not name:
+            return
+        with self._lock:
+            event = self._events.get(key)
+            if event is None or event.reporters & {name.lower()}:
+                return  # ended already, or its agent reported it meanwhile
+            row = self._vms.get(name.lower())
+            if row is None:
+                row = self._vms[name.lower()] = VmRow(name, resource_group=_text(vm.get("resourceGroup")))
+            row.unwatched = tuple(dict.fromkeys((*row.unwatched, key)))
+            row.events = tuple(dict.fromkeys((*row.events, key)))
+        self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})
 
     def _preparation(self, record: dict[str, Any], now: float) -> None:
         row = self._seen(record, now)

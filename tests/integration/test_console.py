@@ -78,8 +78,12 @@ class Stack:
         (workdir / "console.key").write_bytes(CONSOLE_KEY)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.azure = workdir / "azure.jsonl"  # what se-bridge azure-channel publishes (bridge.azure)
+        self.azure.touch()
         sources = [
-            arg for stream in [*streams, f"file://{self.audit}"] for arg in ("--events-source", stream)
+            arg
+            for stream in [*streams, f"file://{self.audit}", f"file://{self.azure}"]
+            for arg in ("--events-source", stream)
         ]
         self.console_log = open(workdir / "console.log", "wb")  # noqa: SIM115 - closed in stop()
         self.console = subprocess.Popen(
@@ -255,3 +259,39 @@ def test_a_dead_agent_is_flagged(stack: Stack, browser: Any, tmp_path: Path) -> 
     assert "agent silent" in page.locator("#vm-fleet-vm-002").inner_text()
     assert page.locator("li.silent").count() == 1
     page.screenshot(path=str(shots(tmp_path) / "silent.png"), full_page=True)
+
+
+def test_a_vm_nobody_watches_is_flagged_from_azures_channel(
+    stack: Stack, browser: Any, tmp_path: Path
+) -> None:
+    """Issue 25: the azure-channel service's records (built by its own code, written where its sink
+    would put them) put a VM without any agent on the fleet page, flagged, with its event."""
+    import time
+    import uuid
+
+    from azure_events import grid_event
+
+    from bridge.azure.events import from_event_grid
+    from bridge.azure.reconcile import Reconciler
+    from bridge.azure.records import azure_event_record
+    from bridge.azure.tracker import EventTracker
+
+    page = browser.new_context(extra_http_headers=LOOKER).new_page()
+    page.goto(stack.url + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    reconciler, now = Reconciler(grace=1), time.time()
+    event = from_event_grid(grid_event(str(uuid.uuid4()), "Scheduled", ["vm-ghost"]))
+    news = EventTracker().observe(event)
+    assert news is not None
+    published = [
+        azure_event_record(event, news, now),
+        *reconciler.azure(event, news, now),
+        *reconciler.due(now + 2),
+    ]
+    assert [r.get("finding") for r in published] == [None, "unwatched"]
+    with stack.azure.open("ab") as out:
+        out.write(b"".join(orjson.dumps(r) + b"\n" for r in published))
+    page.locator("#vm-vm-ghost.silent").wait_for(timeout=30_000)
+    text = page.locator("#vm-vm-ghost").inner_text()
+    assert "no agent reported its maintenance" in text and "Reboot Scheduled" in text
+    page.screenshot(path=str(shots(tmp_path) / "unwatched.png"), full_page=True)

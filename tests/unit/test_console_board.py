@@ -69,3 +69,47 @@ def test_an_audit_that_comes_after_the_event_closed_is_kept_with_it() -> None:
     assert closed is not None
     assert [a["outcome"] for a in closed["audits"]] == ["approved"]
     assert closed["approvedBy"] == "alice@contoso.example"
+
+
+def test_azures_channel_shows_the_vms_nobody_watches_and_how_events_ended() -> None:
+    """Issue 25: the azure-channel service's records on the same stream. vm-c runs no agent: Azure's
+    event and the reconciliation's unwatched finding put it on the fleet page, flagged, with the event;
+    vm-c's agent coming back takes the flag off; Azure's Completed is the event's outcome."""
+    import time
+
+    from azure_events import RG, SUB, grid_event
+
+    from bridge.azure.events import from_event_grid
+    from bridge.azure.reconcile import Reconciler
+    from bridge.azure.records import azure_event_record
+    from bridge.azure.tracker import EventTracker
+
+    board, reconciler, tracker = Board(), Reconciler(grace=10), EventTracker()
+
+    def azure(status: str, now: float) -> None:
+        event = from_event_grid(grid_event(EVENT, status, SET, parent="avset", kind="availabilitySets"))
+        news = tracker.observe(event)
+        assert news is not None
+        for rec in [azure_event_record(event, news, now), *reconciler.azure(event, news, now)]:
+            board.take(rec, now)
+
+    now = time.time()
+    for vm in ("vm-a", "vm-b"):
+        agents = record(vm, "Scheduled", "2026-11-20T10:00:00Z")
+        agents["vm"].update(subscriptionId=SUB, resourceGroup=RG)
+        board.take(agents, now)
+        reconciler.agent(agents, now)
+    azure("Scheduled", now)
+    for finding in reconciler.due(now + 11):
+        board.take(finding, now + 11)
+    fleet = board.fleet(now + 11)
+    by_name = {vm["name"]: vm for vm in fleet["vms"]}
+    assert by_name["vm-c"]["unwatched"] == [EVENT] and by_name["vm-c"]["events"] == [EVENT]
+    assert by_name["vm-a"]["unwatched"] == [] and fleet["events"][EVENT]["eventStatus"] == "Scheduled"
+    board.take(record("vm-c", "Scheduled", "2026-11-20T10:01:00Z"), now + 12)  # its agent is back
+    assert {vm["name"]: vm for vm in board.fleet(now + 12)["vms"]}["vm-c"]["unwatched"] == []
+    for vm in SET:
+        board.take(record(vm, None, "2026-11-20T10:16:00Z", change="completed"), now + 13)
+    azure("Completed", now + 14)
+    event = board.event(EVENT)
+    assert event is not None and event["open"] is False and event["azureOutcome"] == "Completed"

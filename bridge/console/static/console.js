@@ -143,7 +143,10 @@ function renderGroups() {
 function vmItem(vm, now) {
   const silent = now - vm.lastSeen > state.fleet.silentAfter;
   const item = el("li", { id: `vm-${vm.name}`, class: silent ? "silent" : "" }, el("strong", { text: vm.name }));
-  if (silent) item.append(el("span", { class: "flag", text: ` agent silent (last heard ${ago(vm.lastSeen - now)})` }));
+  if (vm.unwatched && vm.unwatched.length) {
+    item.classList.add("silent");
+    item.append(el("span", { class: "flag", text: " no agent reported its maintenance (Azure's channel)" }));
+  } else if (silent) item.append(el("span", { class: "flag", text: ` agent silent (last heard ${ago(vm.lastSeen - now)})` }));
   for (const id of vm.events) {
     const event = state.fleet.events[id];
     item.append(" ", el("a", { href: `/events/${id}`, class: "chip", text: event ? `${event.eventType} ${event.eventStatus}` : id.slice(0, 8) }));
