@@ -112,7 +112,8 @@ def forwarding_act(
             _print_record(record, time.monotonic() - started, seen)
         printed = len(records)
         snap = emulator.state.snapshot()
-        done = snap["pendingSteps"] == 0 and not snap["events"] and records and not records[-1]["events"]
+        documents = [r for r in records if r.get("recordType") == "scheduledEvents"]
+        done = snap["pendingSteps"] == 0 and not snap["events"] and documents and not documents[-1]["events"]
         quiet_since = (quiet_since or time.monotonic()) if done else None
         if quiet_since and time.monotonic() - quiet_since > 1.0:
             return True
@@ -258,6 +259,11 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 def _print_record(record: dict[str, Any], elapsed: float, seen: dict[str, dict[str, Any]]) -> None:
     """One line per transition; ``seen`` remembers events so a gone one still shows its source."""
+    if record.get("recordType") == "impact":
+        _print_impact(record, elapsed)
+        return
+    if record.get("recordType") != "scheduledEvents":
+        return
     events = {e["eventId"]: e for e in record["events"]}
     seen.update(events)
     if not record["changes"]:
@@ -274,6 +280,21 @@ def _print_record(record: dict[str, Any], elapsed: float, seen: dict[str, dict[s
         source = event.get("eventSource") or "-"
         head = f"{elapsed:6.1f}s  {record['documentIncarnation']:>4}  {change['change']:<21}"
         _say(f"{head} {change['eventType']:<9} {source:<8} {change['eventId'][:8]:<10} {note}")
+
+
+def _print_impact(record: dict[str, Any], elapsed: float) -> None:
+    """What the event did to the VM, as the agent measured it (bridge.agent.impact)."""
+    what = (
+        f"paused {record['pauseSeconds']:.1f} s"
+        if record.get("pauseSeconds") is not None
+        else "never seen Started"
+    )
+    if record.get("rebooted"):
+        what += f", rebooted (down {record.get('downSeconds')} s)"
+    advertised = record.get("advertisedDurationSeconds")
+    note = f"{what}; IMDS advertised {advertised} s" if advertised is not None else what
+    head = f"{elapsed:6.1f}s  {'':>4}  {'impact':<21} {record['eventType']:<9} {'':<8}"
+    _say(f"{head} {record['eventId'][:8]:<10} {note}")
 
 
 def _summary(records: list[dict[str, Any]], path: Path, elapsed: float) -> int:

@@ -17,6 +17,7 @@ SUPPORTED = {
     "kafka": "kafka://host:port[,host:port]/topic[?options]",
     "eventhubs": "eventhubs://<namespace>.servicebus.windows.net/<hub>[?options]",
     "https": "https://host/path[?query][#options] (webhook; http:// only to loopback unless allowed)",
+    "azuremonitor": "azuremonitor://<logs ingestion endpoint host>/<dcr-immutable-id>[?options]",
 }
 
 # scheme -> (module, class); imported on first use so an unused transport costs nothing.
@@ -27,6 +28,7 @@ _REGISTRY = {
     "eventhubs": ("bridge.sinks.eventhubs", "EventHubsSink"),
     "https": ("bridge.sinks.webhook", "WebhookSink"),
     "http": ("bridge.sinks.webhook", "WebhookSink"),
+    "azuremonitor": ("bridge.sinks.logsingestion", "LogsIngestionSink"),
 }
 
 
@@ -42,7 +44,7 @@ def create_sink(spec: str) -> Sink:
     try:
         module = importlib.import_module(target[0])
     except ImportError as exc:
-        extra = {"kafka": "kafka", "eventhubs": "eventhubs"}.get(scheme)
+        extra = {"kafka": "kafka", "eventhubs": "eventhubs", "azuremonitor": "monitor"}.get(scheme)
         hint = f" (install the extra: pip install 'scheduled-events-bridge[{extra}]')" if extra else ""
         raise SinkError(f"the {scheme} sink is not available: {exc}{hint}", retryable=False) from None
     sink: Sink = getattr(module, target[1])(spec)

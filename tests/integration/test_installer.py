@@ -300,14 +300,17 @@ def test_installed_agent_forwards_a_scenario_to_the_file_sink(installed: Install
 
         def transitions() -> list[str]:
             alive()
-            return [c["change"] for r in records() for c in r["changes"] if c["change"] != "present"]
+            documents = [r for r in records() if r["recordType"] == "scheduledEvents"]
+            return [c["change"] for r in documents for c in r["changes"] if c["change"] != "present"]
 
         wait_until(lambda: transitions() == expected, 60, what=f"transitions {expected}")
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(30) == 0, log_path.read_text()[-3000:]
         agent = None
         got = records()
-        assert got[0]["vm"]["name"] and all(r["recordType"] == "scheduledEvents" for r in got)
+        # the scenario's documents, and the impact record of its event once it ended (bridge.agent.impact)
+        kinds = {r["recordType"] for r in got}
+        assert got[0]["vm"]["name"] and {"scheduledEvents"} <= kinds <= {"scheduledEvents", "impact"}
         state = installed.root / "var" / "lib" / "se-bridge"
         assert (state / "baseline.json").exists(), "the agent used the state_dir of the rendered config"
         validated = subprocess.run(

@@ -288,7 +288,8 @@ def file_sink(tmp_path: Path) -> tuple[str, str]:
 
 
 def make_changes(emulator: Emulator, agent: Agent) -> list[str]:
-    """Five document changes, each waited for in the file sink so each is a record of its own."""
+    """Five document changes, each waited for in the file sink so each is a record of its own, and the
+    impact record of each of the two events once it ended (bridge.agent.impact): eight records."""
     first = emulator.add_event(eventType="Freeze", durationInSeconds=5)
     agent.wait_for_change(first, "scheduled")
     emulator.control("POST", f"events/{first}/start")
@@ -299,7 +300,8 @@ def make_changes(emulator: Emulator, agent: Agent) -> list[str]:
     agent.wait_for_change(first, "completed")
     emulator.control("POST", f"events/{second}/cancel")
     agent.wait_for_change(second, "canceled")
-    return [r["recordId"] for r in agent.records()]
+    wait_until(lambda: len(agent.records("impact")) == 2, 15, what="both impact records")
+    return [r["recordId"] for r in agent.records(None)]
 
 
 def test_agent_delivers_signed_cloudevents_in_order(
@@ -313,11 +315,11 @@ def test_agent_delivers_signed_cloudevents_in_order(
     env = {"WEBHOOK_HMAC_KEY": HMAC_KEY, "HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}
     agent = make_agent(emulator.url, *file_sink(tmp_path), sink=spec, env=env).start()
     ids = make_changes(emulator, agent)
-    assert len(ids) == 6
+    assert len(ids) == 8
     receiver.wait_for(lambda reqs: len(reqs) >= len(ids), what="every record at the receiver")
     reqs = receiver.requests()
     assert len(reqs) == len(ids)  # no failure, so no resend
-    by_id = {r["recordId"]: r for r in agent.records()}
+    by_id = {r["recordId"]: r for r in agent.records(None)}
     for req in reqs:
         verify_signature(HMAC_KEY.encode(), req.headers, req.body)  # raises unless signed and fresh
         assert req.headers["content-type"] == "application/cloudevents+json"
