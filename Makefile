@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast lint bench clean venv infra-tools azurite strace chromium tools
+.PHONY: demo test test-fast lint bench clean venv infra-tools azurite kusto strace chromium tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,18 @@ $(TOOLS)/.installed-azurite-$(AZURITE_VERSION):
 
 azurite: $(TOOLS)/.installed-azurite-$(AZURITE_VERSION)
 
+# Microsoft's Kusto language service (Kusto.Language compiled to JavaScript, npm), which checks every KQL
+# text the project ships (tests/integration/test_kql.py, infra/tools/kql_check.js). Pinned, same folder.
+KUSTO_VERSION ?= 12.4.1
+
+# After Azurite's install (same folder: two npm installs at once would race on its package.json).
+$(TOOLS)/.installed-kusto-$(KUSTO_VERSION): | $(TOOLS)/.installed-azurite-$(AZURITE_VERSION)
+	mkdir -p $(TOOLS)
+	npm install --prefix $(TOOLS) @kusto/language-service-next@$(KUSTO_VERSION) --no-audit --no-fund
+	@touch $@
+
+kusto: $(TOOLS)/.installed-kusto-$(KUSTO_VERSION)
+
 # The demo installs the console's extra too (two small packages): `se-bridge demo --console` keeps a
 # fleet and the ops console running for a person to click.
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
@@ -90,14 +102,15 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 # SE_BRIDGE_BROWSER_TESTS=required, the console's browser tests when chromium is missing.
 # The tools are installed side by side (three independent downloads and installs: about half of a
 # fresh checkout's `make test` was spent installing them one after the other).
-TOOL_STAMPS := $(VENV)/.installed-test $(INFRA_VENV)/.installed $(TOOLS)/.installed-azurite-$(AZURITE_VERSION) strace chromium
+TOOL_STAMPS := $(VENV)/.installed-test $(INFRA_VENV)/.installed $(TOOLS)/.installed-azurite-$(AZURITE_VERSION) \
+	$(TOOLS)/.installed-kusto-$(KUSTO_VERSION) strace chromium
 
 tools:
 	$(MAKE) --no-print-directory -j4 $(TOOL_STAMPS)
 
 test: tools
 	$(MAKE) --no-print-directory lint
-	SE_BRIDGE_INFRA_VENV=$(abspath $(INFRA_VENV)) SE_BRIDGE_AZURITE=$(abspath $(TOOLS)) \
+	SE_BRIDGE_INFRA_VENV=$(abspath $(INFRA_VENV)) SE_BRIDGE_AZURITE=$(abspath $(TOOLS)) SE_BRIDGE_KUSTO=$(abspath $(TOOLS)) \
 	SE_BRIDGE_FAULT_TESTS=required SE_BRIDGE_BROWSER_TESTS=required $(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 # Unit and property tests only (no service process, broker or peer): the quick loop while editing.

@@ -139,6 +139,18 @@ param vmApplicationRegions array = []
 @description('Deploy Azure Data Explorer (cluster, database, table, mapping, data connection) for the ops dashboard.')
 param deployDataExplorer bool = false
 
+@description('Send records to Azure Monitor as well (docs/azure-monitor.md): custom tables, a Direct data collection rule, a workbook, two alert rules and an action group in the workspace of logAnalyticsWorkspaceId (required then; its region is monitorLocation).')
+param deployAzureMonitor bool = false
+
+@description('Region of the Log Analytics workspace (the data collection rule is created there); default: location.')
+param monitorLocation string = location
+
+@description('Emails the alert rules notify ("maintenance within N minutes that nothing approved or prepared", "an agent stopped reporting").')
+param alertEmails array = []
+
+@description('Minutes ahead the unapproved-maintenance alert looks.')
+param alertHorizonMinutes int = 30
+
 @description('Data Explorer SKU name.')
 param dataExplorerSkuName string = 'Dev(No SLA)_Standard_E2a_v4'
 
@@ -385,6 +397,24 @@ module azureChannel 'modules/azure-channel.bicep' = if (deployAzureChannel) {
   }
 }
 
+// Azure Monitor: deployed in the workspace's resource group (the tables are the workspace's children).
+module azureMonitor 'modules/monitor.bicep' = if (deployAzureMonitor) {
+  name: 'se-bridge-azure-monitor'
+  scope: resourceGroup(split(logAnalyticsWorkspaceId, '/')[2], split(logAnalyticsWorkspaceId, '/')[4])
+  params: {
+    workspaceName: last(split(logAnalyticsWorkspaceId, '/'))
+    location: monitorLocation
+    ruleName: '${namePrefix}-dcr-${suffix}'
+    publisherPrincipalIds: [
+      identities.outputs.agent.principalId
+      identities.outputs.approver.principalId
+    ]
+    alertEmails: alertEmails
+    alertHorizonMinutes: alertHorizonMinutes
+    tags: tags
+  }
+}
+
 // The agent as a VM Application: the gallery reads the package and settings from the artifacts
 // container with its own identity at publish time (no SAS stored anywhere).
 module vmApplication 'modules/vm-application.bicep' = if (!empty(vmApplicationVersion)) {
@@ -458,5 +488,7 @@ output vmApplicationVersionId string = empty(vmApplicationVersion) ? '' : vmAppl
 @description('se-bridge azure-channel --source (Event Grid\'s deliveries; checkpoints beside the approvers\'); empty unless deployAzureChannel.')
 output azureChannelSourceSpec string = deployAzureChannel ? 'eventhubs://${eventHubs.outputs.namespaceFqdn}/se-azure-events?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-azure-channel&checkpoint_url=${storage.outputs.blobEndpoint}${storage.outputs.containers.checkpoints}' : ''
 
-@description('The ops console\'s address (empty without deployConsole).')
+@description('The agents\' second --sink for Azure Monitor (empty unless deployAzureMonitor): the rule\'s own endpoint and immutable id, the agents\' identity.')
+output agentMonitorSinkSpec string = deployAzureMonitor ? 'azuremonitor://${replace(azureMonitor.outputs.logsIngestionEndpoint, 'https://', '')}/${azureMonitor.outputs.immutableId}?credential=managed&client_id=${identities.outputs.agent.clientId}' : ''
+
 output consoleUrl string = deployConsole ? console.outputs.url : ''

@@ -44,17 +44,18 @@ import orjson
 
 from bridge.pipeline import Entry, Outcome, Sink, SinkError
 from bridge.retry import parse_retry_after
+from bridge.schemas import load_schema
 from bridge.sinks.base import config_error, owner
 from bridge.transports.azure import IDENTITIES, check_client_id, make_credential
 
 API_VERSION = "2023-01-01"
 DEFAULT_AUDIENCE = "https://monitor.azure.com"
-#: The default stream of each record type; other types go to the records stream.
-DEFAULT_STREAMS = {
-    "approval": "Custom-SeBridgeApprovals",
-    "reconciliation": "Custom-SeBridgeFindings",
-}
+#: The streams and columns, declared once (schemas/logs-ingestion.v1.json: the Bicep of the tables and
+#: the DCR reads the same file): each record type's stream, the default stream for any other type.
+LAYOUT = load_schema("logs-ingestion.v1.json")
+DEFAULT_STREAMS = {t: name for name, stream in LAYOUT["streams"].items() for t in stream["recordTypes"]}
 DEFAULT_STREAM = "Custom-SeBridgeRecords"
+COLUMNS = tuple(c["name"] for c in LAYOUT["columns"])
 #: Azure truncates a field beyond 64 KB; a record's JSON longer than this goes as parts.
 MAX_FIELD_BYTES = 60 * 1024
 MAX_BATCH = 500

@@ -79,6 +79,14 @@ API_VERSIONS = {
     # Azure's own channel: the newest GA Event Grid version (azure-rest-api-specs, stable/2025-02-15).
     "Microsoft.EventGrid/systemTopics": "2025-02-15",
     "Microsoft.EventGrid/systemTopics/eventSubscriptions": "2025-02-15",
+    # Azure Monitor (issue 26): the versions in Microsoft's Logs Ingestion and workbook references,
+    # each a stable folder of azure-rest-api-specs.
+    "Microsoft.OperationalInsights/workspaces": "2025-07-01",
+    "Microsoft.OperationalInsights/workspaces/tables": "2025-07-01",
+    "Microsoft.Insights/dataCollectionRules": "2024-03-11",
+    "Microsoft.Insights/workbooks": "2023-06-01",
+    "Microsoft.Insights/actionGroups": "2022-06-01",
+    "Microsoft.Insights/scheduledQueryRules": "2023-12-01",
 }
 
 # Versions the resource providers publish (Azure/azure-rest-api-specs, each provider's stable folder;
@@ -96,6 +104,9 @@ PUBLISHED = {
     "Microsoft.Resources/templateSpecs": {"2021-05-01", "2022-02-01"},
     "Microsoft.EventGrid/systemTopics": {"2025-02-15"},  # the stable versions checked so far
     "Microsoft.EventGrid/systemTopics/eventSubscriptions": {"2025-02-15"},
+    "Microsoft.OperationalInsights/workspaces/tables": {"2025-07-01"},  # the stable versions checked so far
+    "Microsoft.Insights/scheduledQueryRules": {"2023-12-01"},
+    "Microsoft.Insights/workbooks": {"2023-06-01"},
 }  # fmt: skip
 
 
@@ -189,6 +200,7 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
         "Microsoft.KeyVault/vaults/secrets@2023-07-01",
         "Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31",  # attach one identity, no other
         "Microsoft.Resources/templateSpecs@2022-02-01",  # read the one spec a policy deploys from
+        "Microsoft.Insights/dataCollectionRules@2024-03-11",  # send through the one rule (Azure Monitor)
     }
     assignments = 0
     for path, entry in lint_report["files"].items():
@@ -670,6 +682,38 @@ def test_azures_channel_reaches_the_hub_the_azure_channel_service_reads(lint_rep
     assert source.has_store and hub.credential == "managed"
     reader_group = topology.events_group("eventhubs://ns/se-records", "se-bridge-azure-channel", Path("/x"))
     assert f"'{reader_group}'" in main and "deployAzureChannel ? [" in main
+
+
+def test_azure_monitor_tables_rule_and_sink_share_one_layout(lint_report: dict[str, Any]) -> None:
+    """Issue 26: the tables, the rule's stream declarations and data flows, and the sink's streams all
+    come from schemas/logs-ingestion.v1.json; column names are Log Analytics-legal (no reserved name,
+    at most 45 characters; a table name too); the rule is Direct, the role is Monitoring Metrics
+    Publisher on the rule; the agents' sink spec main.bicep outputs parses as a sink."""
+    from bridge.sinks import create_sink
+    from bridge.sinks.logsingestion import COLUMNS, DEFAULT_STREAMS, LogsIngestionSink, rows_of
+
+    layout = json.loads((ROOT / "schemas" / "logs-ingestion.v1.json").read_text())
+    reserved = {"_resourceid", "id", "_subscriptionid", "tenantid", "type", "uniqueid", "title"}
+    assert all(c["name"].lower() not in reserved and len(c["name"]) <= 45 for c in layout["columns"])
+    assert all(s["table"].endswith("_CL") and len(s["table"]) <= 45 for s in layout["streams"].values())
+    assert {s for s in DEFAULT_STREAMS.values()} == set(layout["streams"])
+    row = rows_of({"recordId": "r", "observedAt": "2026-11-25T10:00:00Z", "recordType": "scheduledEvents"})[0]
+    assert set(row) <= set(COLUMNS)
+    module = (ROOT / "infra" / "modules" / "monitor.bicep").read_text()
+    assert lint_report["files"]["infra/modules/monitor.bicep"]["errors"] == []
+    assert "loadJsonContent('../../schemas/logs-ingestion.v1.json')" in module and "kind: 'Direct'" in module
+    for stream in layout["streams"]:
+        assert f"'{stream}': {{" in module and f"layout.streams['{stream}'].table" in module
+    assert "'3913510d-42f4-4e42-8a64-420c390055eb'" in module and "scope: rule" in module
+    main = (ROOT / "infra" / "main.bicep").read_text()
+    spec = re.search(r"output agentMonitorSinkSpec string = deployAzureMonitor \? '(.+)' : ''$", main, re.M)
+    assert spec
+    filled = spec.group(1).replace("${replace(azureMonitor.outputs.logsIngestionEndpoint, 'https://', '')}",
+                                   "se-dcr-abcd.westeurope-1.ingest.monitor.azure.com")  # fmt: skip
+    filled = filled.replace("${azureMonitor.outputs.immutableId}", "dcr-0123456789abcdef0123456789abcdef")
+    filled = filled.replace("${identities.outputs.agent.clientId}", "0f8fad5b-d9cb-469f-a165-70867728950e")
+    sink = create_sink(filled)
+    assert isinstance(sink, LogsIngestionSink) and sink.credential_kind == "managed"
 
 
 def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: Path) -> None:

@@ -1,0 +1,293 @@
+// Azure Monitor as a destination of the bridge (issue 26, docs/azure-monitor.md): the custom tables, a
+// Direct data collection rule whose own logsIngestion endpoint the agents' azuremonitor:// sink posts to,
+// Monitoring Metrics Publisher on that rule for the identities that send, a workbook for the fleet, two
+// alert rules and the action group that tells a person. Deployed in the workspace's resource group; the
+// rule in the workspace's region. Streams, tables and columns come from schemas/logs-ingestion.v1.json,
+// the file the sink reads too (declared once); the KQL texts from infra/monitor/, checked by
+// tests/integration/test_kql.py with Microsoft's Kusto language service.
+
+@description('Name of the Log Analytics workspace (in this resource group).')
+param workspaceName string
+
+@description('Region of the workspace (a data collection rule sends to workspaces of its own region).')
+param location string
+
+@description('Name of the data collection rule.')
+param ruleName string
+
+@description('Principals (object ids) that send records: the agents\' and the approvers\' identities.')
+param publisherPrincipalIds array
+
+@description('Days the tables keep records (Analytics plan: 4-730).')
+@minValue(4)
+@maxValue(730)
+param retentionDays int = 90
+
+@description('Alert when an event starts within this many minutes and nothing approved it or prepared its VM.')
+@minValue(5)
+@maxValue(1440)
+param alertHorizonMinutes int = 30
+
+@description('Email addresses the action group notifies (empty: no email receiver).')
+param alertEmails array = []
+
+@description('SMS receivers of the action group, [{countryCode, phoneNumber}].')
+param alertSms array = []
+
+@description('Azure mobile app push receivers, [email addresses of Azure accounts].')
+param alertPush array = []
+
+@description('Webhook receivers, [{name, serviceUri}] (a Logic App trigger, a chat bridge). Azure keeps the URI in the action group and the deployment records the parameter: use a URI whose secret can be rotated, or an email / Logic App without a secret in its address.')
+param alertWebhooks array = []
+
+@description('Tags of every resource.')
+param tags object
+
+var layout = loadJsonContent('../../schemas/logs-ingestion.v1.json')
+var tableNames = [for stream in items(layout.streams): stream.value.table]
+var tableColumns = [for column in layout.columns: {
+  name: column.name
+  type: column.type == 'datetime' ? 'dateTime' : column.type
+  description: contains(column, 'description') ? column.description : ''
+}]
+var streamColumns = [for column in layout.columns: {
+  name: column.name
+  type: column.type
+}]
+var monitoringMetricsPublisher = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '3913510d-42f4-4e42-8a64-420c390055eb')
+var unapprovedQuery = replace(loadTextContent('../monitor/alert-unapproved.kql'), 'let horizon = 30m;', 'let horizon = ${alertHorizonMinutes}m;')
+
+resource workspace 'Microsoft.OperationalInsights/workspaces@2025-07-01' existing = {
+  name: workspaceName
+}
+
+resource tables 'Microsoft.OperationalInsights/workspaces/tables@2025-07-01' = [for name in tableNames: {
+  parent: workspace
+  name: name
+  properties: {
+    plan: 'Analytics'
+    retentionInDays: retentionDays
+    schema: {
+      name: name
+      columns: tableColumns
+    }
+  }
+}]
+
+resource rule 'Microsoft.Insights/dataCollectionRules@2024-03-11' = {
+  name: ruleName
+  location: location
+  kind: 'Direct'
+  tags: tags
+  dependsOn: [
+    tables
+  ]
+  properties: {
+    description: 'scheduled-events-bridge records (azuremonitor:// sink)'
+    streamDeclarations: {
+      'Custom-SeBridgeRecords': {
+        columns: streamColumns
+      }
+      'Custom-SeBridgeApprovals': {
+        columns: streamColumns
+      }
+      'Custom-SeBridgeFindings': {
+        columns: streamColumns
+      }
+    }
+    destinations: {
+      logAnalytics: [
+        {
+          name: 'workspace'
+          workspaceResourceId: workspace.id
+        }
+      ]
+    }
+    dataFlows: [
+      {
+        streams: [
+          'Custom-SeBridgeRecords'
+        ]
+        destinations: [
+          'workspace'
+        ]
+        transformKql: layout.transformKql
+        outputStream: 'Custom-${layout.streams['Custom-SeBridgeRecords'].table}'
+      }
+      {
+        streams: [
+          'Custom-SeBridgeApprovals'
+        ]
+        destinations: [
+          'workspace'
+        ]
+        transformKql: layout.transformKql
+        outputStream: 'Custom-${layout.streams['Custom-SeBridgeApprovals'].table}'
+      }
+      {
+        streams: [
+          'Custom-SeBridgeFindings'
+        ]
+        destinations: [
+          'workspace'
+        ]
+        transformKql: layout.transformKql
+        outputStream: 'Custom-${layout.streams['Custom-SeBridgeFindings'].table}'
+      }
+    ]
+  }
+}
+
+// Sending needs Monitoring Metrics Publisher on the rule itself (nothing wider).
+resource publishers 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principalId in publisherPrincipalIds: {
+  name: guid(rule.id, principalId, monitoringMetricsPublisher)
+  scope: rule
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: monitoringMetricsPublisher
+  }
+}]
+
+resource workbook 'Microsoft.Insights/workbooks@2023-06-01' = {
+  name: guid(resourceGroup().id, ruleName, 'se-bridge-workbook')
+  location: location
+  kind: 'shared'
+  tags: tags
+  properties: {
+    displayName: 'Scheduled Events across the fleet'
+    category: 'workbook'
+    sourceId: workspace.id
+    serializedData: loadTextContent('../monitor/workbook.json')
+  }
+}
+
+resource actionGroup 'Microsoft.Insights/actionGroups@2022-06-01' = {
+  name: '${ruleName}-oncall'
+  location: 'global'
+  tags: tags
+  properties: {
+    groupShortName: 'se-bridge'
+    enabled: true
+    emailReceivers: [for (email, i) in alertEmails: {
+      name: 'email-${i}'
+      emailAddress: email
+      useCommonAlertSchema: true
+    }]
+    smsReceivers: [for (sms, i) in alertSms: {
+      name: 'sms-${i}'
+      countryCode: sms.countryCode
+      phoneNumber: sms.phoneNumber
+    }]
+    azureAppPushReceivers: [for (account, i) in alertPush: {
+      name: 'push-${i}'
+      emailAddress: account
+    }]
+    webhookReceivers: [for hook in alertWebhooks: {
+      name: hook.name
+      serviceUri: hook.serviceUri
+      useCommonAlertSchema: true
+    }]
+  }
+}
+
+resource unapproved 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  name: '${ruleName}-unapproved-maintenance'
+  location: location
+  tags: tags
+  properties: {
+    displayName: 'Maintenance within ${alertHorizonMinutes} minutes that nothing approved or prepared'
+    severity: 1
+    enabled: true
+    scopes: [
+      workspace.id
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT5M'
+    criteria: {
+      allOf: [
+        {
+          query: unapprovedQuery
+          timeAggregation: 'Count'
+          operator: 'GreaterThan'
+          threshold: 0
+          dimensions: [
+            {
+              name: 'VmName'
+              operator: 'Include'
+              values: [
+                '*'
+              ]
+            }
+            {
+              name: 'EventId'
+              operator: 'Include'
+              values: [
+                '*'
+              ]
+            }
+          ]
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    actions: {
+      actionGroups: [
+        actionGroup.id
+      ]
+    }
+  }
+}
+
+resource silent 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  name: '${ruleName}-agent-silent'
+  location: location
+  tags: tags
+  properties: {
+    displayName: 'A scheduled-events-bridge agent stopped reporting'
+    severity: 2
+    enabled: true
+    scopes: [
+      workspace.id
+    ]
+    evaluationFrequency: 'PT15M'
+    windowSize: 'PT15M'
+    criteria: {
+      allOf: [
+        {
+          query: loadTextContent('../monitor/alert-silent.kql')
+          timeAggregation: 'Count'
+          operator: 'GreaterThan'
+          threshold: 0
+          dimensions: [
+            {
+              name: 'VmName'
+              operator: 'Include'
+              values: [
+                '*'
+              ]
+            }
+          ]
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    actions: {
+      actionGroups: [
+        actionGroup.id
+      ]
+    }
+  }
+}
+
+@description('The rule\'s own Logs Ingestion endpoint (kind Direct).')
+output logsIngestionEndpoint string = rule.properties.endpoints.logsIngestion
+
+@description('The rule\'s immutable id (the sink spec\'s path).')
+output immutableId string = rule.properties.immutableId
