@@ -1,0 +1,161 @@
+"""Chat messages for the webhook sink's ``format=teams`` and ``format=slack`` (issue 26): on-call people
+learn of maintenance from a notification, not a dashboard.
+
+One message per record a person cares about, none for the others (the sink acknowledges those without
+posting):
+
+* a ``scheduledEvents`` record with a transition: ``scheduled``, ``started``, ``startedWithoutNotice``,
+  ``completed``, ``canceled`` (not ``present``: an agent's first look is no news), naming the event, its
+  type and source, the VMs, NotBefore in UTC and "in N minutes" (from the record's own time), and a
+  link to the event in the console when ``console_url`` is given;
+* an ``approval`` record (an approver's audit): approved or refused, by whom, why;
+* a ``reconciliation`` finding ``unwatched`` (bridge.azure): the VM nobody watches.
+
+**A wave is one message per set, not one per VM.** Every VM of an availability set or scale-set update
+domain sees the same event, and each agent posts on its own; only the agent of the first VM the event
+names (its ``Resources``, sorted, case-insensitive) posts it, so 200 VMs of one set make one message
+per transition. (If that VM's agent is down, nobody posts: the console and the alert rule "an agent
+stopped reporting" are what catches it; ``one_per_set=false`` makes every VM post.)
+
+Shapes, as the services document them: Teams' Workflows webhook (Power Automate "When a Teams webhook
+request is received") takes ``{"type": "message", "attachments": [{"contentType":
+"application/vnd.microsoft.card.adaptive", "content": <Adaptive Card 1.4>}]}``; Slack's incoming webhook
+takes ``{"text": <fallback>, "blocks": [...]}`` with Block Kit's limits (50 blocks, 3 000 characters per
+section text, 150 per header).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+Style = Literal["teams", "slack"]
+TRANSITIONS = {
+    "scheduled": "scheduled",
+    "started": "started",
+    "startedWithoutNotice": "started without notice",
+    "completed": "completed",
+    "canceled": "canceled",
+}
+ADAPTIVE_CARD_VERSION = "1.4"
+ADAPTIVE_CARD_SCHEMA = "http://adaptivecards.io/schemas/adaptive-card.json"
+SLACK_MAX_BLOCKS = 50
+SLACK_MAX_TEXT = 3000
+SLACK_MAX_HEADER = 150
+MAX_VMS_NAMED = 20
+
+
+def chat_message(
+    record: dict[str, Any], style: Style, *, console_url: str | None = None, one_per_set: bool = True
+) -> dict[str, Any] | None:
+    """The message for ``record``, or None when it is nothing a person needs to read."""
+    lines = _lines(record, one_per_set)
+    if not lines:
+        return None
+    title, facts, link = lines
+    url = f"{console_url.rstrip('/')}/events/{link}" if console_url and link else None
+    return _teams(title, facts, url) if style == "teams" else _slack(title, facts, url)
+
+
+def _lines(record: dict[str, Any], one_per_set: bool) -> tuple[str, list[tuple[str, str]], str | None] | None:
+    kind = record.get("recordType")
+    if kind == "scheduledEvents":
+        return _transition(record, one_per_set)
+    if kind == "approval" and record.get("outcome") in ("approved", "refused"):
+        events = ", ".join(str(e) for e in record.get("eventIds") or []) or "-"
+        title = f"Maintenance {record['outcome']}: {record.get('target') or 'unknown VM'}"
+        by = str(record.get("issuedBy") or record.get("component") or "-")
+        facts = [("Events", events), ("By", by), ("Reason", str(record.get("reason") or "ok"))]
+        facts.append(("Detail", str(record.get("detail") or "")))
+        ids = record.get("eventIds") or []
+        return title, [f for f in facts if f[1]], str(ids[0]) if ids else None
+    if kind == "reconciliation" and record.get("finding") == "unwatched":
+        vm = (record.get("vm") or {}).get("name") or "a VM"
+        title = f"No agent watches {vm}: Azure announced maintenance for it"
+        return (
+            title,
+            [("Event", str(record.get("eventId"))), ("Azure", str(record.get("azureState")))],
+            str(record.get("eventId")),
+        )
+    return None
+
+
+def _transition(
+    record: dict[str, Any], one_per_set: bool
+) -> tuple[str, list[tuple[str, str]], str | None] | None:
+    vm = (record.get("vm") or {}).get("name") or ""
+    events = {e.get("eventId"): e for e in record.get("events") or [] if isinstance(e, dict)}
+    changes = [
+        c for c in record.get("changes") or [] if isinstance(c, dict) and c.get("change") in TRANSITIONS
+    ]
+    observed = _epoch(record.get("observedAt"))
+    for change in changes:
+        event = events.get(change.get("eventId")) or {}
+        resources = [str(r) for r in event.get("resources") or [vm]]
+        if one_per_set and resources and vm.lower() != min(r.lower() for r in resources):
+            continue  # another VM of the set posts this one
+        named = ", ".join(resources[:MAX_VMS_NAMED]) + (
+            f" (+{len(resources) - MAX_VMS_NAMED} more)" if len(resources) > MAX_VMS_NAMED else ""
+        )
+        title = f"{change.get('eventType')} {TRANSITIONS[change['change']]}: {named}"
+        facts = [("Event", str(change.get("eventId"))), ("Source", str(event.get("eventSource") or "-"))]
+        not_before = _epoch(event.get("notBefore"))
+        if not_before is not None:
+            ahead = "" if observed is None else f" (in {max(0, round((not_before - observed) / 60))} minutes)"
+            facts.append(("Not before", f"{event['notBefore']}{ahead}"))
+        if event.get("durationInSeconds"):
+            facts.append(("Duration", f"{event['durationInSeconds']} s"))
+        if event.get("description"):
+            facts.append(("Description", str(event["description"])))
+        return title, facts, str(change.get("eventId"))
+    return None
+
+
+def _teams(title: str, facts: list[tuple[str, str]], url: str | None) -> dict[str, Any]:
+    card: dict[str, Any] = {
+        "$schema": ADAPTIVE_CARD_SCHEMA,
+        "type": "AdaptiveCard",
+        "version": ADAPTIVE_CARD_VERSION,
+        "body": [
+            {"type": "TextBlock", "text": title, "weight": "Bolder", "size": "Medium", "wrap": True},
+            {"type": "FactSet", "facts": [{"title": k, "value": v} for k, v in facts]},
+        ],
+    }
+    if url:
+        card["actions"] = [{"type": "Action.OpenUrl", "title": "Open in the console", "url": url}]
+    attachment = {
+        "contentType": "application/vnd.microsoft.card.adaptive",
+        "contentUrl": None,
+        "content": card,
+    }
+    return {"type": "message", "attachments": [attachment]}
+
+
+def _slack(title: str, facts: list[tuple[str, str]], url: str | None) -> dict[str, Any]:
+    text = "\n".join(f"*{k}:* {_escape(v)}" for k, v in facts)
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": _cut(title, SLACK_MAX_HEADER)}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": _cut(text, SLACK_MAX_TEXT)}},
+    ]
+    if url:
+        button = {"type": "button", "text": {"type": "plain_text", "text": "Open in the console"}, "url": url}
+        blocks.append({"type": "actions", "elements": [button]})
+    return {"text": _cut(title, SLACK_MAX_TEXT), "blocks": blocks[:SLACK_MAX_BLOCKS]}
+
+
+def _escape(text: str) -> str:
+    """Slack's mrkdwn control characters."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _epoch(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

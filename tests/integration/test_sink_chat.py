@@ -1,0 +1,141 @@
+"""Chat notifications (issue 26): the webhook sink's ``format=teams`` and ``format=slack``.
+
+* A real agent posts to a local receiver (Teams and Slack cannot be reached from here) for each
+  transition a person cares about, nothing for its first look; each Teams body is the Workflows
+  webhook's message with an Adaptive Card 1.4, with the console link.
+* Slack's Block Kit limits hold for any record (50 blocks, 3 000 characters per section, 150 per
+  header), and mrkdwn control characters are escaped.
+* A wave of 200 VMs in one set is one message per transition, not 200 (the first VM of the event
+  posts); the approver's audit records and Azure's unwatched findings are messages too.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from helpers import doc, event
+from peers.http_receiver import HttpReceiver
+from procs import Emulator
+
+from bridge.agent.diff import diff
+from bridge.imds.instance import VmIdentity
+from bridge.records import approval_record, scheduled_events_record
+from bridge.sinks import SinkError, create_sink
+from bridge.sinks.chat import SLACK_MAX_BLOCKS, SLACK_MAX_HEADER, SLACK_MAX_TEXT, chat_message
+
+CONSOLE = "https://console.contoso.example"
+
+
+@pytest.fixture
+def receiver() -> Iterator[HttpReceiver]:
+    with HttpReceiver() as r:
+        yield r
+
+
+def test_an_agent_posts_an_adaptive_card_per_transition(
+    make_agent: Any, receiver: HttpReceiver, tmp_path: Path
+) -> None:
+    emulator = Emulator()
+    try:
+        spec = f"{receiver.url}/workflows#format=teams&console_url={CONSOLE}"
+        agent = make_agent(emulator.url, "--sink", f"file://{tmp_path / 'records.jsonl'}", sink=spec).start()
+        freeze = emulator.add_event(eventType="Freeze", durationInSeconds=5, description="Host update")
+        agent.wait_for_change(freeze, "scheduled")
+        emulator.control("POST", f"events/{freeze}/start")
+        agent.wait_for_change(freeze, "started")
+        emulator.control("POST", f"events/{freeze}/complete")
+        agent.wait_for_change(freeze, "completed")
+        receiver.wait_for(lambda reqs: len(reqs) >= 3, what="three messages")
+    finally:
+        emulator.stop()
+    bodies = [orjson.loads(r.body) for r in receiver.requests()]
+    assert len(bodies) == 3  # the first observation (no event) posted nothing
+    titles = []
+    for body in bodies:
+        assert body["type"] == "message"
+        (attachment,) = body["attachments"]
+        assert attachment["contentType"] == "application/vnd.microsoft.card.adaptive"
+        card = attachment["content"]
+        assert (card["type"], card["version"]) == ("AdaptiveCard", "1.4")
+        assert card["$schema"] == "http://adaptivecards.io/schemas/adaptive-card.json"
+        assert [b["type"] for b in card["body"]] == ["TextBlock", "FactSet"]
+        assert card["actions"] == [{"type": "Action.OpenUrl", "title": "Open in the console",
+                                    "url": f"{CONSOLE}/events/{freeze}"}]  # fmt: skip
+        titles.append(card["body"][0]["text"])
+    assert [t.split(":")[0] for t in titles] == ["Freeze scheduled", "Freeze started", "Freeze completed"]
+    facts = {f["title"]: f["value"] for f in bodies[0]["attachments"][0]["content"]["body"][1]["facts"]}
+    assert facts["Event"] == freeze and "minutes)" in facts["Not before"] and facts["Duration"] == "5 s"
+
+
+def test_slack_messages_keep_block_kit_limits_and_escape_mrkdwn() -> None:
+    vm = VmIdentity(vm_id="v", name="vm-a")
+    huge = "<b>&" + "x" * 10_000
+    before, after = (
+        doc(1),
+        doc(
+            2,
+            event(
+                str(uuid.uuid4()),
+                etype="Reboot",
+                Description=huge,
+                resources=["vm-a", *(f"vm-{n}" for n in range(300))],
+            ),
+        ),
+    )
+    record = scheduled_events_record(vm, before, after, diff(before, after), 0.0)
+    message = chat_message(record, "slack", console_url=CONSOLE, one_per_set=False)
+    assert message is not None
+    blocks = message["blocks"]
+    assert len(blocks) <= SLACK_MAX_BLOCKS and len(blocks[0]["text"]["text"]) <= SLACK_MAX_HEADER
+    section = blocks[1]["text"]["text"]
+    assert len(section) <= SLACK_MAX_TEXT and "&lt;b&gt;&amp;" in section and "<b>" not in section
+    assert blocks[2]["elements"][0]["url"].startswith(f"{CONSOLE}/events/")
+
+
+def test_a_wave_of_200_vms_in_one_set_is_one_message_per_transition() -> None:
+    names = [f"web_{n}" for n in range(200)]
+    event_id = str(uuid.uuid4())
+    before, after = doc(1), doc(2, event(event_id, etype="Reboot", resources=names))
+    posted = []
+    for name in names:
+        record = scheduled_events_record(
+            VmIdentity(vm_id=name, name=name), before, after, diff(before, after), 0.0
+        )
+        posted.append(chat_message(record, "teams"))
+    assert sum(m is not None for m in posted) == 1
+    assert "(+180 more)" in posted[0]["attachments"][0]["content"]["body"][0]["text"]  # type: ignore[index]
+    changes = diff(before, after)
+    records = [
+        scheduled_events_record(VmIdentity(vm_id=n, name=n), before, after, changes, 0.0) for n in names
+    ]
+    every = [chat_message(record, "teams", one_per_set=False) for record in records]
+    assert sum(m is not None for m in every) == 200
+
+
+def test_approvals_and_unwatched_vms_are_messages_and_other_records_are_not() -> None:
+    audit = approval_record("approver", decision_id="d", event_ids=["E1"], target="vm-a", issued_by="alice",
+                            requester=None, outcome="approved", reason=None, detail=None, results=[],
+                            record_id=str(uuid.uuid4()))  # fmt: skip
+    message = chat_message(audit, "slack")
+    assert message is not None and message["text"] == "Maintenance approved: vm-a"
+    finding = {"recordType": "reconciliation", "finding": "unwatched", "eventId": "E1"}
+    finding |= {"vm": {"name": "vm-c"}, "azureState": "Scheduled"}
+    assert (
+        "No agent watches vm-c"
+        in chat_message(finding, "teams")["attachments"][0]["content"]["body"][0]["text"]
+    )  # type: ignore[index]
+    assert chat_message({"recordType": "heartbeat"}, "teams") is None
+    assert chat_message({**finding, "finding": "outcome"}, "slack") is None
+
+
+def test_chat_options_are_checked() -> None:
+    with pytest.raises(SinkError, match="console_url"):
+        create_sink("https://hooks.example/x#format=json&console_url=https://c.example")
+    with pytest.raises(SinkError, match="https://"):
+        create_sink("https://hooks.example/x#format=slack&console_url=http://c.example")
+    assert create_sink("https://hooks.example/x#format=slack&one_per_set=false").one_per_set is False  # type: ignore[attr-defined]
