@@ -154,3 +154,27 @@ def test_a_missing_rule_is_dead_lettered_and_a_refused_token_is_retried(
     (outcome,) = sink.poll(1)
     assert outcome.error is not None and outcome.error.retryable and outcome.error.kind == "auth"
     sink.close()
+
+
+def test_the_installers_config_carries_the_sink_and_the_agent_loads_it(tmp_path: Path) -> None:
+    """The deploy path (bridge.install_config, what the extension and the VM Application run) renders the
+    agent's TOML with the Azure Monitor sink beside the records hub; the agent's own loader accepts it
+    and each sink is built from it."""
+    import argparse
+
+    from bridge.config import load_agent_config
+    from bridge.install_config import apply_agent_inputs, render_toml, validate
+
+    monitor = "azuremonitor://se-dcr-ab12.westeurope-1.ingest.monitor.azure.com/dcr-0123456789abcdef0123456789abcdef"
+    monitor += "?credential=managed&client_id=0f8fad5b-d9cb-469f-a165-70867728950e"
+    hub = "eventhubs://ns.servicebus.windows.net/se-records?credential=managed"
+    agent: dict[str, Any] = {"sinks": [hub, monitor]}
+    apply_agent_inputs(
+        agent, {"SEB_LOGS": str(tmp_path), "SEB_SINKS": "", "SEB_STATE": str(tmp_path / "state")}
+    )
+    path = tmp_path / "config.toml"
+    path.write_text(render_toml(agent, {}))
+    validate(path)
+    config = load_agent_config(argparse.Namespace(config=str(path)), environ={})
+    assert list(config.sink) == [hub, monitor]
+    assert isinstance(create_sink(config.sink[1]), LogsIngestionSink)
