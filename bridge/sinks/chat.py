@@ -26,10 +26,12 @@ section text, 150 per header).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 Style = Literal["teams", "slack"]
+CHAT_FORMATS = ("teams", "slack")
 TRANSITIONS = {
     "scheduled": "scheduled",
     "started": "started",
@@ -45,14 +47,37 @@ SLACK_MAX_HEADER = 150
 MAX_VMS_NAMED = 20
 
 
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    """The webhook spec's chat options: ``console_url`` (the console's https:// address, for a link to
+    the event) and ``one_per_set`` (module docstring)."""
+
+    console_url: str | None = None
+    one_per_set: bool = True
+
+    @classmethod
+    def take(cls, options: dict[str, str], chat: bool) -> ChatOptions:
+        """Pop the chat options from a webhook spec's options; ``ValueError`` for a wrong one."""
+        url, per_set = options.pop("console_url", None), options.pop("one_per_set", None)
+        if (url is not None or per_set is not None) and not chat:
+            raise ValueError("console_url and one_per_set only apply to format=teams or format=slack")
+        if url is not None and not url.startswith("https://"):
+            raise ValueError("console_url must be the console's https:// address")
+        if per_set not in (None, "true", "false"):
+            raise ValueError("one_per_set must be true or false")
+        return cls(url, per_set != "false")
+
+
 def chat_message(
-    record: dict[str, Any], style: Style, *, console_url: str | None = None, one_per_set: bool = True
+    record: dict[str, Any], style: Style, options: ChatOptions | None = None
 ) -> dict[str, Any] | None:
     """The message for ``record``, or None when it is nothing a person needs to read."""
-    lines = _lines(record, one_per_set)
+    options = options or ChatOptions()
+    lines = _lines(record, options.one_per_set)
     if not lines:
         return None
     title, facts, link = lines
+    console_url = options.console_url
     url = f"{console_url.rstrip('/')}/events/{link}" if console_url and link else None
     return _teams(title, facts, url) if style == "teams" else _slack(title, facts, url)
 

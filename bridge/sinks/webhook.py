@@ -58,13 +58,11 @@ from bridge.pipeline import CONTENT_TYPE, Entry, SinkError, SynchronousSink
 from bridge.redaction import secrets_in
 from bridge.retry import parse_retry_after
 from bridge.sinks.base import config_error, owner
-from bridge.sinks.chat import chat_message
+from bridge.sinks.chat import CHAT_FORMATS, ChatOptions, chat_message
 from bridge.transports.base import Owner
 from bridge.transports.secrets import SecretRef
 
-FORMATS = ("json", "cloudevents", "eventgrid", "teams", "slack")
-#: Chat formats (bridge.sinks.chat): a message for a person, and only for a record a person cares about.
-CHAT_FORMATS = ("teams", "slack")
+FORMATS = ("json", "cloudevents", "eventgrid", *CHAT_FORMATS)
 #: CloudEvents ``type`` and Event Grid ``eventType`` of every record.
 EVENT_TYPE = "com.scheduled-events-bridge.record.v1"
 CLOUDEVENTS_CONTENT_TYPE = "application/cloudevents+json"
@@ -153,14 +151,10 @@ class WebhookSink(SynchronousSink):
             )
         self.ca_file = self._parse_ca(options.pop("ca_file", None), options.pop("verify", None))
         self.proxy = self._parse_proxy(options.pop("proxy", None))
-        self.console_url = options.pop("console_url", None)
-        if self.console_url is not None and not self.console_url.startswith("https://"):
-            raise self._config_error("console_url must be the console's https:// address")
-        self.one_per_set = self._parse_bool("one_per_set", options.pop("one_per_set", "true"))
-        if (
-            self.console_url is not None or "one_per_set" in parts.fragment
-        ) and self.format not in CHAT_FORMATS:
-            raise self._config_error("console_url and one_per_set only apply to format=teams or format=slack")
+        try:
+            self.chat = ChatOptions.take(options, self.format in CHAT_FORMATS)
+        except ValueError as exc:
+            raise self._config_error(str(exc)) from None
         self._hmac_source = self._secret_source("hmac_key", "HMAC key", options)
         self._aeg_source = self._secret_source("aeg_key", "Event Grid key", options)
         if self._aeg_source is not None and self.format != "eventgrid":
@@ -361,10 +355,7 @@ class WebhookSink(SynchronousSink):
         if self.format == "json":
             return entry.payload, CONTENT_TYPE
         if self.format in CHAT_FORMATS:
-            message = chat_message(
-                orjson.loads(entry.payload), self.format,  # type: ignore[arg-type]
-                console_url=self.console_url, one_per_set=self.one_per_set,
-            )  # fmt: skip
+            message = chat_message(orjson.loads(entry.payload), self.format, self.chat)  # type: ignore[arg-type]
             return None if message is None else (orjson.dumps(message), CONTENT_TYPE)
         meta = entry.meta
         name = meta.vm_name or meta.vm_id or "unknown"

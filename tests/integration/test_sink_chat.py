@@ -26,7 +26,7 @@ from bridge.agent.diff import diff
 from bridge.imds.instance import VmIdentity
 from bridge.records import approval_record, scheduled_events_record
 from bridge.sinks import SinkError, create_sink
-from bridge.sinks.chat import SLACK_MAX_BLOCKS, SLACK_MAX_HEADER, SLACK_MAX_TEXT, chat_message
+from bridge.sinks.chat import SLACK_MAX_BLOCKS, SLACK_MAX_HEADER, SLACK_MAX_TEXT, ChatOptions, chat_message
 
 CONSOLE = "https://console.contoso.example"
 
@@ -88,7 +88,7 @@ def test_slack_messages_keep_block_kit_limits_and_escape_mrkdwn() -> None:
         ),
     )
     record = scheduled_events_record(vm, before, after, diff(before, after), 0.0)
-    message = chat_message(record, "slack", console_url=CONSOLE, one_per_set=False)
+    message = chat_message(record, "slack", ChatOptions(CONSOLE, one_per_set=False))
     assert message is not None
     blocks = message["blocks"]
     assert len(blocks) <= SLACK_MAX_BLOCKS and len(blocks[0]["text"]["text"]) <= SLACK_MAX_HEADER
@@ -113,7 +113,7 @@ def test_a_wave_of_200_vms_in_one_set_is_one_message_per_transition() -> None:
     records = [
         scheduled_events_record(VmIdentity(vm_id=n, name=n), before, after, changes, 0.0) for n in names
     ]
-    every = [chat_message(record, "teams", one_per_set=False) for record in records]
+    every = [chat_message(record, "teams", ChatOptions(one_per_set=False)) for record in records]
     assert sum(m is not None for m in every) == 200
 
 
@@ -138,4 +138,4 @@ def test_chat_options_are_checked() -> None:
         create_sink("https://hooks.example/x#format=json&console_url=https://c.example")
     with pytest.raises(SinkError, match="https://"):
         create_sink("https://hooks.example/x#format=slack&console_url=http://c.example")
-    assert create_sink("https://hooks.example/x#format=slack&one_per_set=false").one_per_set is False  # type: ignore[attr-defined]
+    assert create_sink("https://hooks.example/x#format=slack&one_per_set=false").chat.one_per_set is False  # type: ignore[attr-defined]
