@@ -25,6 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from bridge.config_central import (
+    AzureChannelConfig,
+    ConsoleConfig,
+    load_azure_channel_config,
+    load_console_config,
+)
 from bridge.imds.client import DEFAULT_IMDS_URL
 from bridge.imds.document import API_VERSIONS, DEFAULT_API_VERSION
 from bridge.settings import (
@@ -41,7 +47,6 @@ from bridge.settings import (
     coordinate_deadline_setting,
     coordinate_on_deadline_setting,
     format_size,
-    guid_text,
     https_url,
     imds_base_url,
     integer,
@@ -478,181 +483,6 @@ class ApproverConfig(ConfigBase):
     log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
 
 
-@dataclass(frozen=True)
-class ConsoleConfig(ConfigBase):
-    """``se-bridge console``: flags, ``SE_BRIDGE_CONSOLE_<NAME>`` or the ``[console]`` table."""
-
-    env_prefix: ClassVar[str] = ENV_PREFIX + "CONSOLE_"
-    toml_section: ClassVar[str] = "console"
-
-    events_source: tuple[str, ...] = setting(
-        (),
-        text,
-        "The events stream the agents and approvers publish to (kafka://..., eventhubs://... without a "
-        "checkpoint store, file:///path.jsonl); repeat for several. Every console instance reads all of it.",
-        metavar="SPEC",
-        multiple=True,
-        required="an events stream is required (--events-source kafka://host:9092/events, ...)",
-    )
-    sink: str = setting(
-        "",
-        text,
-        "The decisions topic approvals are published to (the specs of se-bridge decide --sink).",
-        metavar="SPEC",
-        required="a decisions topic is required (--sink kafka://host:9092/decisions, ...)",
-    )
-    key: str = setting(
-        "",
-        key_spec,
-        "The key that signs the console's decisions, KEYID=PATH or KEYID=https://<vault>/secrets/<name> "
-        "(the approvers' --key names the same).",
-        metavar="KEYID=PATH",
-        required="a signing key is required (--key console=/etc/se-bridge/keys/console.key)",
-    )
-    auth: str = setting(
-        "",
-        choice("entra", "oauth2-proxy", "lab"),
-        "Who the person is: 'entra' (Container Apps / App Service authentication), 'oauth2-proxy', or "
-        "'lab' (a random token printed at start; anyone holding it may approve). Required.",
-        metavar="MODE",
-        required="auth is required: entra or oauth2-proxy behind Entra ID, or lab for a test bench",
-    )
-    approver_role: tuple[str, ...] = setting(
-        (), text, "An Entra app role whose holders may approve; repeat.", metavar="ROLE", multiple=True
-    )
-    approver_group: tuple[str, ...] = setting(
-        (), text, "A group (object id, or oauth2-proxy group) whose members may approve; repeat.",
-        metavar="GROUP", multiple=True,
-    )  # fmt: skip
-    listen: str = setting(
-        "127.0.0.1:8720",
-        listen_address,
-        "Where the pages and the API are served, HOST:PORT (behind the front door that signs people in).",
-        metavar="HOST:PORT",
-    )
-    state_dir: Path = setting(  # noqa: RUF009 - setting() returns a dataclasses.field
-        Path("/var/lib/se-bridge/console"),
-        path,
-        "Directory for the stream readers' own positions and consumer group id.",
-        metavar="DIR",
-    )
-    group: str = setting(
-        "se-bridge-console", text, "Consumer group prefix of the events readers.", metavar="NAME"
-    )
-    silent_after: float = setting(
-        900.0,
-        number(1, 86400),
-        "A VM whose agent sent nothing (a heartbeat included) for this long is flagged silent (three "
-        "heartbeat intervals by default).",
-        metavar="SECONDS",
-    )
-    history_days: float = setting(30.0, number(1, 366), "Days of closed events kept.", metavar="DAYS")
-    decision_ttl: float = setting(
-        900.0, number(30, 86400), "Seconds a decision made in the console stays valid.", metavar="SECONDS"
-    )
-    log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
-
-
-@dataclass(frozen=True)
-class AzureChannelConfig(ConfigBase):
-    """``se-bridge azure-channel``: flags, ``SE_BRIDGE_AZURE_<NAME>`` or the ``[azure_channel]`` table."""
-
-    env_prefix: ClassVar[str] = ENV_PREFIX + "AZURE_"
-    toml_section: ClassVar[str] = "azure_channel"
-
-    source: tuple[str, ...] = setting(
-        (),
-        text,
-        "Where Azure's channel arrives: the Event Hub the Event Grid system topic delivers to "
-        "(eventhubs://...?consumer_group=...&checkpoint_store=...) or a file of Event Grid events "
-        "(file:///path.jsonl); repeat for several.",
-        metavar="SPEC",
-        multiple=True,
-        required="a source is required (--source 'eventhubs://ns.servicebus.windows.net/se-azure-events?...')",
-    )
-    events_source: tuple[str, ...] = setting(
-        (),
-        text,
-        "The agents' events stream, to reconcile Azure's events with what the agents reported (the "
-        "specs of se-bridge console --events-source); repeat. None: no reconciliation findings.",
-        metavar="SPEC",
-        multiple=True,
-    )
-    sink: tuple[str, ...] = setting(
-        (),
-        text,
-        "Where the azureScheduledEvent and reconciliation records go (the agent's sink specs); repeat.",
-        metavar="SPEC",
-        multiple=True,
-        required="a sink is required (--sink eventhubs://..., --sink file:///path.jsonl, ...)",
-    )
-    grace: float = setting(
-        120.0,
-        number(1, 86400),
-        "Seconds an agent has to report an event Azure published (and Azure to publish one an agent "
-        "reported) before a VM is found unwatched (or the event agent-only).",
-        metavar="SECONDS",
-    )
-    listen: str = setting(
-        "127.0.0.1:8730",
-        listen_address,
-        "Where /healthz, /readyz, /metrics and /v1/unwatched are served, HOST:PORT, or off.",
-        metavar="HOST:PORT",
-    )
-    read_token_file: str | None = setting(
-        None,
-        optional_text,
-        "File holding the token remote callers of /metrics and /v1/unwatched must send (Authorization: "
-        "Bearer); local callers need none. Without one, those paths answer local callers only.",
-        metavar="PATH",
-    )
-    state_dir: Path = setting(  # noqa: RUF009 - setting() returns a dataclasses.field
-        Path("/var/lib/se-bridge/azure-channel"),
-        path,
-        "Directory for the outbox, the dead letters and the readers' positions.",
-        metavar="DIR",
-    )
-    group: str = setting(
-        "se-bridge-azure-channel", text, "Consumer group prefix of the events readers.", metavar="NAME"
-    )
-    graph_subscription: tuple[str, ...] = setting(
-        (),
-        guid_text,
-        "Poll Resource Graph's maintenanceresources for these subscriptions (a GUID; repeat): the second "
-        "input, or the only one without Event Grid. None: no polling.",
-        metavar="ID",
-        multiple=True,
-    )
-    graph_interval: float = setting(
-        60.0,
-        number(10, 3600),
-        "Seconds between two Resource Graph polls (Resource Graph allows 15 queries per 5 s per user).",
-        metavar="SECONDS",
-    )
-    arm_endpoint: str = setting(
-        "https://management.azure.com",
-        https_url,
-        "ARM endpoint of Resource Graph (sovereign clouds: https://management.usgovcloudapi.net, ...).",
-        metavar="URL",
-    )
-    arm_audience: str | None = setting(
-        None, optional_text, "Token audience (default: the endpoint).", metavar="URL"
-    )
-    arm_credential: str = setting(
-        "managed",
-        choice("managed", "default"),
-        "Entra ID credential for Resource Graph: managed identity or azure-identity's default chain.",
-        metavar="KIND",
-    )
-    arm_client_id: str | None = setting(
-        None, optional_text, "Client id of a user-assigned managed identity.", metavar="UUID"
-    )
-    arm_ca_file: str | None = setting(
-        None, optional_text, "CA bundle for the ARM endpoint; default: system CAs.", metavar="PATH"
-    )
-    log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
-
-
 #: The derived tables (read-only views of the dataclasses above; nothing is declared here).
 AGENT_SETTINGS: tuple[Setting, ...] = settings_of(AgentConfig)
 APPROVER_SETTINGS: tuple[Setting, ...] = settings_of(ApproverConfig)
@@ -666,18 +496,6 @@ def load_agent_config(
 ) -> AgentConfig:
     """The agent's configuration (what ``se-bridge agent`` and the installer's validation use)."""
     return load_config(AgentConfig, args, environ)
-
-
-def load_console_config(
-    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
-) -> ConsoleConfig:
-    return load_config(ConsoleConfig, args, environ)
-
-
-def load_azure_channel_config(
-    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
-) -> AzureChannelConfig:
-    return load_config(AzureChannelConfig, args, environ)
 
 
 def load_approver_config(
