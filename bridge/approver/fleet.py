@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from bridge.azure_ids import ScopeRefused, parent_scope
+from bridge.azure_ids import ScopeRefused, event_scope, parent_scope
 from bridge.eligibility import EventFacts
 from bridge.fsutil import write_atomic
 from bridge.observability import RateLimitedLog
@@ -120,6 +120,17 @@ class Event:
         return EventFacts(self.status, self.resources)
 
 
+@dataclass(slots=True)
+class AzureFacts:
+    """What Azure's own channel said of an event (bridge.azure): hints for the ARM path."""
+
+    parent: str  # the VM, scale set or availability set the event is under
+    status: str
+    resources: tuple[str, ...]
+    vms: dict[str, str]  # lower-cased name -> resource id
+    unwatched: set[str]  # lower-cased names no agent reports (reconciliation findings)
+
+
 class ClaimRefused(Exception):
     """A record's claim the fleet does not believe (``reason``: a bounded word for the metric)."""
 
@@ -141,7 +152,7 @@ class FleetView:
         self._vms: dict[str, Vm] = {}  # lower-cased name -> Vm
         self._by_id: dict[bytes, str] = {}  # packed vmId -> lower-cased name
         self._events: dict[str, Event] = {}  # upper-cased EventId -> Event
-        self._parents: OrderedDict[str, str] = OrderedDict()  # upper-cased EventId -> parent id (Azure's)
+        self._azure: OrderedDict[str, AzureFacts] = OrderedDict()  # upper-cased EventId -> Azure's word
         self.max_vms = max_vms
         self.pin = pin
         self._pins_path = None if state_dir is None else state_dir / PINS_FILE
@@ -162,12 +173,31 @@ class FleetView:
             return vm
 
     def event(self, event_id: str) -> Event | None:
+        """The event as the agents reported it; as Azure's channel did when no agent reported it."""
         with self._lock:
-            return self._events.get(event_id.upper())
+            event = self._events.get(event_id.upper())
+            azure = self._azure.get(event_id.upper()) if event is None else None
+        if azure is not None and azure.status:
+            return Event(azure.resources, azure.status, None, 0.0)
+        return event
 
     def azure_parent(self, event_id: str) -> str | None:
         with self._lock:
-            return self._parents.get(event_id.upper())
+            azure = self._azure.get(event_id.upper())
+            return azure.parent if azure is not None else None
+
+    def azure_vm(self, event_id: str, name: str) -> Vm | None:
+        """A VM of the event as Azure's channel named it (its resource id; no agent, no address)."""
+        with self._lock:
+            azure = self._azure.get(event_id.upper())
+            resource_id = azure.vms.get(name.lower()) if azure is not None else None
+        return Vm(name, resource_id=resource_id) if resource_id else None
+
+    def unwatched(self, event_id: str, name: str) -> bool:
+        """Whether Azure's reconciliation found no agent reporting this event on this VM."""
+        with self._lock:
+            azure = self._azure.get(event_id.upper())
+            return azure is not None and name.lower() in azure.unwatched
 
     def learn_azure(self, record: dict[str, Any]) -> None:
         """An ``azureScheduledEvent`` record (bridge.azure): the event's parent, the scope the ARM path
@@ -182,14 +212,35 @@ class FleetView:
             return
         try:
             parent_scope(parent)
+            vms = {_text(v.get("name")).lower(): str(v.get("resourceId")) for v in record.get("vms") or []
+                   if isinstance(v, dict) and event_scope(str(v.get("resourceId")))}  # fmt: skip
         except ScopeRefused as exc:
             self._refused(ClaimRefused("malformed", str(exc)), record)
             return
+        resources = tuple(_names(event.get("resources") or []))[:MAX_RESOURCES]
+        state = (
+            record.get("state")
+            if record.get("state") in ("Scheduled", "Started", "Completed", "Canceled")
+            else ""
+        )
         with self._lock:
-            self._parents[event_id.upper()] = parent
-            self._parents.move_to_end(event_id.upper())
-            while len(self._parents) > MAX_PARENTS:
-                self._parents.popitem(last=False)
+            known = self._azure.pop(event_id.upper(), None)
+            unwatched = known.unwatched if known is not None else set()
+            self._azure[event_id.upper()] = AzureFacts(parent, str(state), resources, vms, unwatched)
+            while len(self._azure) > MAX_PARENTS:
+                self._azure.popitem(last=False)
+
+    def learn_finding(self, record: dict[str, Any]) -> None:
+        """A reconciliation finding (bridge.azure): a VM of an event Azure announced that no agent
+        reports. A hint like the parent: it lets the ARM path act at once for a VM without an agent
+        instead of waiting for agents that are not there; the rule and ARM still decide."""
+        vm, event_id = record.get("vm"), record.get("eventId")
+        if record.get("finding") != "unwatched" or not isinstance(vm, dict) or not isinstance(event_id, str):
+            return
+        with self._lock:
+            azure = self._azure.get(event_id.upper())
+            if azure is not None and len(azure.unwatched) < MAX_RESOURCES:
+                azure.unwatched.add(_text(vm.get("name")).lower())
 
     def counts(self) -> tuple[int, int]:
         """(VMs, events) known: the ``se_bridge_approver_fleet_*`` gauges."""

@@ -229,7 +229,8 @@ class DecisionLife:
             answers = self.relayer.relay(
                 [p.decision for p in chunk],
                 [p.body for p in chunk],
-                fallback=self._may_fall_back([p.slot for p in chunk]),
+                fallback=self._may_fall_back([p.slot for p in chunk])
+                or all(self.router.nobody_watches(p.decision) for p in chunk),
             )
         except Exception:
             if alone:

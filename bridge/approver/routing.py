@@ -237,6 +237,9 @@ class LocalRouter:
     def azure_parent(self, event_id: str) -> str | None:
         return None
 
+    def nobody_watches(self, decision: Decision) -> bool:
+        return False  # a local approver's VM runs the agent it asks
+
     def this_vm(self) -> frozenset[str] | None:
         if self._names is not None or self._client is None:
             return self._names
@@ -316,7 +319,16 @@ class FleetRouter:
             vm = self.view.vm(name)
             if vm is not None and vm.resource_id:
                 return vm
+        for name in self._order(decision):  # no agent of the event told its id: Azure's channel may have
+            vm = self.view.azure_vm(decision.event_id, name)
+            if vm is not None:
+                return vm
         return None
+
+    def nobody_watches(self, decision: Decision) -> bool:
+        """No agent of the event is known and Azure's reconciliation found the target unwatched: the ARM
+        path may be taken at once (no request can reach an agent that does not exist)."""
+        return not self.candidates(decision) and self.view.unwatched(decision.event_id, decision.target)
 
     def resource_id(self, decision: Decision) -> str | None:
         vm = self.scope_vm(decision)
@@ -351,6 +363,8 @@ class FleetRouter:
             self.learn(record)
         elif record.get("recordType") == "azureScheduledEvent":
             self.view.learn_azure(record)
+        elif record.get("recordType") == "reconciliation":
+            self.view.learn_finding(record)
         for observe in self.observers:
             observe(record)
 

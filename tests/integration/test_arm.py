@@ -151,6 +151,7 @@ def run_fleet_approver(
     target: str = "vm1",
     ttl: float = 600,
     azure: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    decided: str = EVENT,
 ) -> dict[str, Any]:
     """The fleet approver of an installed configuration (``arm = "fallback"``), in process, with one
     decision for ``EVENT`` on ``vm1``, whose agent is at ``127.0.0.1:agent_port``; its audit record.
@@ -202,9 +203,11 @@ def run_fleet_approver(
     runner = threading.Thread(target=approver.run, kwargs={"install_signals": False}, daemon=True)
     runner.start()
     try:
-        decision = sign(new_decision(EVENT, target, "tests", ttl), "ops", b"k" * 40)
+        decision = sign(new_decision(decided, target, "tests", ttl), "ops", b"k" * 40)
         wait_until(
-            lambda: approver.router.resource_id(Decision.of(decision)) == VM_ID, 30, what="vm1 learned"
+            lambda: approver.router.resource_id(Decision.of(decision)) is not None,
+            30,
+            what="the scope learned",
         )
         decisions.write_bytes(json.dumps(decision).encode() + b"\n")
         wait_until(lambda: audit.exists() and audit.read_bytes().strip(), 60, what="the audit record")
@@ -289,6 +292,44 @@ def test_the_arm_path_acknowledges_on_the_parent_azures_channel_names(arm: FakeA
     assert (written["outcome"], written["reason"]) == ("refused", "armScopeRefused") and len(
         arm.requests
     ) == 2
+
+
+def test_a_vm_nobody_watches_is_approved_through_arm_at_once_from_azures_channel(
+    arm: FakeArm, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 25: a VM without an agent (vm9, in a Flexible scale set) whose event Azure's channel
+    published, and which the reconciliation found unwatched: the fleet approver knows the event, its
+    parent and the VM's id from Azure's records, applies the same rule (target in Resources, event
+    Scheduled), and acknowledges through ARM on the parent at once: the decision never waits in the
+    parking for agents that do not exist."""
+    import logging
+    import socket
+
+    from azure_events import grid_event
+
+    from bridge.azure.events import from_event_grid
+    from bridge.azure.reconcile import Reconciler
+    from bridge.azure.records import azure_event_record
+    from bridge.azure.tracker import News
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    agentless = "D1E2F3A4-0000-4000-8000-000000000009"
+    event = from_event_grid(grid_event(agentless, "Scheduled", ["vm9"], parent="flex1",
+                                       kind="virtualMachineScaleSets", sub=SUB, rg="rg1"))  # fmt: skip
+    reconciler, now = Reconciler(grace=1), time.time()
+    records = [azure_event_record(event, News("Scheduled", False), now)]
+    records += reconciler.azure(event, News("Scheduled", False), now) + reconciler.due(now + 2)
+    assert [r.get("finding") for r in records] == [None, "unwatched"]
+    with caplog.at_level(logging.WARNING, logger="bridge.approver.service"):
+        written = run_fleet_approver(arm, tmp_path, dead, target="vm9", azure=records, decided=agentless)
+    assert (written["outcome"], written["path"]) == ("approved", "arm")
+    (request,) = arm.requests
+    assert (
+        "/virtualMachineScaleSets/flex1/providers/Microsoft.Maintenance/scheduledevents/" in request["path"]
+    )
+    assert not [r for r in caplog.records if "waits for an agent" in r.getMessage()]
 
 
 def test_no_arm_fallback_when_the_agent_may_have_posted(arm: FakeArm, tmp_path: Path) -> None:
