@@ -28,10 +28,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from string import Template
 from typing import Any, Literal
 
 Style = Literal["teams", "slack"]
-CHAT_FORMATS = ("teams", "slack")
+CHAT_FORMATS = ("teams", "slack", "template")
+#: A user template's placeholders; each is replaced by a JSON string (quotes included), so a template
+#: that is JSON stays JSON whatever the text holds.
+TEMPLATE_FIELDS = ("title", "text", "url", "event_id", "record_type")
+MAX_TEMPLATE_BYTES = 64 * 1024
 TRANSITIONS = {
     "scheduled": "scheduled",
     "started": "started",
@@ -54,18 +59,54 @@ class ChatOptions:
 
     console_url: str | None = None
     one_per_set: bool = True
+    template: str | None = None  # format=template: the text of template_file
 
     @classmethod
-    def take(cls, options: dict[str, str], chat: bool) -> ChatOptions:
+    def take(cls, options: dict[str, str], style: str) -> ChatOptions:
         """Pop the chat options from a webhook spec's options; ``ValueError`` for a wrong one."""
         url, per_set = options.pop("console_url", None), options.pop("one_per_set", None)
-        if (url is not None or per_set is not None) and not chat:
-            raise ValueError("console_url and one_per_set only apply to format=teams or format=slack")
+        template_file = options.pop("template_file", None)
+        if (url is not None or per_set is not None) and style not in CHAT_FORMATS:
+            raise ValueError("console_url and one_per_set only apply to format=teams, slack or template")
         if url is not None and not url.startswith("https://"):
             raise ValueError("console_url must be the console's https:// address")
         if per_set not in (None, "true", "false"):
             raise ValueError("one_per_set must be true or false")
-        return cls(url, per_set != "false")
+        if (template_file is not None) != (style == "template"):
+            raise ValueError("format=template needs template_file=/path (and only it takes one)")
+        return cls(url, per_set != "false", _read_template(template_file) if template_file else None)
+
+
+def _read_template(path: str) -> str:
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_TEMPLATE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"template_file {path}: {exc.strerror}") from None
+    if len(data) > MAX_TEMPLATE_BYTES:
+        raise ValueError(f"template_file {path} is over {MAX_TEMPLATE_BYTES} bytes")
+    return data.decode("utf-8")
+
+
+def chat_body(record: dict[str, Any], style: str, options: ChatOptions) -> bytes | None:
+    """The request body for ``record`` in a chat format, or None when nothing is posted for it."""
+    import orjson
+
+    if style != "template":
+        message = chat_message(record, style, options)  # type: ignore[arg-type]
+        return None if message is None else orjson.dumps(message)
+    lines = _lines(record, options.one_per_set)
+    if not lines or options.template is None:
+        return None
+    title, facts, link = lines
+    url = f"{options.console_url.rstrip('/')}/events/{link}" if options.console_url and link else ""
+    values = {"title": title, "text": "\n".join([title, *(f"{k}: {v}" for k, v in facts)]), "url": url,
+              "event_id": link or "", "record_type": str(record.get("recordType"))}  # fmt: skip
+    return (
+        Template(options.template)
+        .safe_substitute({k: orjson.dumps(v).decode() for k, v in values.items()})
+        .encode()
+    )
 
 
 def chat_message(

@@ -58,7 +58,7 @@ from bridge.pipeline import CONTENT_TYPE, Entry, SinkError, SynchronousSink
 from bridge.redaction import secrets_in
 from bridge.retry import parse_retry_after
 from bridge.sinks.base import config_error, owner
-from bridge.sinks.chat import CHAT_FORMATS, ChatOptions, chat_message
+from bridge.sinks.chat import CHAT_FORMATS, ChatOptions, chat_body
 from bridge.transports.base import Owner
 from bridge.transports.secrets import SecretRef
 
@@ -104,6 +104,7 @@ _SIMPLE_OPTIONS = {
     "proxy",
     "console_url",
     "one_per_set",
+    "template_file",
 }
 
 
@@ -152,7 +153,7 @@ class WebhookSink(SynchronousSink):
         self.ca_file = self._parse_ca(options.pop("ca_file", None), options.pop("verify", None))
         self.proxy = self._parse_proxy(options.pop("proxy", None))
         try:
-            self.chat = ChatOptions.take(options, self.format in CHAT_FORMATS)
+            self.chat = ChatOptions.take(options, self.format)
         except ValueError as exc:
             raise self._config_error(str(exc)) from None
         self._hmac_source = self._secret_source("hmac_key", "HMAC key", options)
@@ -355,8 +356,8 @@ class WebhookSink(SynchronousSink):
         if self.format == "json":
             return entry.payload, CONTENT_TYPE
         if self.format in CHAT_FORMATS:
-            message = chat_message(orjson.loads(entry.payload), self.format, self.chat)  # type: ignore[arg-type]
-            return None if message is None else (orjson.dumps(message), CONTENT_TYPE)
+            body = chat_body(orjson.loads(entry.payload), self.format, self.chat)
+            return None if body is None else (body, CONTENT_TYPE)
         meta = entry.meta
         name = meta.vm_name or meta.vm_id or "unknown"
         source = meta.resource_id or f"/se-bridge/vm/{quote(name, safe='')}"

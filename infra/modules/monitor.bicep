@@ -40,6 +40,9 @@ param alertPush array = []
 @description('Webhook receivers, [{name, serviceUri}] (a Logic App trigger, a chat bridge). Azure keeps the URI in the action group and the deployment records the parameter: use a URI whose secret can be rotated, or an email / Logic App without a secret in its address.')
 param alertWebhooks array = []
 
+@description('Logic App receivers, [{name, resourceId, callbackUrl}] (a workflow that posts to Teams, opens a ticket...); the callback URL carries the trigger\'s signature: same caveat as the webhooks.')
+param alertLogicApps array = []
+
 @description('Tags of every resource.')
 param tags object
 
@@ -182,6 +185,12 @@ resource actionGroup 'Microsoft.Insights/actionGroups@2022-06-01' = {
     azureAppPushReceivers: [for (account, i) in alertPush: {
       name: 'push-${i}'
       emailAddress: account
+    }]
+    logicAppReceivers: [for app in alertLogicApps: {
+      name: app.name
+      resourceId: app.resourceId
+      callbackUrl: app.callbackUrl
+      useCommonAlertSchema: true
     }]
     webhookReceivers: [for hook in alertWebhooks: {
       name: hook.name

@@ -139,3 +139,33 @@ def test_chat_options_are_checked() -> None:
     with pytest.raises(SinkError, match="https://"):
         create_sink("https://hooks.example/x#format=slack&console_url=http://c.example")
     assert create_sink("https://hooks.example/x#format=slack&one_per_set=false").chat.one_per_set is False  # type: ignore[attr-defined]
+
+
+def test_a_user_template_gets_json_strings_so_its_json_stays_json(tmp_path: Path) -> None:
+    """``format=template``: for anything else than Teams or Slack, a file whose placeholders ($title,
+    $text, $url, $event_id, $record_type) are replaced by JSON strings; quotes and line breaks in an
+    event's description cannot break the body."""
+    from bridge.sinks.chat import chat_body
+
+    template = tmp_path / "message.json"
+    template.write_text('{"content": $text, "link": $url, "id": $event_id, "kind": $record_type}')
+    sink = create_sink(
+        f"https://hooks.example/x#format=template&template_file={template}&console_url={CONSOLE}"
+    )
+    event_id = str(uuid.uuid4())
+    before = doc(1)
+    after = doc(
+        2, event(event_id, etype="Redeploy", Description='say "hi"\nthen } break', resources=["vm-a"])
+    )
+    record = scheduled_events_record(
+        VmIdentity(vm_id="v", name="vm-a"), before, after, diff(before, after), 0.0
+    )
+    body = chat_body(record, "template", sink.chat)  # type: ignore[attr-defined]
+    assert body is not None
+    message = orjson.loads(body)
+    assert message["id"] == event_id and message["link"] == f"{CONSOLE}/events/{event_id}"
+    assert 'say "hi"\nthen } break' in message["content"] and message["kind"] == "scheduledEvents"
+    with pytest.raises(SinkError, match="template_file"):
+        create_sink("https://hooks.example/x#format=template")
+    with pytest.raises(SinkError, match="template_file"):
+        create_sink(f"https://hooks.example/x#format=slack&template_file={template}")
