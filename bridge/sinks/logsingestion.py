@@ -24,8 +24,9 @@ Why it looks like this:
 * **Errors by what can change on its own**: 429 (its ``Retry-After`` honoured by the worker's backoff),
   5xx, timeouts and connection errors are retried; 401/403 (no role, wrong audience) are retried too,
   because a role assignment takes minutes to apply and dead-lettering every record meanwhile would lose
-  the backlog; 400/404/413 (a stream or column the DCR does not declare, a DCR that does not exist, a
-  request over the limit) are permanent for those records: dead-lettered with the status.
+  the backlog; 400/404 (a stream or column the DCR does not declare, a DCR that does not exist) are
+  permanent for those records: dead-lettered with the status. A 413 (over the 1 MB limit) halves the
+  batch and retries: only a single row refused is dead-lettered (a record is at most 60 KB a row).
 * **Credentials**: the VM's managed identity (``credential=managed``, ``client_id=``) or azure-identity's
   default chain; the token's audience is ``https://monitor.azure.com`` (``audience=`` for sovereign
   clouds: ``https://monitor.azure.us``, ``https://monitor.azure.cn``). TLS verification is on
@@ -178,7 +179,7 @@ class LogsIngestionSink(Sink):
         failed: dict[str, SinkError] = {}  # RecordId -> why its chunk failed
 
         def on_error(error: Any) -> None:
-            why = _classify(error.error)
+            why = self._too_large(_classify(error.error), len(error.failed_logs))
             for row in error.failed_logs:
                 failed.setdefault(str(row.get("RecordId")), why)
 
@@ -186,12 +187,20 @@ class LogsIngestionSink(Sink):
         try:
             self._client.upload(rule_id=self.rule_id, stream_name=stream, logs=logs, on_error=on_error)
         except HttpResponseError as exc:  # not per chunk: the whole call
-            why = _classify(exc)
+            why = self._too_large(_classify(exc), len(logs))
             return [Outcome(entry.seq, why) for entry, _ in items]
         except AzureError as exc:
             why = SinkError(f"Logs Ingestion unreachable: {type(exc).__name__}", kind="connection")
             return [Outcome(entry.seq, why) for entry, _ in items]
         return [Outcome(entry.seq, failed.get(str(rows[0]["RecordId"]))) for entry, rows in items]
+
+    def _too_large(self, why: SinkError, rows: int) -> SinkError:
+        """A 413 for more than one row is the batch's size, not the record's: halve the window (the
+        worker submits fewer at once) and retry; only a single row refused is dead-lettered."""
+        if why.kind != "http_413" or rows <= 1:
+            return why
+        self.max_in_flight = max(1, self.max_in_flight // 2)
+        return SinkError(f"{why}; retried in smaller batches ({self.max_in_flight})", kind="http_413")
 
     def close(self, timeout: float = 5.0) -> None:
         if self._client is not None:

@@ -178,3 +178,19 @@ def test_the_installers_config_carries_the_sink_and_the_agent_loads_it(tmp_path:
     config = load_agent_config(argparse.Namespace(config=str(path)), environ={})
     assert list(config.sink) == [hub, monitor]
     assert isinstance(create_sink(config.sink[1]), LogsIngestionSink)
+
+
+def test_a_413_halves_the_batch_and_loses_nothing(endpoint: LogsIngestion, tmp_path: Path) -> None:
+    """Over the 1 MB per call limit: the batch is halved and sent again, every record arrives; only a
+    single row refused would be dead-lettered."""
+    records = [record(n) for n in range(64)]
+    endpoint.faults = [(413, {})]
+    drain(
+        spec(endpoint, batch="64"),
+        tmp_path,
+        records,
+        lambda: len({r["RecordId"] for r in endpoint.all_rows()}) == 64,
+    )
+    assert (endpoint.faults == [] and not (tmp_path / "dead-letter").exists()) or not any(
+        (tmp_path / "dead-letter").iterdir()
+    )
