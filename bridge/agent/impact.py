@@ -7,13 +7,18 @@
   gone, a sentinel thread wakes every 50 ms and keeps the largest gap beyond that, on three clocks (the
   poll loop's own rhythm would blur the pause by up to a poll interval: a pause that begins just
   after a poll hides that interval inside it).
-  Which clock sees a paused guest depends on the hypervisor's clock source: a clock that stops while the
-  guest is paused (KVM's kvmclock makes ``CLOCK_MONOTONIC`` stop, by design) shows nothing, one that
-  keeps counting host time shows the pause. Azure's Linux guests use Hyper-V's reference TSC page
-  (``hyperv_clocksource_tsc_page``), whose behaviour across a memory-preserving pause has not been
-  measured here (no Azure from this machine): so all three are recorded (``monotonic``, ``boottime``,
-  ``realtime``), and ``pauseSeconds`` is the largest, with the clock it came from. ``realtime`` also moves
-  when NTP or Hyper-V's time sync steps the clock after a pause, which is why it is reported apart;
+  Which clock sees a paused guest depends on the hypervisor's clock source. Azure's Linux guests read
+  time from Hyper-V's reference TSC page (``hyperv_clocksource_tsc_page``), and Hyper-V's Top-Level
+  Functional Specification (Timers) says the partition's reference counter "continues to count up as
+  long as at least one virtual processor is not explicitly suspended", and that the reference time
+  "will appear to stop during the time that a guest partition is saved until the subsequent restore":
+  across a freeze ``CLOCK_MONOTONIC`` and ``CLOCK_BOOTTIME`` stand still (KVM's kvmclock does the same,
+  by design), and the pause shows on ``CLOCK_REALTIME`` once Hyper-V's time synchronization (the
+  TimeSync integration service, hv_utils) steps the wall clock after the restore. So all three are
+  recorded and ``pauseSeconds`` is the largest gap with the clock it came from (``pauseClock``: on Azure,
+  ``realtime``; a pause of this process alone, or a host that keeps the counter running, shows on
+  ``monotonic``). ``realtime`` also moves when NTP steps the clock for other reasons, which is why the
+  clock is named;
 * **a reboot** (Reboot, Redeploy, and a Preempt or Terminate the VM survived): the kernel's boot id
   (``/proc/sys/kernel/random/boot_id``) differs from the one this agent last ran under, and
   ``downSeconds`` is the time from the last moment the agent saw the VM alive (persisted every 30 s

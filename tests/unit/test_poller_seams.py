@@ -122,3 +122,37 @@ def test_an_outbox_that_refuses_never_loses_the_previous_state(rig: Any, monkeyp
     assert poller.poll_once() == "full"
     assert poller.baseline is not None and poller.baseline.incarnation == 1
     assert poller.current is not None and poller.current.document.incarnation == 2  # seen, not recorded
+
+
+def test_a_freeze_the_monotonic_clock_did_not_see_is_measured_on_the_wall_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Azure (Hyper-V's reference TSC page) a frozen guest's CLOCK_MONOTONIC stands still and the
+    pause shows on CLOCK_REALTIME once time sync steps it (bridge.agent.impact). The sentinel's clocks
+    are scripted here (a guest cannot be frozen on this machine): the impact record names realtime."""
+    import threading
+
+    from helpers import VM, doc
+
+    from bridge.agent import impact
+    from bridge.agent.diff import Change
+
+    def reading(n: int) -> dict[str, float]:  # the wall clock stepped by 3 s at the fourth reading
+        steady = 10.0 + 0.05 * n
+        return {"monotonic": steady, "boottime": steady, "realtime": 990.0 + steady + (3.0 if n >= 3 else 0)}
+
+    readings = iter([reading(n) for n in range(10)])
+    last = reading(9)
+    monkeypatch.setattr(impact, "_clocks", lambda: next(readings, last))
+    records: list[Any] = []
+    outbox = type("Box", (), {"append": lambda self, meta, payload: records.append(orjson.loads(payload))})()
+    meter = impact.ImpactMeter(tmp_path, outbox, lambda: VM, boot_id_file=tmp_path / "none")  # type: ignore[arg-type]
+    event_id = "0E000000-0000-4000-8000-00000000F00E"
+    started = doc(2, event(event_id, "Started"))
+    meter.on_change(None, started, [Change(event_id, "started", "Freeze", "Scheduled", "Started")])
+    threading.Event().wait(0.6)  # the sentinel reads the ten scripted readings
+    meter.on_change(started, doc(3), [Change(event_id, "completed", "Freeze", "Started", None)])
+    meter.close()
+    (record,) = records
+    assert record["pauseClock"] == "realtime" and abs(record["pauseSeconds"] - 3.0) < 0.01
+    assert record["gapsSeconds"]["monotonic"] == 0.0
