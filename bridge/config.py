@@ -356,6 +356,15 @@ class ApproverConfig(ConfigBase):
         metavar="SPEC",
         multiple=True,
     )
+    azure_key: tuple[str, ...] = setting(
+        (),
+        key_spec,
+        "Fleet mode: KEYID=PATH of se-bridge azure-channel's --sign-key; its records on the events stream "
+        "are acted on (an event's parent as the ARM scope, VMs nobody watches) only when they verify with "
+        "one of these keys. None: Azure's channel is not used. Repeat for several.",
+        metavar="KEYID=PATH",
+        multiple=True,
+    )
     standby_after: float = setting(
         1.0,
         number(0, 60),

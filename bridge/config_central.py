@@ -23,6 +23,7 @@ from bridge.settings import (
     listen_address,
     load_config,
     number,
+    optional_key_spec,
     optional_text,
     path,
     setting,
@@ -166,6 +167,13 @@ class AzureChannelConfig(ConfigBase):
     )
     group: str = setting(
         "se-bridge-azure-channel", text, "Consumer group prefix of the events readers.", metavar="NAME"
+    )
+    sign_key: str | None = setting(
+        None,
+        optional_key_spec,
+        "KEYID=PATH: sign every record, so fleet approvers given the same key (--azure-key) may act on "
+        "them (the ARM scope of an event no agent reported). Unsigned records are shown, never acted on.",
+        metavar="KEYID=PATH",
     )
     graph_subscription: tuple[str, ...] = setting(
         (),

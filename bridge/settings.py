@@ -142,6 +142,10 @@ def key_spec(value: Any) -> str:
     return v
 
 
+def optional_key_spec(value: Any) -> str | None:
+    return key_spec(value) if optional_text(value) else None
+
+
 def auto_approve_rule(value: Any) -> str:
     """The rule's text, once :class:`bridge.rules.ApprovalRule` could parse it (the agent parses it
     again when it builds its policy; refusing here names the setting and the source)."""

@@ -53,6 +53,31 @@ _SIGNATURE = re.compile(r"sha256=[0-9a-f]{64}")
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 
+def sign_record(key_id: str, key: bytes, record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` signed by its producer (Azure's channel, bridge.azure): records on the events stream
+    are written by every agent, so a consumer that *acts* on one (the fleet approver's ARM path) must
+    know it came from the service it trusts. HMAC-SHA256 over the record without its ``signature``,
+    keys sorted (orjson, recursively), prefixed ``record.`` so no other signed thing matches it."""
+    body = {k: v for k, v in record.items() if k != "signature"}
+    value = hmac.new(key, b"record." + orjson.dumps(body, option=orjson.OPT_SORT_KEYS), hashlib.sha256)
+    return {**body, "signature": {"keyId": key_id, "value": value.hexdigest()}}
+
+
+def verify_record(keys: KeyRing, record: dict[str, Any]) -> dict[str, Any]:
+    """The record without its signature once proven by a known key; ``PermissionError`` otherwise."""
+    signature = record.get("signature")
+    if not isinstance(signature, dict):
+        raise PermissionError("unsigned record")
+    key = keys.get(str(signature.get("keyId")))
+    if key is None:
+        raise PermissionError("record signed with an unknown key")
+    body = {k: v for k, v in record.items() if k != "signature"}
+    expected = hmac.new(key, b"record." + orjson.dumps(body, option=orjson.OPT_SORT_KEYS), hashlib.sha256)
+    if not hmac.compare_digest(expected.hexdigest(), str(signature.get("value"))):
+        raise PermissionError("bad record signature")
+    return body
+
+
 class KeyRing:
     """HMAC keys by key id."""
 

@@ -69,7 +69,8 @@ def build_approver(config: Any) -> Approver:
                 create_source(s, state_dir / "fleet", group=topology.events_group(s, config.group, state_dir))
                 for s in config.events_source
             ]
-            view = FleetView(state_dir)  # identities pinned in the state directory
+            # Identities pinned in the state directory; Azure's channel believed only when signed.
+            view = FleetView(state_dir, azure_keys=KeyRing.from_specs(config.azure_key))
             router: LocalRouter | FleetRouter = FleetRouter(learn, config.relay_url_template, view)
         else:
             router = LocalRouter(config.relay, relay)

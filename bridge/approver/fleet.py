@@ -44,6 +44,7 @@ from bridge.azure_ids import ScopeRefused, event_scope, parent_scope
 from bridge.eligibility import EventFacts
 from bridge.fsutil import write_atomic
 from bridge.observability import RateLimitedLog
+from bridge.signing import KeyRing, verify_record
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,9 @@ class FleetView:
         max_vms: int = 200_000,
         pin: bool = True,
         on_refused: Any = None,
+        azure_keys: KeyRing | None = None,
     ) -> None:
+        self.azure_keys = azure_keys or KeyRing()  # empty: Azure's channel is not used
         self._lock = threading.Lock()
         self._vms: dict[str, Vm] = {}  # lower-cased name -> Vm
         self._by_id: dict[bytes, str] = {}  # packed vmId -> lower-cased name
@@ -201,9 +204,11 @@ class FleetView:
 
     def learn_azure(self, record: dict[str, Any]) -> None:
         """An ``azureScheduledEvent`` record (bridge.azure): the event's parent, the scope the ARM path
-        acknowledges on. It comes from a stream others may write to, so it is only a hint: its id
-        must follow Azure's grammar (checked again, with the allowed scopes, when a URL is made),
-        and ARM itself refuses an event that is not under the scope named (404, audited)."""
+        acknowledges on. Learned only when the azure-channel service signed it (``--azure-key``:
+        every agent writes to the stream); its ids must follow Azure's grammar too (checked again,
+        with the allowed scopes, when a URL is made), and ARM refuses an event that is not under the
+        scope named (404, audited)."""
+        record = self._proven(record)
         event = record.get("event")
         if not isinstance(event, dict):
             return
@@ -232,8 +237,9 @@ class FleetView:
 
     def learn_finding(self, record: dict[str, Any]) -> None:
         """A reconciliation finding (bridge.azure): a VM of an event Azure announced that no agent
-        reports. A hint like the parent: it lets the ARM path act at once for a VM without an agent
+        reports, signed like the azure records: it lets the ARM path act at once for a VM without an agent
         instead of waiting for agents that are not there; the rule and ARM still decide."""
+        record = self._proven(record)
         vm, event_id = record.get("vm"), record.get("eventId")
         if record.get("finding") != "unwatched" or not isinstance(vm, dict) or not isinstance(event_id, str):
             return
@@ -346,6 +352,18 @@ class FleetView:
             for vm in self._vms.values():  # once per sweep that found stale events: cheap enough
                 if vm.events and gone.intersection(vm.events):
                     vm.events = tuple(e for e in vm.events if e not in gone)
+
+    def _proven(self, record: dict[str, Any]) -> dict[str, Any]:
+        """An Azure channel record signed by the azure-channel service (``--azure-key``), or ``{}``:
+        every agent writes to the events stream, so an unsigned or forged record would choose where an
+        approval goes (issue 23); it is refused and counted, never learned."""
+        if not self.azure_keys:
+            return {}
+        try:
+            return verify_record(self.azure_keys, record)
+        except PermissionError as exc:
+            self._refused(ClaimRefused("unproven", str(exc)), record)
+            return {}
 
     def _refused(self, refused: ClaimRefused, record: dict[str, Any]) -> None:
         if self.on_refused is not None:

@@ -86,7 +86,8 @@ class ApproverMetrics(PipelineMetrics):
     fleet_claims_refused = counter(
         "se_bridge_approver_fleet_claims_refused",
         "Records of the events stream whose claims the fleet view refused, by reason (changedClaim, "
-        "malformed, tooManyEvents, tooManyResources, fleetFull).",
+        "malformed, tooManyEvents, tooManyResources, fleetFull, unproven: an Azure channel record not signed "
+        "by a --azure-key).",
         "reason",
     )
     parked = gauge(

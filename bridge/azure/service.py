@@ -48,6 +48,7 @@ from bridge.pipeline import DeliveryWorker, Health, Outbox, RecordMeta
 from bridge.pipeline.storing import until_stored
 from bridge.records import encode
 from bridge.retry import Backoff
+from bridge.signing import load_key_from, sign_record
 from bridge.sinks import Sink, create_sink
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,9 @@ class AzureChannel:
         grace: float = 120.0,
         graph: ResourceGraphReader | None = None,
         graph_interval: float = 60.0,
+        signer: tuple[str, bytes] | None = None,
     ) -> None:
+        self.signer = signer  # (key id, key): records a fleet approver may act on (bridge.signing)
         self.graph = graph
         self.graph_interval = graph_interval
         self._graph_polled = graph is None  # readiness: one poll done (or no Resource Graph)
@@ -244,6 +247,9 @@ class AzureChannel:
             log.error("cannot write the dead letter", extra={"error": str(exc)})
 
     def _store(self, records: list[dict[str, Any]]) -> bool:
+        if self.signer is not None:
+            records = [sign_record(*self.signer, record) for record in records]
+
         def append() -> bool:
             for index, record in enumerate(records):
                 self.outbox.append(RecordMeta.of(record), encode(record), sync=index == len(records) - 1)
@@ -325,11 +331,15 @@ def build(config: Any) -> AzureChannel:
             group = topology.events_group(spec, config.group, state_dir)
             events.append(create_source(spec, state_dir, group=group))
         sinks = [create_sink(spec) for spec in config.sink]
+        signer = None
+        if config.sign_key:
+            key_id, _, where = config.sign_key.partition("=")
+            signer = (key_id, load_key_from(where))
     except (ValueError, SinkError, BridgeError, OSError) as exc:
         raise ConfigError(str(exc)) from None
     service = AzureChannel(
         sources, sinks, state_dir, events_sources=events, grace=config.grace,
-        graph=_graph_reader(config), graph_interval=config.graph_interval,
+        graph=_graph_reader(config), graph_interval=config.graph_interval, signer=signer,
     )  # fmt: skip
     if config.listen:
         service.serve(config.listen, read_token_file=config.read_token_file)

@@ -23,11 +23,13 @@ from peers.fake_arm import FakeArm, FakeCredential
 from procs import wait_until
 
 from bridge.approver.arm import ARM_API_VERSION, ArmAcknowledger, event_scope
+from bridge.signing import sign_record
 
 SUB = "0d2d7c4e-6a1b-4f3e-8a52-9c3b1e7f4a21"
 VM_ID = f"/subscriptions/{SUB}/resourceGroups/rg1/providers/Microsoft.Compute/virtualMachines/vm1"
 VMSS_VM_ID = VM_ID.replace("virtualMachines/vm1", "virtualMachineScaleSets/ss1/virtualMachines/3")
 EVENT = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
+AZURE_KEY = b"a" * 40
 
 
 @pytest.fixture
@@ -167,6 +169,7 @@ def run_fleet_approver(
     tmp_path.mkdir(exist_ok=True)
     key = tmp_path / "ops.key"
     key.write_bytes(b"k" * 40)
+    (tmp_path / "azure.key").write_bytes(AZURE_KEY)  # azure-channel's --sign-key (bridge.signing)
     relay_key = tmp_path / "relay.key"
     relay_key.write_bytes(b"r" * 40)
     events, decisions, audit = (
@@ -190,7 +193,7 @@ def run_fleet_approver(
         f'source = "file://{decisions}"\nmode = "fleet"\nevents_source = ["file://{events}"]\n'
         f'relay_url_template = "http://{{privateIp}}:{agent_port}"\nkey = ["ops={key}"]\nsink = ["file://{audit}"]\n'
         f'state_dir = "{tmp_path / "state"}"\nlisten = "off"\nrelay_timeout = 1\n'
-        f'relay_key = ["relay={relay_key}"]\n'
+        f'relay_key = ["relay={relay_key}"]\nazure_key = ["azure={tmp_path / "azure.key"}"]\n'
         f'arm = "fallback"\narm_endpoint = "{arm.url}"\narm_audience = "https://management.azure.com"\n'
         f'arm_ca_file = "{arm.ca_file}"\narm_scope = ["/subscriptions/{SUB}/resourceGroups/rg1"]\n'
     )
@@ -271,11 +274,20 @@ def test_the_arm_path_acknowledges_on_the_parent_azures_channel_names(arm: FakeA
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
 
-    def azure(parent: str, sub: str = SUB) -> dict[str, Any]:
+    def azure(parent: str, sub: str = SUB, key: bytes | None = AZURE_KEY) -> dict[str, Any]:
         event = grid_event(EVENT, "Scheduled", ["vm1", "vm2"], parent=parent, kind="virtualMachineScaleSets",
                            sub=sub, rg="rg1")  # fmt: skip
-        return azure_event_record(from_event_grid(event), News("Scheduled", False), time.time())
+        record = azure_event_record(from_event_grid(event), News("Scheduled", False), time.time())
+        return record if key is None else sign_record("azure", key, record)
 
+    # What any agent could write to the events stream: unsigned, or signed with a key the approver
+    # does not hold. Neither chooses the scope: the VM's own is used.
+    for name, record in (
+        ("unsigned", azure("flex1", key=None)),
+        ("other key", azure("flex1", key=b"x" * 40)),
+    ):
+        written = run_fleet_approver(arm, tmp_path / name, dead, azure=[record])
+        assert "/virtualMachines/vm1/" in arm.requests.pop()["path"], name
     written = run_fleet_approver(arm, tmp_path / "a", dead, azure=[azure("flex1")])
     assert (written["outcome"], written["path"]) == ("approved", "arm")
     (request,) = arm.requests
@@ -283,8 +295,9 @@ def test_the_arm_path_acknowledges_on_the_parent_azures_channel_names(arm: FakeA
         f"/subscriptions/{SUB}/resourcegroups/rg1/providers/Microsoft.Compute/virtualMachineScaleSets/flex1"
         f"/providers/Microsoft.Maintenance/scheduledevents/{EVENT}/acknowledge"
     )
-    forged = azure("flex1")
+    forged = azure("flex1", key=None)  # signed, yet outside the grammar: refused all the same
     forged["event"]["parentId"] += "/../../other"
+    forged = sign_record("azure", AZURE_KEY, forged)
     written = run_fleet_approver(arm, tmp_path / "b", dead, azure=[forged])
     assert "/virtualMachines/vm1/" in arm.requests[-1]["path"]  # the grammar refused it: the VM's own
     outside = azure("flex1", sub="11111111-2222-3333-4444-555555555555")
@@ -321,6 +334,7 @@ def test_a_vm_nobody_watches_is_approved_through_arm_at_once_from_azures_channel
     reconciler, now = Reconciler(grace=1), time.time()
     records = [azure_event_record(event, News("Scheduled", False), now)]
     records += reconciler.azure(event, News("Scheduled", False), now) + reconciler.due(now + 2)
+    records = [sign_record("azure", AZURE_KEY, r) for r in records]  # what azure-channel --sign-key writes
     assert [r.get("finding") for r in records] == [None, "unwatched"]
     with caplog.at_level(logging.WARNING, logger="bridge.approver.service"):
         written = run_fleet_approver(arm, tmp_path, dead, target="vm9", azure=records, decided=agentless)

@@ -33,6 +33,7 @@ from procs import Agent, Emulator, scrape, wait_until
 
 from bridge.imds.emulator.profile import DEFAULT_RESOURCE_GROUP, DEFAULT_SUBSCRIPTION_ID
 from bridge.schemas import validate_record
+from bridge.signing import KeyRing, verify_record
 
 PY = sys.executable
 EH_KEY = secrets.token_urlsafe(32)
@@ -169,7 +170,9 @@ def test_twenty_vms_three_without_an_agent_exactly_three_unwatched_and_every_out
             (tmp_path / vm["name"]).mkdir()
             agents.append(Agent(vm["url"], tmp_path / vm["name"]).start())
         sources = [arg for a in agents for arg in ("--events-source", f"file://{a.sink_path}")]
-        channel = Channel(tmp_path, "--source", f"file://{grid}", "--grace", "8", *sources)
+        (tmp_path / "azure.key").write_bytes(b"s" * 40)
+        signing = ("--sign-key", f"azure={tmp_path / 'azure.key'}")
+        channel = Channel(tmp_path, "--source", f"file://{grid}", "--grace", "8", *signing, *sources)
         events = {vm: emulator.control("POST", "fleet/events", {"eventType": "Reboot", "resources": [vm],
                                                                  "noticeSeconds": 900})["eventId"]
                   for vm in vms}  # fmt: skip
@@ -196,6 +199,8 @@ def test_twenty_vms_three_without_an_agent_exactly_three_unwatched_and_every_out
         assert all((len(watched[events[vm]]) == 0) == (vm in silent) for vm in vms)
         assert channel.findings("agentOnly") == []
         assert all(validate_record(r) == [] for r in channel.records())
+        keys = KeyRing({"azure": b"s" * 40})  # what a fleet approver's --azure-key verifies
+        assert all(verify_record(keys, r) for r in channel.records())
     finally:
         if channel is not None:
             channel.stop()
