@@ -22,7 +22,7 @@ import hmac
 import logging
 from collections.abc import Callable
 
-from bridge.listener import Request, Response, json_response
+from bridge.listener import Listener, Request, Response, Route, json_response
 from bridge.netaddr import is_loopback
 from bridge.observability import ErrorStreak
 from bridge.signing import load_key_from
@@ -96,3 +96,17 @@ class ApiGuard:
         elif name.count(":") == 1:
             name = name.rpartition(":")[0]
         return name in self._own_hosts or name.strip("[]") in self._own_hosts
+
+
+def guarded_listener(
+    listen: str,
+    routes: dict[tuple[str, str], Route],
+    read_paths: frozenset[str],
+    *,
+    read_token_file: str | None,
+    on_refused: Callable[[str], None],
+) -> Listener:
+    """A service API behind the guard (no browsers, remote reads with the read token): what the
+    approver and Azure's channel serve; refusals counted by reason."""
+    guard = ApiGuard(listen, read_paths, read_token_file=read_token_file, on_refused=on_refused)
+    return Listener(listen, routes, guard=guard, on_refused=on_refused)

@@ -40,6 +40,11 @@ from bridge.settings import (
     ConfigError,
     Setting,
     add_arguments,
+    arm_audience_setting,
+    arm_ca_file_setting,
+    arm_client_id_setting,
+    arm_credential_setting,
+    arm_endpoint_setting,
     arm_scope_spec,
     auto_approve_rule,
     boolean,
@@ -47,7 +52,6 @@ from bridge.settings import (
     coordinate_deadline_setting,
     coordinate_on_deadline_setting,
     format_size,
-    https_url,
     imds_base_url,
     integer,
     key_spec,
@@ -444,27 +448,13 @@ class ApproverConfig(ConfigBase):
         "event could be reached; only, for VMs without the agent.",
         metavar="MODE",
     )
-    arm_endpoint: str = setting(
-        "https://management.azure.com",
-        https_url,
-        "ARM endpoint (sovereign clouds: https://management.usgovcloudapi.net, ...).",
-        metavar="URL",
-    )
+    arm_endpoint: str = arm_endpoint_setting()
     arm_api_version: str = setting(
         "2025-11-01", text, "api-version of ScheduledEvents_Acknowledge.", metavar="V"
     )
-    arm_audience: str | None = setting(
-        None, optional_text, "Token audience (default: the endpoint).", metavar="URL"
-    )
-    arm_credential: str = setting(
-        "managed",
-        choice("managed", "default"),
-        "Entra ID credential: managed identity or azure-identity's default chain.",
-        metavar="KIND",
-    )
-    arm_client_id: str | None = setting(
-        None, optional_text, "Client id of a user-assigned managed identity for ARM.", metavar="UUID"
-    )
+    arm_audience: str | None = arm_audience_setting()
+    arm_credential: str = arm_credential_setting()
+    arm_client_id: str | None = arm_client_id_setting()
     arm_scope: tuple[str, ...] = setting(
         (),
         arm_scope_spec,
@@ -474,12 +464,7 @@ class ApproverConfig(ConfigBase):
         metavar="SCOPE",
         multiple=True,
     )
-    arm_ca_file: str | None = setting(
-        None,
-        optional_text,
-        "CA bundle for the ARM endpoint (a private endpoint's proxy); default: system CAs.",
-        metavar="PATH",
-    )
+    arm_ca_file: str | None = arm_ca_file_setting()
     coordinate: bool = setting(
         False,
         boolean,

@@ -15,9 +15,13 @@ from typing import ClassVar
 from bridge.settings import (
     ENV_PREFIX,
     ConfigBase,
+    arm_audience_setting,
+    arm_ca_file_setting,
+    arm_client_id_setting,
+    arm_credential_setting,
+    arm_endpoint_setting,
     choice,
     guid_text,
-    https_url,
     key_spec,
     level_name,
     listen_address,
@@ -189,27 +193,11 @@ class AzureChannelConfig(ConfigBase):
         "Seconds between two Resource Graph polls (Resource Graph allows 15 queries per 5 s per user).",
         metavar="SECONDS",
     )
-    arm_endpoint: str = setting(
-        "https://management.azure.com",
-        https_url,
-        "ARM endpoint of Resource Graph (sovereign clouds: https://management.usgovcloudapi.net, ...).",
-        metavar="URL",
-    )
-    arm_audience: str | None = setting(
-        None, optional_text, "Token audience (default: the endpoint).", metavar="URL"
-    )
-    arm_credential: str = setting(
-        "managed",
-        choice("managed", "default"),
-        "Entra ID credential for Resource Graph: managed identity or azure-identity's default chain.",
-        metavar="KIND",
-    )
-    arm_client_id: str | None = setting(
-        None, optional_text, "Client id of a user-assigned managed identity.", metavar="UUID"
-    )
-    arm_ca_file: str | None = setting(
-        None, optional_text, "CA bundle for the ARM endpoint; default: system CAs.", metavar="PATH"
-    )
+    arm_endpoint: str = arm_endpoint_setting()
+    arm_audience: str | None = arm_audience_setting()
+    arm_credential: str = arm_credential_setting()
+    arm_client_id: str | None = arm_client_id_setting()
+    arm_ca_file: str | None = arm_ca_file_setting()
     log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
 
 

@@ -267,6 +267,44 @@ class Setting:
         return self.info.metavar
 
 
+def arm_endpoint_setting() -> Any:
+    """The ARM settings the approver (acknowledgements) and Azure's channel (Resource Graph) share."""
+    return setting(
+        "https://management.azure.com",
+        https_url,
+        "ARM endpoint (sovereign clouds: https://management.usgovcloudapi.net, ...).",
+        metavar="URL",
+    )
+
+
+def arm_audience_setting() -> Any:
+    return setting(None, optional_text, "Token audience (default: the endpoint).", metavar="URL")
+
+
+def arm_credential_setting() -> Any:
+    return setting(
+        "managed",
+        choice("managed", "default"),
+        "Entra ID credential: managed identity or azure-identity's default chain.",
+        metavar="KIND",
+    )
+
+
+def arm_client_id_setting() -> Any:
+    return setting(
+        None, optional_text, "Client id of a user-assigned managed identity for ARM.", metavar="UUID"
+    )
+
+
+def arm_ca_file_setting() -> Any:
+    return setting(
+        None,
+        optional_text,
+        "CA bundle for the ARM endpoint (a private endpoint's proxy); default: system CAs.",
+        metavar="PATH",
+    )
+
+
 def coordinate_deadline_setting() -> Any:
     """The agent's and the fleet approver's (both coordinate: bridge.coordination)."""
     return setting(

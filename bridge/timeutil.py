@@ -21,6 +21,17 @@ def rfc3339(epoch: float, millis: bool = True) -> str:
     return f"{base}.{int((epoch % 1) * 1000):03d}Z"
 
 
+def epoch_of(value: object) -> float | None:
+    """A record's RFC 3339 timestamp as Unix time; None when absent or unreadable (a reader of
+    records from a stream never fails on one)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
 def parse_imds_time(value: str) -> datetime | None:
     """Parse an IMDS timestamp (RFC 1123 or ISO 8601) to an aware UTC datetime.
 

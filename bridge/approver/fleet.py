@@ -34,7 +34,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from bridge.eligibility import EventFacts
 from bridge.fsutil import write_atomic
 from bridge.observability import RateLimitedLog
 from bridge.signing import KeyRing, verify_record
+from bridge.timeutil import epoch_of
 
 log = logging.getLogger(__name__)
 
@@ -433,7 +433,7 @@ def _events_of(record: dict[str, Any], now: float) -> list[tuple[str, Event]]:
             raise ClaimRefused("tooManyResources", f"an event names {len(resources)} VMs")
         names = tuple(sys.intern(n) for n in _names(resources))
         event = Event(
-            names, sys.intern(_text(item.get("eventStatus"), 32)), _epoch(item.get("notBefore")), now
+            names, sys.intern(_text(item.get("eventStatus"), 32)), epoch_of(item.get("notBefore")), now
         )
         out.append((sys.intern(event_id), event))
     return out
@@ -452,12 +452,3 @@ def _text(value: Any, limit: int = MAX_NAME) -> str:
             return ""
         raise ClaimRefused("malformed", "a field is not text or too long")
     return value
-
-
-def _epoch(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None

@@ -229,8 +229,7 @@ class DecisionLife:
             answers = self.relayer.relay(
                 [p.decision for p in chunk],
                 [p.body for p in chunk],
-                fallback=self._may_fall_back([p.slot for p in chunk])
-                or all(self.router.nobody_watches(p.decision) for p in chunk),
+                fallback=self._may_fall_back(chunk),
             )
         except Exception:
             if alone:
@@ -299,10 +298,13 @@ class DecisionLife:
 
     # -- decisions no agent answered: parked, retried, or ended at their expiry --------------------
 
-    def _may_fall_back(self, slots: list[Slot]) -> bool:
+    def _may_fall_back(self, chunk: list[Prepared]) -> bool:
         """Whether the ARM fallback may be taken in this round: after ``ARM_AFTER`` rounds without an
-        agent, none of which can have reached one (else the agent may have posted already)."""
-        return all(not s.maybe_sent and s.unreached + 1 >= ARM_AFTER for s in slots)
+        agent, none of which can have reached one (else the agent may have posted already); at once
+        for VMs no agent watches, as Azure's signed reconciliation says (no agent to wait for)."""
+        if all(self.router.nobody_watches(p.decision) for p in chunk):
+            return True
+        return all(not p.slot.maybe_sent and p.slot.unreached + 1 >= ARM_AFTER for p in chunk)
 
     def _park(self, slot: Slot, decision: Decision, unreached: Unreached) -> None:
         """No agent answered: keep the decision, uncommitted, and relay it again after a backoff

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge import __version__
-from bridge.apiguard import ApiGuard
+from bridge.apiguard import guarded_listener
 from bridge.approver import decision as decision_module
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.auditing import AUDIT_OUTCOMES, AuditWriter
@@ -179,16 +179,11 @@ class Approver:
         """Bind ``listen`` now (a port in use is a start-up error); :meth:`run` starts serving.
         The same guard as the agent's API: no browsers, remote scrapes need the read token."""
         refused = self.metrics.http_refused
-        guard = ApiGuard(
-            listen,
-            READ_PATHS,
-            read_token_file=read_token_file,
-            on_refused=lambda reason: refused.labels(reason).inc(),
-        )
-        self.api = Listener(
+        self.api = guarded_listener(
             listen,
             probe_routes(self.health.report, self.ready, self.metrics.registry),
-            guard=guard,
+            READ_PATHS,
+            read_token_file=read_token_file,
             on_refused=lambda reason: refused.labels(reason).inc(),
         )
 

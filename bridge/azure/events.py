@@ -34,15 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from bridge.azure_ids import GUID_TEXT, NAME_TEXT, RG_TEXT
+from bridge.imds.document import STATUS_RANK
 
 Channel = Literal["eventGrid", "resourceGraph"]
 Status = Literal["Scheduled", "Started", "Completed", "Canceled"]
 
-EVENT_GRID_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
 RESOURCE_TYPE = "microsoft.maintenance/scheduledevents"
-#: How far an event has gone: a later delivery of an earlier status never moves it back.
-STATUS_RANK: dict[str, int] = {"Scheduled": 0, "Started": 1, "Completed": 2, "Canceled": 2}
-KNOWN_TYPES = frozenset({"Freeze", "Reboot", "Redeploy", "Preempt", "Terminate"})
 #: Refusal reasons (a closed set: a metric label).
 REASONS = ("notJson", "notAnEvent", "otherResourceType", "malformed", "tooLarge")
 #: An Event Grid event is at most 1 MB; a Scheduled Event is a few hundred bytes.
@@ -54,6 +51,7 @@ _EVENT_ID = re.compile(
     rf"providers/microsoft\.maintenance/scheduledevents/(?P<event>{GUID_TEXT})$",
     re.IGNORECASE | re.ASCII,
 )
+_NAME = re.compile(NAME_TEXT, re.ASCII)
 _KINDS = {k.lower(): k for k in ("virtualMachines", "virtualMachineScaleSets", "availabilitySets")}
 
 
@@ -61,6 +59,8 @@ class AzureEventRefused(ValueError):
     """Not an event this product can use; ``reason`` is one of :data:`REASONS`."""
 
     def __init__(self, reason: str, detail: str) -> None:
+        if reason not in REASONS:  # a metric label: a closed set
+            raise ValueError(f"unknown refusal reason {reason!r}")
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
@@ -213,8 +213,12 @@ def _event(
     if status not in STATUS_RANK:
         raise AzureEventRefused("malformed", f"EventStatus {_short(status)}")
     resources = props.get("Resources") or []
-    if not isinstance(resources, list) or not all(isinstance(r, str) and r for r in resources):
-        raise AzureEventRefused("malformed", "Resources is not an array of names")
+    # Names become resource ids (VmRef) and the ARM path's scopes: Azure's naming grammar, nothing else
+    # (IMDS's 2017-03-01 leading underscore removed first).
+    if not isinstance(resources, list) or not all(
+        isinstance(r, str) and _NAME.fullmatch(r.removeprefix("_")) for r in resources
+    ):
+        raise AzureEventRefused("malformed", "Resources is not an array of VM names")
     known = {"EventId", "EventType", "EventStatus", "EventSource", "NotBefore", "Description",
              "DurationInSeconds", "Resources", "ResourceType"}  # fmt: skip
     return AzureEvent(

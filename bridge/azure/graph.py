@@ -67,7 +67,6 @@ class ResourceGraphReader:
         self._clock, self._sleep = clock, sleep
         self._client: Any = None
         self._next_allowed = 0.0  # when the quota window resets, once it is spent
-        self.requests = 0
 
     def rows(self) -> list[dict[str, Any]]:
         """Every row of the query, all pages."""
@@ -98,7 +97,6 @@ class ResourceGraphReader:
             if self._client is None:
                 self._client = arm_pipeline(self._credential, self.endpoint, self.scope)
             try:
-                self.requests += 1
                 response = self._client.send_request(
                     HttpRequest("POST", url, json=body),
                     connection_verify=self._verify,

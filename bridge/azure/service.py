@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from bridge import __version__
-from bridge.apiguard import ApiGuard
+from bridge.apiguard import guarded_listener
 from bridge.approver import topology
 from bridge.approver.sources import DecisionSource, Message, create_source
 from bridge.approver.sources.follow import follow
@@ -103,15 +103,10 @@ class AzureChannel:
         refused = self.metrics.http_refused
         routes = probe_routes(self.health.report, self.ready, self.metrics.registry)
         routes[("GET", "/v1/unwatched")] = self._unwatched
-        guard = ApiGuard(
-            listen,
-            READ_PATHS,
-            read_token_file=read_token_file,
+        self.api = guarded_listener(
+            listen, routes, READ_PATHS, read_token_file=read_token_file,
             on_refused=lambda reason: refused.labels(reason).inc(),
-        )
-        self.api = Listener(
-            listen, routes, guard=guard, on_refused=lambda reason: refused.labels(reason).inc()
-        )
+        )  # fmt: skip
 
     def _unwatched(self, _: Request) -> Response:
         return json_response(200, {"unwatched": self.reconciler.unwatched()})

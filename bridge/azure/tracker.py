@@ -19,7 +19,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from bridge.azure.events import STATUS_RANK, AzureEvent, Status
+from bridge.azure.events import AzureEvent, Status
+from bridge.imds.document import STATUS_RANK
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
+
+from bridge.imds.document import STATUS_RANK
+from bridge.timeutil import epoch_of
 
 #: Timeline entries kept per event (an event has a few per VM: scheduled, started, gone).
 MAX_TIMELINE = 400
@@ -29,8 +31,6 @@ MAX_TIMELINE = 400
 MAX_AUDITS = 50
 #: Closed events kept for the history page.
 HISTORY_LIMIT = 50_000
-#: IMDS statuses in the order an event goes through them (a later one is never undone).
-STATUS_ORDER = {"Scheduled": 1, "Started": 2, "Completed": 3, "Canceled": 3}
 #: Names a record may claim at most (an availability set holds at most 200 VMs).
 MAX_RESOURCES = 1000
 
@@ -217,7 +217,7 @@ class Board:
         event.event_type = _text(item.get("eventType")) or event.event_type
         event.source = _text(item.get("eventSource")) or event.source
         status = _text(item.get("eventStatus"))
-        if STATUS_ORDER.get(status, 0) >= STATUS_ORDER.get(event.status, 0):
+        if STATUS_RANK.get(status, 0) >= STATUS_RANK.get(event.status, 0):
             event.status = status or event.status  # a late VM's Scheduled does not undo Started
         event.not_before = (
             item.get("notBefore") if isinstance(item.get("notBefore"), str) else event.not_before
@@ -269,7 +269,7 @@ class Board:
 
     @staticmethod
     def _closure(event: EventRow) -> dict[str, Any]:
-        not_before = _epoch(event.not_before)
+        not_before = epoch_of(event.not_before)
         return {
             "eventId": event.event_id,
             "eventType": event.event_type,
@@ -485,13 +485,4 @@ def _text(value: Any, limit: int = 128) -> str:
 
 
 def _stamp(record: dict[str, Any], default: float) -> float:
-    return _epoch(record.get("observedAt")) or default
-
-
-def _epoch(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    return epoch_of(record.get("observedAt")) or default

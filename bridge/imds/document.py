@@ -48,6 +48,10 @@ KNOWN_EVENT_TYPES = frozenset({"Freeze", "Reboot", "Redeploy", "Preempt", "Termi
 KNOWN_EVENT_STATUSES = frozenset({"Scheduled", "Started"})
 SCHEDULED = "Scheduled"
 STARTED = "Started"
+#: How far an event has gone, IMDS's two statuses and the two outcomes only Azure's own channel tells
+#: (bridge.azure): a later report of an earlier status never moves an event back (the console's board
+#: and Azure's channel read this one table).
+STATUS_RANK: dict[str, int] = {"Scheduled": 1, "Started": 2, "Completed": 3, "Canceled": 3}
 
 
 class DocumentError(ValueError):

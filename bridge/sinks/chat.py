@@ -27,15 +27,14 @@ section text, 150 per header).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from string import Template
 from typing import Any, Literal
+from urllib.parse import quote
+
+from bridge.timeutil import epoch_of
 
 Style = Literal["teams", "slack"]
 CHAT_FORMATS = ("teams", "slack", "template")
-#: A user template's placeholders; each is replaced by a JSON string (quotes included), so a template
-#: that is JSON stays JSON whatever the text holds.
-TEMPLATE_FIELDS = ("title", "text", "url", "event_id", "record_type")
 MAX_TEMPLATE_BYTES = 64 * 1024
 TRANSITIONS = {
     "scheduled": "scheduled",
@@ -99,7 +98,7 @@ def chat_body(record: dict[str, Any], style: str, options: ChatOptions) -> bytes
     if not lines or options.template is None:
         return None
     title, facts, link = lines
-    url = f"{options.console_url.rstrip('/')}/events/{link}" if options.console_url and link else ""
+    url = _console_link(options, link)
     values = {"title": title, "text": "\n".join([title, *(f"{k}: {v}" for k, v in facts)]), "url": url,
               "event_id": link or "", "record_type": str(record.get("recordType"))}  # fmt: skip
     return (
@@ -118,8 +117,7 @@ def chat_message(
     if not lines:
         return None
     title, facts, link = lines
-    console_url = options.console_url
-    url = f"{console_url.rstrip('/')}/events/{link}" if console_url and link else None
+    url = _console_link(options, link) or None
     return _teams(title, facts, url) if style == "teams" else _slack(title, facts, url)
 
 
@@ -154,7 +152,7 @@ def _transition(
     changes = [
         c for c in record.get("changes") or [] if isinstance(c, dict) and c.get("change") in TRANSITIONS
     ]
-    observed = _epoch(record.get("observedAt"))
+    observed = epoch_of(record.get("observedAt"))
     for change in changes:
         event = events.get(change.get("eventId")) or {}
         resources = [str(r) for r in event.get("resources") or [vm]]
@@ -165,7 +163,7 @@ def _transition(
         )
         title = f"{change.get('eventType')} {TRANSITIONS[change['change']]}: {named}"
         facts = [("Event", str(change.get("eventId"))), ("Source", str(event.get("eventSource") or "-"))]
-        not_before = _epoch(event.get("notBefore"))
+        not_before = epoch_of(event.get("notBefore"))
         if not_before is not None:
             ahead = "" if observed is None else f" (in {max(0, round((not_before - observed) / 60))} minutes)"
             facts.append(("Not before", f"{event['notBefore']}{ahead}"))
@@ -214,14 +212,12 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _console_link(options: ChatOptions, event_id: str | None) -> str:
+    """The console's page of the event (the id comes from a record: quoted, never pasted)."""
+    if not options.console_url or not event_id:
+        return ""
+    return f"{options.console_url.rstrip('/')}/events/{quote(event_id, safe='')}"
+
+
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _epoch(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None

@@ -49,7 +49,6 @@ from bridge.schemas import load_schema
 from bridge.sinks.base import config_error, owner
 from bridge.transports.azure import IDENTITIES, check_client_id, make_credential
 
-API_VERSION = "2023-01-01"
 DEFAULT_AUDIENCE = "https://monitor.azure.com"
 #: The streams and columns, declared once (schemas/logs-ingestion.v1.json: the Bicep of the tables and
 #: the DCR reads the same file): each record type's stream, the default stream for any other type.

@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
 import requests
 from brokers import self_signed_certificate
+from peers.azure_identity import IdentityEndpoint, QuietHandler, serve
 from procs import PY, Agent, Emulator
 
 from bridge.signing import KeyRing, sign_request
@@ -43,51 +40,23 @@ class FakeAzure:
 
     def __init__(self, workdir: Path) -> None:
         self.secrets: dict[str, str] = {}
-        self.seen: list[dict[str, Any]] = []
         self.cert, key = self_signed_certificate(workdir)
-        self.vault = self._serve(self._vault_handler(), tls=(self.cert, key))
-        self.identity = self._serve(self._identity_handler())
+        self.vault = serve(self._vault_handler(), tls=(self.cert, key))
+        self.identity = IdentityEndpoint(IDENTITY_HEADER, lambda resource: TOKEN)
+        self.seen = self.identity.seen  # the vault's requests are added to the identity's
         self.vault_url = f"https://127.0.0.1:{self.vault.server_address[1]}"
         self.resource = f"https://0.0.1:{self.vault.server_address[1]}"
 
     def env(self) -> dict[str, str]:
-        return {
-            "IDENTITY_ENDPOINT": f"http://127.0.0.1:{self.identity.server_address[1]}/token",
-            "IDENTITY_HEADER": IDENTITY_HEADER,
-            "REQUESTS_CA_BUNDLE": str(self.cert),
-        }
+        return {**self.identity.env(), "REQUESTS_CA_BUNDLE": str(self.cert)}
 
     def url(self, name: str, query: str = "") -> str:
         return f"{self.vault_url}/secrets/{name}" + (f"?{query}" if query else "")
 
-    def _serve(self, handler: type[BaseHTTPRequestHandler], tls: tuple[Path, Path] | None = None) -> Any:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        if tls is not None:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(*tls)
-            server.socket = context.wrap_socket(server.socket, server_side=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        return server
-
-    def _identity_handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
-
-        class Identity(_Quiet):
-            def do_GET(self) -> None:
-                query = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
-                fake.seen.append({"at": "identity", **query, "header": self.headers.get("X-IDENTITY-HEADER")})
-                if self.headers.get("X-IDENTITY-HEADER") != IDENTITY_HEADER:
-                    return self.answer(401, {"error": "bad identity header"})
-                expires = str(int(time.time()) + 3600)
-                body = {"access_token": TOKEN, "expires_on": expires, "resource": query.get("resource")}
-                self.answer(200, {**body, "token_type": "Bearer"})
-
-        return Identity
-
     def _vault_handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
-        class Vault(_Quiet):
+        class Vault(QuietHandler):
             def do_GET(self) -> None:
                 parts = urlsplit(self.path)
                 auth = self.headers.get("Authorization")
@@ -113,24 +82,9 @@ class FakeAzure:
         return Vault
 
     def stop(self) -> None:
-        for server in (self.vault, self.identity):
-            server.shutdown()
-            server.server_close()
-
-
-class _Quiet(BaseHTTPRequestHandler):
-    def log_message(self, *_: Any) -> None:
-        pass
-
-    def answer(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
+        self.vault.shutdown()
+        self.vault.server_close()
+        self.identity.stop()
 
 
 @pytest.fixture

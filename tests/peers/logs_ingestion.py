@@ -14,35 +14,19 @@ from __future__ import annotations
 
 import gzip
 import json
-import ssl
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from brokers import self_signed_certificate
 
+from peers.azure_identity import IdentityEndpoint, QuietHandler, serve
+
 IDENTITY_HEADER = "identity-header-of-the-logs-test"
 AUDIENCE = "https://monitor.azure.com"
 MAX_BODY = 1024 * 1024
-
-
-class _Quiet(BaseHTTPRequestHandler):
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def answer(self, status: int, body: Any = None, headers: dict[str, str] | None = None) -> None:
-        data = b"" if body is None else json.dumps(body).encode()
-        self.send_response(status)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        if data:
-            self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
 
 class LogsIngestion:
@@ -55,15 +39,12 @@ class LogsIngestion:
         self.lock = threading.Lock()
         cert, key = self_signed_certificate(workdir)
         self.ca_file = str(cert)
-        self.server = self._serve(self._handler(), (cert, key))
-        self.identity = self._serve(self._identity())
+        self.server = serve(self._handler(), (cert, key))
+        self.identity = IdentityEndpoint(IDENTITY_HEADER, lambda resource: f"token-for:{resource}")
         self.host = f"127.0.0.1:{self.server.server_address[1]}"
 
     def env(self) -> dict[str, str]:
-        return {
-            "IDENTITY_ENDPOINT": f"http://127.0.0.1:{self.identity.server_address[1]}/token",
-            "IDENTITY_HEADER": IDENTITY_HEADER,
-        }
+        return self.identity.env()
 
     def all_rows(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -71,34 +52,12 @@ class LogsIngestion:
 
     def stop(self) -> None:
         self.server.shutdown()
-        self.identity.shutdown()
-
-    def _serve(self, handler: type[BaseHTTPRequestHandler], tls: tuple[Path, Path] | None = None) -> Any:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        if tls is not None:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(*tls)
-            server.socket = context.wrap_socket(server.socket, server_side=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        return server
-
-    def _identity(self) -> type[BaseHTTPRequestHandler]:
-        class Identity(_Quiet):
-            def do_GET(self) -> None:
-                query = {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
-                if self.headers.get("X-IDENTITY-HEADER") != IDENTITY_HEADER:
-                    return self.answer(401, {"error": "bad identity header"})
-                resource = query.get("resource", "")
-                body = {"access_token": f"token-for:{resource}", "expires_on": str(int(time.time()) + 3600),
-                        "resource": resource, "token_type": "Bearer"}  # fmt: skip
-                self.answer(200, body)
-
-        return Identity
+        self.identity.stop()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
-        class Ingestion(_Quiet):
+        class Ingestion(QuietHandler):
             def do_POST(self) -> None:
                 parts = urlsplit(self.path)
                 query = parse_qs(parts.query)
