@@ -42,9 +42,11 @@ EH_KEY = secrets.token_urlsafe(32)
 class Channel:
     """The service, its file sink and its API."""
 
-    def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, workdir: Path, *args: str, env: dict[str, str] | None = None, state: Path | None = None
+    ) -> None:
         self.sink = workdir / "azure.jsonl"
-        self.state = workdir / "state"
+        self.state = state or workdir / "state"
         self.api = f"http://127.0.0.1:{free_port()}"
         self.log = workdir / "azure-channel.log"
         with open(self.log, "ab") as log:
@@ -207,3 +209,36 @@ def test_twenty_vms_three_without_an_agent_exactly_three_unwatched_and_every_out
         for agent in agents:
             agent.stop()
         emulator.stop()
+
+
+def test_a_full_disk_holds_azures_events_back_and_loses_none(tmp_path: Path) -> None:
+    """The service's state directory (its outbox) on a full tmpfs while Azure's events arrive: nothing
+    can be stored, so nothing is committed at the source (its cursor stays) and the service does not
+    crash; once there is room, every event is published, once."""
+    from faults import fill, tmpfs
+
+    grid = tmp_path / "event-grid.jsonl"
+    grid.touch()
+    with tmpfs(tmp_path / "azure-state", "2m") as state:
+        channel = Channel(tmp_path, "--source", f"file://{grid}", state=state)
+        try:
+            filler = fill(state)
+            ids = [str(uuid.uuid4()) for _ in range(5)]
+            with grid.open("ab") as out:
+                out.write(
+                    b"".join(
+                        orjson.dumps(grid_event(i, "Scheduled", [f"vm-{n}"])) + b"\n"
+                        for n, i in enumerate(ids)
+                    )
+                )
+            wait_until(lambda: b"storing Azure channel records" in channel.log.read_bytes(), 30,
+                       what="the service waiting for its full disk")  # fmt: skip
+            assert channel.records() == [] and channel.proc.poll() is None
+            assert not any(state.glob("source-file-*.cursor"))  # nothing committed
+            filler.unlink()
+            wait_until(lambda: len(channel.records("azureScheduledEvent")) >= 5, 60, what="every event")
+            assert sorted(r["event"]["eventId"] for r in channel.records("azureScheduledEvent")) == sorted(
+                ids
+            )
+        finally:
+            channel.stop()
