@@ -257,15 +257,19 @@ class DeliveryWorker(threading.Thread):
         """Keep a refused record with its reason. Raises OSError if the file cannot take it: the
         record then stays unconfirmed and is retried, never dropped."""
         label = self.sink.id
-        line = orjson.dumps(
-            {
-                "deadLetteredAt": time.time(),
-                "sink": self.sink.name,
-                "reason": str(err),
-                "kind": err.kind,
-                "record": orjson.Fragment(entry.payload),
-            }
-        )
+        letter: dict[str, object] = {
+            "deadLetteredAt": time.time(),
+            "sink": self.sink.name,
+            "reason": str(err),
+            "kind": err.kind,
+            "recordId": entry.record_id,
+        }
+        try:  # the record verbatim; bytes that are no JSON as text, or the line itself would not be
+            orjson.loads(entry.payload)
+            letter["record"] = orjson.Fragment(entry.payload)
+        except orjson.JSONDecodeError:
+            letter["recordText"] = entry.payload.decode("utf-8", "replace")
+        line = orjson.dumps(letter)
         ensure_private_dir(self.dead_letter_path.parent)
         append_durably(self.dead_letter_path, line + b"\n")
         self.metrics.sink_failures.labels(label, err.kind).inc()

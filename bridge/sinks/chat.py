@@ -49,6 +49,9 @@ SLACK_MAX_BLOCKS = 50
 SLACK_MAX_TEXT = 3000
 SLACK_MAX_HEADER = 150
 MAX_VMS_NAMED = 20
+#: A fact's text at most: a record's free text (an event's description) must not make a message larger
+#: than a chat service takes (Teams' Workflows: about 28 KB a message).
+MAX_FACT = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +173,7 @@ def _transition(
         if event.get("durationInSeconds"):
             facts.append(("Duration", f"{event['durationInSeconds']} s"))
         if event.get("description"):
-            facts.append(("Description", str(event["description"])))
+            facts.append(("Description", _cut(str(event["description"]), MAX_FACT)))
         return title, facts, str(change.get("eventId"))
     return None
 

@@ -194,3 +194,32 @@ def test_a_413_halves_the_batch_and_loses_nothing(endpoint: LogsIngestion, tmp_p
     assert endpoint.faults == []  # the 413 was answered, then the halves went through
     dead = tmp_path / "dead-letter"
     assert not dead.exists() or not any(dead.iterdir())
+
+
+def test_a_payload_that_is_no_record_is_dead_lettered_and_the_rest_delivered(
+    endpoint: LogsIngestion, tmp_path: Path
+) -> None:
+    """A poison message in the outbox (not JSON, or JSON without a recordId) is refused for good and
+    dead-lettered; it neither wedges the queue nor stops the records around it."""
+    from bridge.pipeline import RecordMeta
+
+    outbox = Outbox(tmp_path / "outbox", ["logs"])
+    good = [record(1), record(2)]
+    outbox.append(RecordMeta.of(good[0]), orjson.dumps(good[0]))
+    outbox.append(RecordMeta("poison-1", "scheduledEvents", "vm"), b"\xff not json")
+    outbox.append(RecordMeta("poison-2", "scheduledEvents", "vm"), b'{"recordType": "scheduledEvents"}')
+    outbox.append(RecordMeta.of(good[1]), orjson.dumps(good[1]))
+    outbox.close()
+    dead = tmp_path / "dead-letter"
+    drain(
+        spec(endpoint),
+        tmp_path,
+        [],
+        lambda: len(endpoint.all_rows()) == 2 and dead.exists() and any(dead.iterdir()),
+    )
+    assert {r["RecordId"] for r in endpoint.all_rows()} == {g["recordId"] for g in good}
+    letters = [orjson.loads(line) for p in dead.iterdir() for line in p.read_bytes().splitlines()]
+    assert [(d["recordId"], d["kind"]) for d in letters] == [("poison-1", "invalid"), ("poison-2", "invalid")]
+    assert "not json" in letters[0]["recordText"] and letters[1]["record"] == {
+        "recordType": "scheduledEvents"
+    }
