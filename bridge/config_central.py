@@ -104,6 +104,14 @@ class ConsoleConfig(ConfigBase):
         metavar="SECONDS",
     )
     history_days: float = setting(30.0, number(1, 366), "Days of closed events kept.", metavar="DAYS")
+    azure_key: tuple[str, ...] = setting(
+        (),
+        key_spec,
+        "KEYID=PATH of se-bridge azure-channel's --sign-key: its records (VMs nobody watches, Azure's "
+        "outcomes) are shown only when they verify. None: Azure's channel is not shown. Repeat for several.",
+        metavar="KEYID=PATH",
+        multiple=True,
+    )
     decision_ttl: float = setting(
         900.0, number(30, 86400), "Seconds a decision made in the console stays valid.", metavar="SECONDS"
     )

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.imds.document import STATUS_RANK
+from bridge.signing import KeyRing, verify_record
 from bridge.timeutil import epoch_of
 
 #: Timeline entries kept per event (an event has a few per VM: scheduled, started, gone).
@@ -123,7 +124,12 @@ class EventRow:
 
 
 class Board:
-    def __init__(self, *, silent_after: float = 900.0, history_days: float = 30.0) -> None:
+    def __init__(
+        self, *, silent_after: float = 900.0, history_days: float = 30.0, azure_keys: KeyRing | None = None
+    ) -> None:
+        #: Azure's channel is shown only when its records verify (every agent writes to the stream, and a
+        #: forged "unwatched" or "Completed" would mislead the person about to approve); empty: not shown.
+        self.azure_keys = azure_keys or KeyRing()
         self.silent_after = silent_after
         self.history_days = history_days
         self._lock = threading.Lock()
@@ -152,9 +158,9 @@ class Board:
                 self._preparation(record, now)
             elif kind == "approval":
                 self._approval(record)
-            elif kind == "azureScheduledEvent":
+            elif kind == "azureScheduledEvent" and self._proven(record):
                 self._azure_event(record, now)
-            elif kind == "reconciliation" and record.get("finding") == "unwatched":
+            elif kind == "reconciliation" and record.get("finding") == "unwatched" and self._proven(record):
                 self._unwatched(record, now)
         except (KeyError, TypeError, ValueError, AttributeError):
             return  # a record the board cannot read changes nothing (the approver audits its own)
@@ -284,6 +290,13 @@ class Board:
             if event.approved_at is None or not_before is None
             else round(not_before - event.approved_at, 1),
         }
+
+    def _proven(self, record: dict[str, Any]) -> bool:
+        try:
+            verify_record(self.azure_keys, record)
+            return True
+        except PermissionError:
+            return False  # unsigned, another key, or altered: not Azure's word
 
     def _azure_event(self, record: dict[str, Any], now: float) -> None:
         """Azure's own channel (bridge.azure): an event no agent reports is shown from it, and how an

@@ -28,7 +28,7 @@ from bridge.console.app import Console
 from bridge.console.board import Board
 from bridge.fsutil import ensure_private_dir
 from bridge.netaddr import parse_listen
-from bridge.signing import load_key_from
+from bridge.signing import KeyRing, load_key_from
 from bridge.sinks import SinkError
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ class ConsoleService:
         key_id, _, where = config.key.partition("=")
         try:
             key = load_key_from(where)
+            azure_keys = KeyRing.from_specs(config.azure_key)  # Azure's channel shown only when signed
             self.access = Access(
                 config.auth, approver_roles=config.approver_role, approver_groups=config.approver_group
             )
@@ -52,7 +53,11 @@ class ConsoleService:
             self.host, self.port = parse_listen(config.listen)
         except (ValueError, SinkError, SourceError, OSError) as exc:
             raise ConfigError(str(exc)) from None
-        self.board = Board(silent_after=config.silent_after, history_days=config.history_days)
+        self.board = Board(
+            silent_after=config.silent_after,
+            history_days=config.history_days,
+            azure_keys=azure_keys,
+        )
         self.registry = CollectorRegistry()
         self._caught_up: set[int] = set()
         self._decisions = Counter(

@@ -33,6 +33,7 @@ VMS = ["fleet-vm-000", "fleet-vm-001", "fleet-vm-002"]
 APPROVER = {"X-Forwarded-Email": "alice@contoso.example", "X-Forwarded-Groups": "ops,maintenance-approvers"}
 LOOKER = {"X-Forwarded-Email": "bob@contoso.example", "X-Forwarded-Groups": "ops"}
 CONSOLE_KEY = b"console-signing-key-of-the-tests-0123456789"
+AZURE_KEY = b"z" * 40  # se-bridge azure-channel --sign-key
 
 if not Path(CHROMIUM).exists() and os.environ.get("SE_BRIDGE_BROWSER_TESTS") == "required":
     raise RuntimeError(
@@ -76,6 +77,7 @@ class Stack:
         )
         approver_api(workdir)
         (workdir / "console.key").write_bytes(CONSOLE_KEY)
+        (workdir / "azure.key").write_bytes(AZURE_KEY)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.azure = workdir / "azure.jsonl"  # what se-bridge azure-channel publishes (bridge.azure)
@@ -90,7 +92,8 @@ class Stack:
             [sys.executable, "-m", "bridge", "console", "--auth", "oauth2-proxy",
              "--approver-group", "maintenance-approvers", *sources, "--sink", f"file://{self.decisions}",
              "--key", f"ops={workdir / 'console.key'}", "--state-dir", str(workdir / "console-state"),
-             "--listen", f"127.0.0.1:{self.port}", "--silent-after", "4"],
+             "--listen", f"127.0.0.1:{self.port}", "--silent-after", "4",
+             "--azure-key", f"azure={workdir / 'azure.key'}"],
             stdout=self.console_log, stderr=self.console_log,
         )  # fmt: skip
         wait_until(lambda: _ready(self.url), 30, what="the console ready")
@@ -275,6 +278,7 @@ def test_a_vm_nobody_watches_is_flagged_from_azures_channel(
     from bridge.azure.reconcile import Reconciler
     from bridge.azure.records import azure_event_record
     from bridge.azure.tracker import EventTracker
+    from bridge.signing import sign_record
 
     page = browser.new_context(extra_http_headers=LOOKER).new_page()
     page.goto(stack.url + "/")
@@ -289,8 +293,8 @@ def test_a_vm_nobody_watches_is_flagged_from_azures_channel(
         *reconciler.due(now + 2),
     ]
     assert [r.get("finding") for r in published] == [None, "unwatched"]
-    with stack.azure.open("ab") as out:
-        out.write(b"".join(orjson.dumps(r) + b"\n" for r in published))
+    with stack.azure.open("ab") as out:  # signed with the key the console was given (--azure-key)
+        out.write(b"".join(orjson.dumps(sign_record("azure", AZURE_KEY, r)) + b"\n" for r in published))
     page.locator("#vm-vm-ghost.silent").wait_for(timeout=30_000)
     text = page.locator("#vm-vm-ghost").inner_text()
     assert "no agent reported its maintenance" in text and "Reboot Scheduled" in text

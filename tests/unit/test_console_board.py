@@ -83,15 +83,22 @@ def test_azures_channel_shows_the_vms_nobody_watches_and_how_events_ended() -> N
     from bridge.azure.reconcile import Reconciler
     from bridge.azure.records import azure_event_record
     from bridge.azure.tracker import EventTracker
+    from bridge.signing import KeyRing, sign_record
 
-    board, reconciler, tracker = Board(), Reconciler(grace=10), EventTracker()
+    key = b"z" * 40
+    board, reconciler, tracker = (
+        Board(azure_keys=KeyRing({"azure": key})),
+        Reconciler(grace=10),
+        EventTracker(),
+    )
 
     def azure(status: str, now: float) -> None:
         event = from_event_grid(grid_event(EVENT, status, SET, parent="avset", kind="availabilitySets"))
         news = tracker.observe(event)
         assert news is not None
         for rec in [azure_event_record(event, news, now), *reconciler.azure(event, news, now)]:
-            board.take(rec, now)
+            board.take(rec, now)  # unsigned (what any agent could write): not shown
+            board.take(sign_record("azure", key, rec), now)
 
     now = time.time()
     for vm in ("vm-a", "vm-b"):
@@ -100,8 +107,12 @@ def test_azures_channel_shows_the_vms_nobody_watches_and_how_events_ended() -> N
         board.take(agents, now)
         reconciler.agent(agents, now)
     azure("Scheduled", now)
-    for finding in reconciler.due(now + 11):
+    findings = reconciler.due(now + 11)
+    for finding in findings:
         board.take(finding, now + 11)
+    assert all(not vm["unwatched"] for vm in board.fleet(now + 11)["vms"])  # unsigned findings: not shown
+    for finding in findings:
+        board.take(sign_record("azure", key, finding), now + 11)
     fleet = board.fleet(now + 11)
     by_name = {vm["name"]: vm for vm in fleet["vms"]}
     assert by_name["vm-c"]["unwatched"] == [EVENT] and by_name["vm-c"]["events"] == [EVENT]
