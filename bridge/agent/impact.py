@@ -140,14 +140,17 @@ class ImpactMeter:
         records = []
         with self._lock:
             self._first_poll(now)
+            touched = False
             for change in changes:
                 watch = self._watch(change, doc, now)
                 if watch is None:
                     continue
+                touched = True
                 if change.change in ENDINGS:
                     del self._watches[change.event_id.upper()]
                     records.append(self._record(watch, change, now))
-            self._save()
+            if touched:  # a document change that no watched event is in costs no write
+                self._save()
         for record in records:
             try:
                 self.outbox.append(RecordMeta.of(record), encode(record))
