@@ -23,6 +23,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,13 +186,14 @@ class AzureChannel:
         """The records of a poll's messages, durable; False when stopping first (not committed)."""
         now = time.time()
         out: list[dict[str, Any]] = []
+        seen: list[AzureEvent] = []
         for message in messages:
             for item in deliveries(message.payload):
                 event = self._parsed(item, message)
-                if event is None:
-                    continue
-                out += self._observed(event, now)
-        return self._store(out)
+                if event is not None:
+                    seen.append(event)
+                    out += self._observed(event, now)
+        return self._store(out, seen)
 
     def _observed(self, event: AzureEvent, now: float) -> list[dict[str, Any]]:
         """The records an observation makes: none for a duplicate; its record and the findings it
@@ -241,7 +243,22 @@ class AzureChannel:
         except OSError as exc:
             log.error("cannot write the dead letter", extra={"error": str(exc)})
 
-    def _store(self, records: list[dict[str, Any]]) -> bool:
+    def _store(self, records: list[dict[str, Any]], observed: Sequence[AzureEvent] = ()) -> bool:
+        """``records`` durable in the outbox (waiting out a full or failing disk); False when stopping
+        first. Whatever prevents it, the observations behind them are forgotten by the tracker, so
+        the same deliveries (not committed) or rows (polled again) are news again."""
+        try:
+            stored = self._append_all(records)
+        except BaseException:
+            for event in observed:
+                self.tracker.forget(event)
+            raise
+        if not stored:
+            for event in observed:
+                self.tracker.forget(event)
+        return stored
+
+    def _append_all(self, records: list[dict[str, Any]]) -> bool:
         if self.signer is not None:
             records = [sign_record(*self.signer, record) for record in records]
 
@@ -272,15 +289,16 @@ class AzureChannel:
                 streak.failure(kind, str(exc))
             else:
                 streak.success()
-                now, out = time.time(), []
+                now, out, seen = time.time(), [], []
                 for row in rows:
                     try:
                         event = from_graph_row(row)
                     except AzureEventRefused as refusal:
                         self._refused(refusal, None, row)
                         continue
+                    seen.append(event)
                     out += self._observed(event, now)
-                if self._store(out):
+                if self._store(out, seen):
                     self._graph_polled = True
             self.stop_event.wait(self.graph_interval)
 

@@ -63,6 +63,16 @@ class EventTracker:
                 self._events.popitem(last=False)
             return News(state, late)
 
+    def forget(self, event: AzureEvent) -> None:
+        """Undo :meth:`observe` for an observation whose records could not be stored, so it is news
+        again when it is read again (the source was not committed): nothing is lost to a failure."""
+        with self._lock:
+            if event.delivery_id is not None:
+                self._deliveries.pop(event.delivery_id, None)
+            known = self._events.get(event.event_id.lower())
+            if known is not None:
+                known[1].discard(event.content)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._events)

@@ -215,3 +215,13 @@ def test_a_parent_outside_the_grammar_or_the_allowed_scopes_is_refused(parent: s
 
     with pytest.raises(ScopeRefused):
         parent_scope(parent, ((SUB, RG.lower()),))
+
+
+def test_an_observation_whose_records_were_not_stored_is_news_again() -> None:
+    """The service forgets what it could not store (a failure, a stop): read again from the source
+    (not committed) or polled again, the same delivery is news, not a duplicate."""
+    tracker = EventTracker()
+    event = from_event_grid(grid_event(E1, "Scheduled", ["vm-a"], delivery_id="d1"))
+    assert tracker.observe(event) is not None and tracker.observe(event) is None
+    tracker.forget(event)
+    assert tracker.observe(event) == News("Scheduled", late=False)
