@@ -361,3 +361,20 @@ def start_approver(
             stdout=subprocess.DEVNULL,
             env=env,
         )
+
+
+def make_changes(emulator: Emulator, agent: Agent) -> list[dict[str, Any]]:
+    """Five document changes, each waited for in the file sink so each is a record of its own, and the
+    impact record of each of the two events once it ended (bridge.agent.impact): eight records."""
+    first = emulator.add_event(eventType="Freeze", durationInSeconds=5)
+    agent.wait_for_change(first, "scheduled")
+    emulator.control("POST", f"events/{first}/start")
+    agent.wait_for_change(first, "started")
+    second = emulator.add_event(eventType="Reboot")
+    agent.wait_for_change(second, "scheduled")
+    emulator.control("POST", f"events/{first}/complete")
+    agent.wait_for_change(first, "completed")
+    emulator.control("POST", f"events/{second}/cancel")
+    agent.wait_for_change(second, "canceled")
+    wait_until(lambda: len(agent.records("impact")) == 2, 15, what="both impact records")
+    return agent.records(None)

@@ -149,6 +149,31 @@ def source_spec(peer: EventHubsPeer, hub: str = "decisions", **options: str) -> 
     return f"eventhubs://127.0.0.1:{peer.port}/{hub}?" + "&".join(f"{k}={v}" for k, v in query.items())
 
 
+def two_fleet_approvers(
+    tmp_path: Path, spec: str, agent: Any, fleet: tuple[str, ...], env: dict[str, str]
+) -> tuple[list[Path], list[subprocess.Popen[bytes]], list[str]]:
+    """Two fleet approver instances on one hub, each once it owns one of its two partitions: their
+    work directories, processes and API addresses."""
+    workdirs = [tmp_path / "a", tmp_path / "b"]
+    procs = []
+    for workdir in workdirs:
+        workdir.mkdir()
+        audit = f"file://{workdir}/audit.jsonl"
+        procs.append(start_approver(workdir, spec, audit, agent.api or "", KEY, *fleet, env=env))
+    try:
+        apis = [approver_api(w) for w in workdirs]
+        wait_until(
+            lambda: [scrape(a, "se_bridge_approver_partitions_owned") for a in apis] == [1.0, 1.0],
+            60,
+            what="one partition each",
+        )
+    except BaseException:
+        for proc in procs:
+            stop(proc)
+        raise
+    return workdirs, procs, apis
+
+
 def topology_args(tmp_path: Path, spec: str, relay: str) -> tuple[str, ...]:
     """A checkpoint store is for fleet approvers (local ones would split the partitions between VMs
     and are refused): with one, the approver runs in fleet mode and learns the agent from the agent's
@@ -510,19 +535,8 @@ def test_two_fleet_approvers_share_the_hub_and_one_takes_over_after_a_kill(
     spec = source_spec(peer, load_balancing_interval="1", ownership_expiration="4")
     fleet = ("--mode", "fleet", "--events-source", f"file://{agent.sink_path}",
              "--relay-url-template", agent.api or "", "--group", "$Default")  # fmt: skip
-    workdirs = [tmp_path / "a", tmp_path / "b"]
-    procs = []
-    for workdir in workdirs:
-        workdir.mkdir()
-        audit = f"file://{workdir}/audit.jsonl"
-        procs.append(start_approver(workdir, spec, audit, agent.api or "", KEY, *fleet, env=env))
-    apis = [approver_api(w) for w in workdirs]
+    workdirs, procs, apis = two_fleet_approvers(tmp_path, spec, agent, fleet, env)
     try:
-        wait_until(
-            lambda: [scrape(a, "se_bridge_approver_partitions_owned") for a in apis] == [1.0, 1.0],
-            60,
-            what="one partition each",
-        )
         assert len(set(owners(store, peer, "decisions").values())) == 2
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(10)
@@ -563,19 +577,8 @@ def test_a_standby_carries_a_dead_instances_decisions_before_its_ownership_expir
     spec = source_spec(peer, load_balancing_interval="2", ownership_expiration="60")
     fleet = ("--mode", "fleet", "--events-source", f"file://{agent.sink_path}", "--relay-url-template",
              agent.api or "", "--group", "$Default", "--standby-after", "2")  # fmt: skip
-    workdirs = [tmp_path / "a", tmp_path / "b"]
-    procs = []
-    for workdir in workdirs:
-        workdir.mkdir()
-        audit = f"file://{workdir}/audit.jsonl"
-        procs.append(start_approver(workdir, spec, audit, agent.api or "", KEY, *fleet, env=env))
-    apis = [approver_api(w) for w in workdirs]
+    workdirs, procs, apis = two_fleet_approvers(tmp_path, spec, agent, fleet, env)
     try:
-        wait_until(
-            lambda: [scrape(a, "se_bridge_approver_partitions_owned") for a in apis] == [1.0, 1.0],
-            60,
-            what="one partition each",
-        )
         # Decisions spread over both partitions (``decide`` keys them by target: one partition), so
         # each instance owns some and both partitions get a checkpoint while both instances live.
         from azure.eventhub import EventData, EventHubProducerClient

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import pytest
 from peers.amqp_eventhubs import EventHubsPeer, StoredEvent
-from procs import Agent, Emulator, docker_available, wait_until
+from procs import Agent, Emulator, docker_available, make_changes, wait_until
 from test_agent_e2e import assert_consistent
 
 from bridge.pipeline import Entry, Outcome, RecordMeta
@@ -527,18 +527,7 @@ def test_agent_delivers_every_record_to_eventhubs_and_file(
         sink=spec_for(peer.port),
         env={"EH_CONN": peer.connection_string()},
     ).start()
-    freeze = emulator.add_event(eventType="Freeze")
-    agent.wait_for_change(freeze, "scheduled")
-    emulator.control("POST", f"events/{freeze}/start")
-    agent.wait_for_change(freeze, "started")
-    reboot = emulator.add_event(eventType="Reboot")
-    agent.wait_for_change(reboot, "scheduled")
-    emulator.control("POST", f"events/{freeze}/complete")
-    agent.wait_for_change(freeze, "completed")
-    emulator.control("POST", f"events/{reboot}/cancel")
-    agent.wait_for_change(reboot, "canceled")
-    wait_until(lambda: len(agent.records("impact")) == 2, 15, what="both impact records")
-    records = agent.records(None)  # every record goes to every sink: the events' and their impact
+    records = make_changes(emulator, agent)  # every record goes to every sink: the events' and their impact
     assert len(records) >= 8
     assert_consistent([r for r in records if r["recordType"] == "scheduledEvents"])
     wait_until(lambda: len(peer.messages()) >= len(records), 30, what="every record at the peer")

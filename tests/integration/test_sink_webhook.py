@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import pytest
 from peers.http_receiver import Answer, HttpReceiver, Received, TlsFiles, make_tls_files, verify_signature
-from procs import Agent, Emulator, wait_until
+from procs import Emulator, make_changes, wait_until
 
 from bridge.pipeline import Entry, RecordMeta
 from bridge.sinks import SinkError, create_sink
@@ -287,23 +287,6 @@ def file_sink(tmp_path: Path) -> tuple[str, str]:
     return "--sink", f"file://{tmp_path / 'records.jsonl'}"
 
 
-def make_changes(emulator: Emulator, agent: Agent) -> list[str]:
-    """Five document changes, each waited for in the file sink so each is a record of its own, and the
-    impact record of each of the two events once it ended (bridge.agent.impact): eight records."""
-    first = emulator.add_event(eventType="Freeze", durationInSeconds=5)
-    agent.wait_for_change(first, "scheduled")
-    emulator.control("POST", f"events/{first}/start")
-    agent.wait_for_change(first, "started")
-    second = emulator.add_event(eventType="Reboot")
-    agent.wait_for_change(second, "scheduled")
-    emulator.control("POST", f"events/{first}/complete")
-    agent.wait_for_change(first, "completed")
-    emulator.control("POST", f"events/{second}/cancel")
-    agent.wait_for_change(second, "canceled")
-    wait_until(lambda: len(agent.records("impact")) == 2, 15, what="both impact records")
-    return [r["recordId"] for r in agent.records(None)]
-
-
 def test_agent_delivers_signed_cloudevents_in_order(
     emulator: Emulator, make_agent, receiver: HttpReceiver, tmp_path: Path
 ) -> None:
@@ -314,7 +297,7 @@ def test_agent_delivers_signed_cloudevents_in_order(
     # A proxy in the environment that does not exist: a loopback webhook must not go through it.
     env = {"WEBHOOK_HMAC_KEY": HMAC_KEY, "HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}
     agent = make_agent(emulator.url, *file_sink(tmp_path), sink=spec, env=env).start()
-    ids = make_changes(emulator, agent)
+    ids = [r["recordId"] for r in make_changes(emulator, agent)]
     assert len(ids) == 8
     receiver.wait_for(lambda reqs: len(reqs) >= len(ids), what="every record at the receiver")
     reqs = receiver.requests()
