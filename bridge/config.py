@@ -153,8 +153,9 @@ class AgentConfig(ConfigBase):
     imds_max_rps: float = setting(
         4.0,
         number(0.1, 5),
-        "Most IMDS requests per second this agent sends, StartRequests first (IMDS allows about 5 for "
-        "the whole VM; the default keeps a margin for jitter and other IMDS users).",
+        "IMDS requests per second this agent sends, StartRequests first (IMDS allows about 5 for the "
+        "whole VM; the default keeps a margin for jitter and other IMDS users). While StartRequests use "
+        "all of it, a poll held 2 s goes as one request more, within IMDS's 5.",
         metavar="N",
     )
     ready_max_failure: float = setting(

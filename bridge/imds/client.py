@@ -85,8 +85,13 @@ class ImdsResponse:
     received_mono: float  # monotonic, for latency measurements
 
 
+#: IMDS's own limit: about 5 requests per second for the whole VM (docs/operations.md).
+IMDS_LIMIT = 5
+
+
 class RateLimiter:
-    """At most ``rate`` requests in any window of ``WINDOW`` seconds; StartRequests before polls.
+    """The agent's IMDS budget: ``rate`` requests in any window of ``WINDOW`` seconds, StartRequests
+    first, and never more than IMDS's own limit.
 
     IMDS counts requests in any one-second window (about 5 per VM for all of IMDS) and the agent shares
     that budget with every other IMDS user on the VM. The agent's default rate (``imds_max_rps``, 4)
@@ -98,11 +103,15 @@ class RateLimiter:
 
     ``priority`` requests (StartRequests: an approval waits on them, a poll only repeats what the
     next poll sees anyway) take the next free slot before any waiting ordinary request, and are paced
-    only against each other: a StartRequest right after a poll goes at once (a poll in the previous
-    262 ms used to delay an approval by up to a slot). An ordinary request that has waited
-    ``STARVED`` seconds goes before priority ones, so a stream of approvals never stops the polls
-    for long. That costs the approvals one slot in eight while they stream: with one poll a second a
-    spaced stream could not be served within one slot at all (issue 19 item 4, docs/performance.md).
+    and counted only against each other: a StartRequest right after a poll goes at once, and the
+    budget is theirs whole while they stream. An ordinary request (a poll) uses what they leave; one
+    that has waited ``STARVED`` seconds behind them goes anyway, *beside* them: it is the one request
+    over the budget that IMDS's own limit still allows (``ceiling``: ``rate`` + 1, at most
+    :data:`IMDS_LIMIT`). So a stream of approvals neither stops the polls nor loses a slot to them:
+    each decision waits at most one slot (issue 19 item 4). The price, only while StartRequests use
+    the whole budget, is the margin: one request in ``STARVED`` seconds over ``rate``, still within
+    IMDS's 5 a second (docs/performance.md). At ``rate`` 5 there is no room beside the budget, and a
+    starved poll takes a StartRequest's slot instead.
     """
 
     WINDOW = 1.05
@@ -110,9 +119,11 @@ class RateLimiter:
 
     def __init__(self, rate: float) -> None:
         self._cap = int(rate) if rate >= 1 else 1
+        self._ceiling = max(self._cap, min(self._cap + 1, IMDS_LIMIT))
         self._window = self.WINDOW if rate >= 1 else (1.0 / rate if rate > 0 else 0.0)
         self._spacing = self._window / self._cap
-        self._sent: deque[float] = deque()
+        self._sent: deque[tuple[float, bool]] = deque()  # (when, priority) within the last window
+        self._priority_sent = 0  # of ``_sent``
         self._last_priority: float | None = None
         self._urgent = 0  # priority requests waiting for a slot
         self._cond = threading.Condition()
@@ -131,11 +142,9 @@ class RateLimiter:
                     if not priority and self._urgent and not starved:
                         self._cond.wait(self.STARVED - (now - since))
                         continue
-                    wait = self._wait(now, priority)
+                    wait = self._wait(now, priority, starved)
                     if wait <= 0:
-                        self._sent.append(now)
-                        if priority:
-                            self._last_priority = now
+                        self._record(now, priority)
                         return
                     self._cond.wait(wait)
             finally:
@@ -143,15 +152,35 @@ class RateLimiter:
                     self._urgent -= 1
                     self._cond.notify_all()
 
-    def _wait(self, now: float, priority: bool = False) -> float:
+    def _wait(self, now: float, priority: bool = False, starved: bool = False) -> float:
         """Seconds until a request may go (0: now)."""
-        while self._sent and now - self._sent[0] >= self._window:
-            self._sent.popleft()
-        last = self._last_priority if priority else (self._sent[-1] if self._sent else None)
-        paced = last + self._spacing - now if last is not None else 0.0
-        if len(self._sent) < self._cap:
-            return max(0.0, paced)
-        return max(paced, self._sent[0] + self._window - now)
+        self._expire(now)
+        sent = self._sent
+        until_ceiling = sent[0][0] + self._window - now if len(sent) >= self._ceiling else 0.0
+        if priority:
+            paced = self._last_priority + self._spacing - now if self._last_priority is not None else 0.0
+            if self._priority_sent >= self._cap:
+                oldest = next(when for when, is_priority in sent if is_priority)
+                paced = max(paced, oldest + self._window - now)
+            return max(0.0, paced, until_ceiling)
+        if starved and self._ceiling > self._cap:
+            return max(0.0, until_ceiling)  # beside the StartRequests, within IMDS's own limit
+        paced = sent[-1][0] + self._spacing - now if sent else 0.0
+        if len(sent) >= self._cap:
+            paced = max(paced, sent[len(sent) - self._cap][0] + self._window - now)
+        return max(0.0, paced)
+
+    def _expire(self, now: float) -> None:
+        sent = self._sent
+        while sent and now - sent[0][0] >= self._window:
+            _, is_priority = sent.popleft()
+            self._priority_sent -= is_priority
+
+    def _record(self, now: float, priority: bool) -> None:
+        self._sent.append((now, priority))
+        if priority:
+            self._priority_sent += 1
+            self._last_priority = now
 
 
 class ImdsClient:

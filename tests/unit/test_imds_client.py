@@ -202,6 +202,84 @@ def test_a_start_request_right_after_a_poll_is_not_held_for_the_pacing() -> None
     assert limiter._wait(time.monotonic(), priority=True) > 0.0  # and so is the next StartRequest
 
 
+def _stream_of_posts(limiter: RateLimiter, now: float) -> None:
+    """The budget full of StartRequests, paced as a stream sends them, the last one at ``now``."""
+    for k in range(3, -1, -1):
+        limiter._record(now - k * limiter._spacing, True)
+    limiter._expire(now)
+    assert len(limiter._sent) == 4
+
+
+def test_a_starved_poll_goes_beside_the_start_requests_not_in_their_slot() -> None:
+    """Issue 19 item 4: a poll that had waited ``STARVED`` behind a stream of StartRequests took one
+    of their slots, and the decisions behind it waited two slots (p99 530 ms for decisions 100 ms
+    apart). Now it goes beside them, the one request over the agent's budget that IMDS's own limit
+    (5 a second) allows, and the StartRequests' next slot is where it was. The admission rule alone,
+    at given instants: the question is only who may go when."""
+    limiter, now = RateLimiter(4.0), 1000.0
+    _stream_of_posts(limiter, now)
+    next_post = limiter._wait(now, priority=True)
+    assert next_post > 0.2  # paced: the budget is the StartRequests'
+    assert limiter._wait(now, priority=False) > 0  # a poll that has not starved waits
+    assert limiter._wait(now, priority=False, starved=True) == 0.0  # a starved one goes now...
+    limiter._record(now, False)
+    assert limiter._wait(now, priority=True) == next_post  # ...and the next StartRequest is unmoved
+    assert limiter._wait(now, priority=False, starved=True) > 0  # one over, never two: IMDS's limit
+    assert len(limiter._sent) == 5
+
+
+def test_at_imds_own_limit_a_starved_poll_takes_a_slot_instead() -> None:
+    """With ``--imds-max-rps 5`` there is no room beside the budget: a starved poll waits for a slot
+    like any request, and the window never holds more than 5."""
+    limiter, now = RateLimiter(5.0), 1000.0
+    for k in range(5, 0, -1):
+        limiter._record(now - k * 0.2, True)
+    limiter._expire(now)
+    assert len(limiter._sent) == 5
+    assert limiter._wait(now, priority=False, starved=True) > 0
+
+
+def test_start_requests_and_starved_polls_never_draw_a_429_from_imds() -> None:
+    """The reserve against the emulator's 5-per-second limit (IMDS's): StartRequests streaming
+    without pause from two threads, the poller polling once a second as the agent does, for 5 s.
+    Every request answered, polls kept going, and the emulator never answered 429."""
+    with EmulatorServer(port=0, rate_limit=5.0) as emu:
+        event_id = emu.state.add_event(event_type="Freeze")
+        client = ImdsClient(emu.url)  # the default budget: 4 per 1.05 s
+        stop = threading.Event()
+        polls: list[float] = []
+        errors: list[Exception] = []
+
+        def approvals() -> None:
+            while not stop.is_set():
+                try:
+                    client.post_start_requests([event_id], deadline=0.0)
+                except ImdsError as exc:
+                    errors.append(exc)
+
+        def poller() -> None:
+            while not stop.is_set():
+                try:
+                    client.get_scheduled_events()
+                except ImdsError as exc:
+                    errors.append(exc)
+                polls.append(time.monotonic())
+                stop.wait(1.0)
+
+        threads = [threading.Thread(target=approvals) for _ in range(2)] + [threading.Thread(target=poller)]
+        for t in threads:
+            t.start()
+        time.sleep(5.0)
+        stop.set()
+        for t in threads:
+            t.join(10)
+        counts = emu.state.snapshot()["requests"]
+        assert errors == []
+        assert counts["rejected"].get("429", 0) == 0
+        assert len(polls) >= 2  # the polls went on (one per STARVED seconds at least)
+        assert counts["post"] >= 15  # and the StartRequests had their budget: 4 per 1.05 s
+
+
 # ---------------------------------------------------------------------- whole-answer deadline, size cap
 # Issue 9, item 7: a socket timeout applies per recv, so an answer that trickles in one byte at a time
 # held the poll forever. The timeout is now a deadline for the whole exchange.

@@ -1,0 +1,152 @@
+"""The ``file://`` decision source: lines as they are written, woken by inotify (issue 19 item 4).
+
+A waiting poll used to check the file every 50 ms, a fifth of an approval's budget spent on
+noticing it. These tests write from another thread while a poll waits with a long timeout and a
+long safety net, so a poll that was not woken by the write would still be waiting when the test
+gives up on it: the assertion is that it returned at all, not how fast."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.approver.sources import file as file_source
+from bridge.approver.sources.file import FileSource
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="inotify is Linux's")
+
+
+class _Poll(threading.Thread):
+    """One ``poll`` of ``source`` with ``timeout``, in the background."""
+
+    def __init__(self, source: FileSource, timeout: float = 30.0) -> None:
+        super().__init__(daemon=True)
+        self.source, self.timeout = source, timeout
+        self.lines: list[bytes] | None = None
+        self.start()
+
+    def run(self) -> None:
+        self.lines = [m.payload for m in self.source.poll(self.timeout)]
+
+
+def _source(tmp_path: Path) -> tuple[FileSource, Path]:
+    decisions = tmp_path / "in" / "decisions.jsonl"
+    decisions.parent.mkdir()
+    decisions.touch()
+    return FileSource(f"file://{decisions}", tmp_path / "state"), decisions
+
+
+def _append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def _started(poll: _Poll) -> None:
+    """Wait until the poll is inside its wait (its watch exists), not merely started."""
+    for _ in range(200):
+        if poll.source._writes is not None:
+            return
+        time.sleep(0.01)
+    raise AssertionError("the poll never began to wait")
+
+
+@pytest.fixture(autouse=True)
+def _slow_safety_net(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(file_source, "SAFETY_NET", 60.0)  # only inotify can end a wait in time
+
+
+def test_a_line_written_while_a_poll_waits_ends_the_wait(tmp_path: Path) -> None:
+    source, decisions = _source(tmp_path)
+    poll = _Poll(source)
+    _started(poll)
+    assert poll.source._writes is not None and poll.source._writes._inotify is not None
+    _append(decisions, b'{"n": 1}\n')
+    poll.join(10)
+    assert not poll.is_alive(), "the write did not wake the poll"
+    assert poll.lines == [b'{"n": 1}']
+    source.close()
+
+
+def test_half_a_line_does_not_end_the_wait_and_its_end_does(tmp_path: Path) -> None:
+    source, decisions = _source(tmp_path)
+    poll = _Poll(source)
+    _started(poll)
+    _append(decisions, b'{"n": ')
+    poll.join(0.5)
+    assert poll.is_alive()  # a writer caught mid-line: nothing to hand out yet
+    _append(decisions, b"2}\n")
+    poll.join(10)
+    assert poll.lines == [b'{"n": 2}']
+    source.close()
+
+
+def test_a_file_renamed_into_place_is_read_from_its_start(tmp_path: Path) -> None:
+    source, decisions = _source(tmp_path)
+    _append(decisions, b'{"n": 1}\n{"n": 2}\n')
+    assert [m.payload for m in source.poll(1.0)] == [b'{"n": 1}', b'{"n": 2}']
+    poll = _Poll(source)
+    _started(poll)
+    fresh = decisions.with_name("new.jsonl")
+    fresh.write_bytes(b'{"n": 1}\n{"n": 2}\n{"n": 3}\n')
+    os.replace(fresh, decisions)  # a writer that rotates: the watch is on the directory
+    poll.join(10)
+    assert not poll.is_alive(), "the rename did not wake the poll"
+    assert poll.lines == [b'{"n": 3}']  # lines handed out before are not handed out again
+    source.close()
+
+
+def test_writes_inotify_does_not_report_are_found_by_the_safety_net(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file another host writes over NFS or SMB makes no inotify event here: the watch is put on
+    a directory nobody writes to, and the file is still read within the safety net's period."""
+    monkeypatch.setattr(file_source, "SAFETY_NET", 0.2)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    real_watch = file_source._watch
+    monkeypatch.setattr(file_source, "_watch", lambda directory: real_watch(elsewhere))
+    source, decisions = _source(tmp_path)
+    poll = _Poll(source)
+    _started(poll)
+    _append(decisions, b'{"n": 4}\n')
+    poll.join(10)
+    assert poll.lines == [b'{"n": 4}']
+    source.close()
+
+
+def test_without_inotify_the_file_is_checked_and_the_reason_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``fs.inotify.max_user_watches`` reached: ``add_watch`` fails with ENOSPC, as the kernel says it
+    (raised here: exhausting the machine's watches would starve the other tests of theirs)."""
+    import inotify_simple
+
+    def full(self: Any, path: Any, mask: int) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(inotify_simple.INotify, "add_watch", full)
+    source, decisions = _source(tmp_path)
+    poll = _Poll(source)
+    _started(poll)
+    assert poll.source._writes is not None and poll.source._writes._inotify is None
+    _append(decisions, b'{"n": 5}\n')
+    poll.join(10)
+    assert poll.lines == [b'{"n": 5}']
+    assert "inotify unavailable" in caplog.text
+    source.close()
+
+
+def test_close_releases_the_inotify_descriptor(tmp_path: Path) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    source, _ = _source(tmp_path)
+    assert source.poll(0.05) == []
+    assert len(os.listdir("/proc/self/fd")) == before + 1
+    source.close()
+    assert len(os.listdir("/proc/self/fd")) == before
