@@ -166,7 +166,10 @@ def approval_act(
             return timeline.close()
         published = _decide(decisions, keys["ops"], event_id, agent.identity.current.name or "")
         decision_id = published["decisionId"]
-        timeline.note(time.time(), "ops", f"se-bridge decide: decision {decision_id[:8]} signed, published")
+        # The decision's own time: with the approver woken by the write, the StartRequest can come
+        # before ``decide`` has even exited, so the time the demo got its answer is too late.
+        signed = _unix(published["issuedAt"])
+        timeline.note(signed, "ops", f"se-bridge decide: decision {decision_id[:8]} signed, published")
         timeline.wait("emulator", "StartRequest received", lambda: _start_request(emulator, event_id))
         timeline.wait("agent", "relay: StartRequest posted", lambda: _audit(records, decision_id, "agent"))
         timeline.wait("approver", "approved", lambda: _audit(audit, decision_id, "approver"))

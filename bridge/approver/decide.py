@@ -53,7 +53,7 @@ def decide(args: argparse.Namespace) -> int:
     finally:
         publisher.close()
     print(orjson.dumps({"published": True, "decisionId": decision["decisionId"], "eventId": args.event_id,
-                        "target": args.target}).decode())  # fmt: skip
+                        "target": args.target, "issuedAt": decision["issuedAt"]}).decode())  # fmt: skip
     return 0
 
 

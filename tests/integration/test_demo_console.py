@@ -33,12 +33,14 @@ def test_the_console_demo_runs_a_fleet_a_person_can_approve_and_stops_clean(tmp_
         assert proc.stdout is not None
         # The address line, whatever a loaded machine prints before it (a log line of a starting part).
         url = None
+        said = []
         for _ in range(200):
             line = proc.stdout.readline().decode()
+            said.append(line)
             if not line or (m := re.search(r"http://\S+\?token=\S+", line)):
                 url = m.group(0) if line else None
                 break
-        assert url, "the demo printed no console address"
+        assert url, f"the demo printed no console address: {''.join(said)!r}"
         origin = url.split("/?", 1)[0]
         http = requests.Session()
         http.trust_env = False

@@ -1,4 +1,5 @@
-"""The ``file://`` decision source: lines as they are written, woken by inotify (issue 19 item 4).
+"""The ``file://`` decision source: lines as they are written, woken by inotify (issue 19 item 4,
+bridge/approver/sources/filewatch.py).
 
 A waiting poll used to check the file every 50 ms, a fifth of an approval's budget spent on
 noticing it. These tests write from another thread while a poll waits with a long timeout and a
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bridge.approver.sources import file as file_source
+from bridge.approver.sources import filewatch
 from bridge.approver.sources.file import FileSource
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="inotify is Linux's")
@@ -59,14 +60,14 @@ def _started(poll: _Poll) -> None:
 
 @pytest.fixture(autouse=True)
 def _slow_safety_net(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(file_source, "SAFETY_NET", 60.0)  # only inotify can end a wait in time
+    monkeypatch.setattr(filewatch, "SAFETY_NET", 60.0)  # only inotify can end a wait in time
 
 
 def test_a_line_written_while_a_poll_waits_ends_the_wait(tmp_path: Path) -> None:
     source, decisions = _source(tmp_path)
     poll = _Poll(source)
     _started(poll)
-    assert poll.source._writes is not None and poll.source._writes._inotify is not None
+    assert poll.source._writes is not None and poll.source._writes.watching
     _append(decisions, b'{"n": 1}\n')
     poll.join(10)
     assert not poll.is_alive(), "the write did not wake the poll"
@@ -107,11 +108,13 @@ def test_writes_inotify_does_not_report_are_found_by_the_safety_net(
 ) -> None:
     """A file another host writes over NFS or SMB makes no inotify event here: the watch is put on
     a directory nobody writes to, and the file is still read within the safety net's period."""
-    monkeypatch.setattr(file_source, "SAFETY_NET", 0.2)
+    monkeypatch.setattr(filewatch, "SAFETY_NET", 0.2)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    real_watch = file_source._watch
-    monkeypatch.setattr(file_source, "_watch", lambda directory: real_watch(elsewhere))
+    real_watch = filewatch._Inotify.watch
+    monkeypatch.setattr(
+        filewatch._Inotify, "watch", lambda self, path: real_watch(self, elsewhere / path.name)
+    )
     source, decisions = _source(tmp_path)
     poll = _Poll(source)
     _started(poll)
@@ -135,18 +138,47 @@ def test_without_inotify_the_file_is_checked_and_the_reason_logged(
     source, decisions = _source(tmp_path)
     poll = _Poll(source)
     _started(poll)
-    assert poll.source._writes is not None and poll.source._writes._inotify is None
+    assert poll.source._writes is not None and not poll.source._writes.watching
     _append(decisions, b'{"n": 5}\n')
     poll.join(10)
     assert poll.lines == [b'{"n": 5}']
-    assert "inotify unavailable" in caplog.text
+    assert "inotify cannot watch this file" in caplog.text
     source.close()
 
 
-def test_close_releases_the_inotify_descriptor(tmp_path: Path) -> None:
-    before = len(os.listdir("/proc/self/fd"))
-    source, _ = _source(tmp_path)
-    assert source.poll(0.05) == []
-    assert len(os.listdir("/proc/self/fd")) == before + 1
-    source.close()
-    assert len(os.listdir("/proc/self/fd")) == before
+def _inotify_descriptors() -> int:
+    return sum(1 for fd in os.listdir("/proc/self/fd") if "inotify" in _link(f"/proc/self/fd/{fd}"))
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def test_every_source_of_a_process_shares_one_inotify_instance(tmp_path: Path) -> None:
+    """``fs.inotify.max_user_instances`` is 128 for all of a user's processes: a console following
+    200 files with an instance each would run out (and every other inotify user of the user with it).
+    200 sources in 20 directories, each woken by its own write: one instance, 20 watches."""
+    sources, paths = [], []
+    for d in range(20):
+        (tmp_path / f"d{d}").mkdir()
+        for f in range(10):
+            path = tmp_path / f"d{d}" / f"{f}.jsonl"
+            path.touch()
+            paths.append(path)
+            sources.append(FileSource(f"file://{path}", tmp_path / "state"))
+    assert all(source.poll(0.01) == [] for source in sources)
+    assert _inotify_descriptors() == 1
+    shared = filewatch._instance()
+    assert shared is not None and len(shared._watchers) >= 20
+    for n in (7, 123, 199):
+        poll = _Poll(sources[n])
+        _append(paths[n], b'{"n": %d}\n' % n)
+        poll.join(10)
+        assert poll.lines == [b'{"n": %d}' % n]
+    watched = len(shared._watchers)
+    for source in sources:
+        source.close()
+    assert len(shared._watchers) == watched - 20  # each directory's watch went with its last source

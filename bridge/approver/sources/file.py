@@ -5,78 +5,21 @@ message is its line number; the last committed line is kept in the state directo
 atomically), so a restarted approver resumes after it. A last line without its newline is a writer
 caught mid-line and is read once complete.
 
-A waiting poll sleeps on inotify (``inotify_simple``, Linux): a decision is read the moment it is
-written, where checking the file every 50 ms made it wait 25 ms on average and 50 at worst, a fifth
-of an approval's whole budget (issue 19 item 4), and woke the approver 20 times a second for
-nothing. inotify does not see what another host writes to a network filesystem, so the file is
-also checked every :data:`SAFETY_NET` seconds; where inotify is missing (not Linux, no watch left)
-the file is checked every :data:`CHECK_EVERY` seconds, as before.
+A waiting poll sleeps until the file is written (:mod:`bridge.approver.sources.filewatch`: inotify,
+or a check every 50 ms where there is none), so a decision is read the moment it is written.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from bridge.approver.sources.base import DecisionSource, Message, Position
+from bridge.approver.sources.filewatch import FileWrites
 from bridge.fsutil import ensure_private_dir, write_atomic
-
-log = logging.getLogger(__name__)
-
-#: Without inotify: how often a waiting poll checks whether the file grew (a ``stat``).
-CHECK_EVERY = 0.05
-#: With inotify: how often the file is checked anyway, for writes inotify does not report.
-SAFETY_NET = 0.5
-
-
-def _watch(directory: Path) -> Any:
-    """An inotify instance watching ``directory`` for writes, creations and renames; None where there
-    is none to be had (not Linux, no descriptor or inotify instance left, no such directory yet,
-    ``fs.inotify.max_user_watches`` reached)."""
-    try:
-        from inotify_simple import INotify, flags
-    except ImportError:  # not Linux: the dependency is Linux-only
-        return None
-    inotify = None
-    try:
-        inotify = INotify()
-        inotify.add_watch(directory, flags.MODIFY | flags.CLOSE_WRITE | flags.CREATE | flags.MOVED_TO)
-        return inotify
-    except OSError as exc:
-        if inotify is not None:
-            inotify.close()
-        log.warning("inotify unavailable; checking the decisions file every 50 ms", extra={"error": str(exc)})
-        return None
-
-
-class _Writes:
-    """Waits for a write to one file: inotify on its directory (which also reports the file created
-    or renamed into place after the watch began), or a plain sleep where inotify is not to be had."""
-
-    def __init__(self, path: Path) -> None:
-        self._name = path.name
-        self._inotify = _watch(path.parent)
-
-    def wait(self, timeout: float) -> None:
-        """Return once the file may have changed, or after ``timeout`` seconds at most."""
-        if self._inotify is None:
-            time.sleep(min(CHECK_EVERY, timeout))
-            return
-        deadline = time.monotonic() + min(SAFETY_NET, timeout)
-        while (left := deadline - time.monotonic()) > 0:
-            events = self._inotify.read(timeout=max(1, int(left * 1000)))
-            if any(event.name == self._name for event in events):
-                return  # other files of the directory wake it, but do not end the wait
-
-    def close(self) -> None:
-        if self._inotify is not None:
-            self._inotify.close()
-            self._inotify = None
 
 
 class FileSource(DecisionSource):
@@ -94,7 +37,7 @@ class FileSource(DecisionSource):
         except (FileNotFoundError, ValueError):
             self._committed = 0
         self._handed = self._committed
-        self._writes: _Writes | None = None  # opened by the first poll that has to wait
+        self._writes: FileWrites | None = None  # made by the first poll
         self._size = -1  # of the file when last read
         self._offset = 0  # bytes of the complete lines read so far
         self._lines = 0  # complete lines before _offset
@@ -106,14 +49,16 @@ class FileSource(DecisionSource):
     def poll(self, timeout: float) -> list[Message]:
         """What was appended since the last call, waiting up to ``timeout`` seconds for some."""
         deadline = time.monotonic() + timeout
-        if self._writes is None:  # watching before the first read: no write falls between the two
-            self._writes = _Writes(self.path)
+        if self._writes is None:
+            self._writes = FileWrites(self.path)
+        mark = self._writes.mark()  # before the read: a write after it ends the wait below at once
         out = self._read()
         while not out:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            self._writes.wait(remaining)
+            self._writes.wait(mark, remaining)
+            mark = self._writes.mark()
             out = self._read_if_grown()
         return out
 
