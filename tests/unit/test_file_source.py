@@ -182,3 +182,24 @@ def test_every_source_of_a_process_shares_one_inotify_instance(tmp_path: Path) -
     for source in sources:
         source.close()
     assert len(shared._watchers) == watched - 20  # each directory's watch went with its last source
+
+
+def test_an_overflowed_inotify_queue_wakes_every_waiter(tmp_path: Path) -> None:
+    """The kernel drops events past ``fs.inotify.max_queued_events`` and says so once
+    (``IN_Q_OVERFLOW``, no watch, no name): every watched file then counts as written, so no waiter
+    sleeps on a write that was dropped. The event is handed to the reader's own bookkeeping: filling
+    the kernel's queue needs a reader that does not read, and this one always does."""
+    from inotify_simple import Event, flags
+
+    source, _ = _source(tmp_path)
+    (tmp_path / "other").mkdir()
+    other, _ = _source(tmp_path / "other")
+    assert source.poll(0.01) == [] and other.poll(0.01) == []
+    assert source._writes is not None and other._writes is not None
+    marks = (source._writes.mark(), other._writes.mark())
+    shared = filewatch._instance()
+    assert shared is not None
+    shared.note([Event(wd=-1, mask=flags.Q_OVERFLOW, cookie=0, name="")])
+    assert source._writes.mark() != marks[0] and other._writes.mark() != marks[1]
+    source.close()
+    other.close()

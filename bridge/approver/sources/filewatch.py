@@ -36,6 +36,7 @@ CHECK_EVERY = 0.05
 SAFETY_NET = 0.5
 
 _Key = tuple[int, str]  # (watch descriptor of the directory, file name)
+_Q_OVERFLOW = 0x4000  # IN_Q_OVERFLOW, <sys/inotify.h>
 
 
 class _Inotify:
@@ -91,12 +92,21 @@ class _Inotify:
                     "inotify read failed; decisions files are checked every 0.5 s", extra={"error": str(exc)}
                 )
                 return
-            with self._cond:
-                for event in events:
-                    key = (event.wd, event.name)
-                    if key in self._files:
-                        self._writes[key] += 1
-                self._cond.notify_all()
+            self.note(events)
+
+    def note(self, events: list[Any]) -> None:
+        """Count the writes ``events`` report and wake the waiters. When the kernel's queue overflowed
+        (``IN_Q_OVERFLOW``, ``fs.inotify.max_queued_events``), events were dropped: every file counts
+        as written, so every waiter reads, instead of waiting for its safety net."""
+        with self._cond:
+            for event in events:
+                if event.mask & _Q_OVERFLOW:
+                    self._writes.update(self._files.keys())
+                    continue
+                key = (event.wd, event.name)
+                if key in self._files:
+                    self._writes[key] += 1
+            self._cond.notify_all()
 
 
 _shared: _Inotify | None = None
