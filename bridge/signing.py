@@ -53,29 +53,44 @@ _SIGNATURE = re.compile(r"sha256=[0-9a-f]{64}")
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 
+def _object_mac(key: bytes, kind: bytes, body: dict[str, Any]) -> str:
+    """HMAC-SHA256 of a JSON object, keys sorted (orjson, recursively), prefixed by its ``kind``
+    (``record.``, ``answer.``) so that a signature of one kind of object never proves another."""
+    return hmac.new(
+        key, kind + b"." + orjson.dumps(body, option=orjson.OPT_SORT_KEYS), hashlib.sha256
+    ).hexdigest()
+
+
+def _sign_object(key_id: str, key: bytes, kind: bytes, body: dict[str, Any]) -> dict[str, Any]:
+    return {**body, "signature": {"keyId": key_id, "value": _object_mac(key, kind, body)}}
+
+
+def _proven_object(keys: KeyRing, kind: bytes, signed: Any) -> dict[str, Any]:
+    """``signed`` without its signature once a known key proves it; ``PermissionError`` saying why
+    (named after ``kind``) otherwise."""
+    what = kind.decode()
+    if not isinstance(signed, dict) or not isinstance(signed.get("signature"), dict):
+        raise PermissionError(f"unsigned {what}")
+    signature = signed["signature"]
+    key = keys.get(str(signature.get("keyId")))
+    if key is None:
+        raise PermissionError(f"{what} signed with an unknown key")
+    body = {k: v for k, v in signed.items() if k != "signature"}
+    if not hmac.compare_digest(_object_mac(key, kind, body), str(signature.get("value"))):
+        raise PermissionError(f"bad {what} signature")
+    return body
+
+
 def sign_record(key_id: str, key: bytes, record: dict[str, Any]) -> dict[str, Any]:
     """``record`` signed by its producer (Azure's channel, bridge.azure): records on the events stream
     are written by every agent, so a consumer that *acts* on one (the fleet approver's ARM path) must
-    know it came from the service it trusts. HMAC-SHA256 over the record without its ``signature``,
-    keys sorted (orjson, recursively), prefixed ``record.`` so no other signed thing matches it."""
-    body = {k: v for k, v in record.items() if k != "signature"}
-    value = hmac.new(key, b"record." + orjson.dumps(body, option=orjson.OPT_SORT_KEYS), hashlib.sha256)
-    return {**body, "signature": {"keyId": key_id, "value": value.hexdigest()}}
+    know it came from the service it trusts. Any ``signature`` it had is replaced."""
+    return _sign_object(key_id, key, b"record", {k: v for k, v in record.items() if k != "signature"})
 
 
 def verify_record(keys: KeyRing, record: dict[str, Any]) -> dict[str, Any]:
     """The record without its signature once proven by a known key; ``PermissionError`` otherwise."""
-    signature = record.get("signature")
-    if not isinstance(signature, dict):
-        raise PermissionError("unsigned record")
-    key = keys.get(str(signature.get("keyId")))
-    if key is None:
-        raise PermissionError("record signed with an unknown key")
-    body = {k: v for k, v in record.items() if k != "signature"}
-    expected = hmac.new(key, b"record." + orjson.dumps(body, option=orjson.OPT_SORT_KEYS), hashlib.sha256)
-    if not hmac.compare_digest(expected.hexdigest(), str(signature.get("value"))):
-        raise PermissionError("bad record signature")
-    return body
+    return _proven_object(keys, b"record", record)
 
 
 class KeyRing:
@@ -162,29 +177,19 @@ def sign_answer(
     the signature covers the answer and that nonce, so it answers that request and no other, and a
     forged or replayed answer is no answer (issue 23: a forged ``prepared`` released a whole set)."""
     body = {**answer, "answeredAt": int(time.time() if now is None else now), "nonce": nonce}
-    value = hmac.new(key, b"answer." + orjson.dumps(body, option=orjson.OPT_SORT_KEYS), hashlib.sha256)
-    return {**body, "signature": {"keyId": key_id, "value": value.hexdigest()}}
+    return _sign_object(key_id, key, b"answer", body)
 
 
 def verify_answer(keys: KeyRing, nonce: str, answer: Any, now: float | None = None) -> dict[str, Any]:
     """The answer to the request sent with ``nonce`` once its signature is proven (a known key, that
     nonce, answered within the replay window); ``PermissionError`` with the reason otherwise."""
-    if not isinstance(answer, dict) or not isinstance(answer.get("signature"), dict):
-        raise PermissionError("unsigned answer")
-    signature = answer["signature"]
-    key = keys.get(str(signature.get("keyId")))
-    if key is None:
-        raise PermissionError("answer signed with an unknown key")
-    if answer.get("nonce") != nonce:
+    body = _proven_object(keys, b"answer", answer)
+    if body.get("nonce") != nonce:
         raise PermissionError("answer to another request")
-    answered = answer.get("answeredAt")
+    answered = body.get("answeredAt")
     now = time.time() if now is None else now
     if not isinstance(answered, int) or abs(now - answered) > REPLAY_WINDOW:
         raise PermissionError("answer outside the replay window")
-    body = {k: v for k, v in answer.items() if k != "signature"}
-    expected = hmac.new(key, b"answer." + orjson.dumps(body, option=orjson.OPT_SORT_KEYS), hashlib.sha256)
-    if not hmac.compare_digest(expected.hexdigest(), str(signature.get("value"))):
-        raise PermissionError("bad answer signature")
     return body
 
 
