@@ -18,6 +18,8 @@
 * ``heartbeat`` (``schemas/heartbeat.v1.schema.json``): the agent is alive and watching, every
   ``--heartbeat-interval`` seconds; scheduledEvents records come only with changes, so without it a
   quiet VM and a dead agent look the same.
+* ``impact`` (``schemas/impact.v1.schema.json``): what one event did to the VM, measured by
+  :mod:`bridge.agent.impact`; one per event, its id from the VM and the event.
 * the ``/v1/document`` view of the agent's API: the current events as records show them.
 
 Routing metadata next to each record comes from :meth:`bridge.pipeline.RecordMeta.of`, which reads
@@ -45,6 +47,7 @@ SCHEDULED_EVENTS = "scheduledEvents"
 APPROVAL = "approval"
 PREPARATION = "preparation"
 HEARTBEAT = "heartbeat"
+IMPACT = "impact"
 # Namespace of record ids (uuid5); fixed forever so ids stay comparable across versions of the agent.
 RECORD_NAMESPACE = uuid.UUID("5b0f3d38-6c1e-4c61-9d43-5fd0d0f0a2b1")
 
@@ -55,9 +58,36 @@ class Transition(Protocol):
     def to_json(self) -> dict[str, Any]: ...
 
 
+def derived_id(*parts: str) -> str:
+    """A record id derived from what the record is about (its parts joined by ``|``): the same
+    thing gets the same id after a crash, a restart or a resend."""
+    return str(uuid.uuid5(RECORD_NAMESPACE, "|".join(parts)))
+
+
 def record_id(vm_key: str, previous: EventsDocument | None, current: EventsDocument) -> str:
     before = "initial" if previous is None else f"{previous.incarnation}:{previous.digest}"
-    return str(uuid.uuid5(RECORD_NAMESPACE, f"{vm_key}|{before}|{current.incarnation}:{current.digest}"))
+    return derived_id(vm_key, before, f"{current.incarnation}:{current.digest}")
+
+
+def _envelope(
+    record_type: str,
+    record_id: str,
+    observed_at: float,
+    vm: VmIdentity | None,
+    api_version: str | None = None,
+) -> dict[str, Any]:
+    """The fields every record shares (what :meth:`bridge.pipeline.RecordMeta.of` routes on)."""
+    source = {"agentVersion": __version__}
+    if api_version is not None:
+        source["apiVersion"] = api_version
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "recordType": record_type,
+        "recordId": record_id,
+        "observedAt": rfc3339(observed_at),
+        "source": source,
+        "vm": None if vm is None else vm.to_record(),
+    }
 
 
 def approver_record_id(decision_id: str | None, position: str, payload: bytes) -> str:
@@ -84,12 +114,9 @@ def scheduled_events_record(
     observed_at: float,
 ) -> dict[str, Any]:
     return {
-        "schemaVersion": SCHEMA_VERSION,
-        "recordType": SCHEDULED_EVENTS,
-        "recordId": record_id(vm.key, previous, current),
-        "observedAt": rfc3339(observed_at),
-        "source": {"agentVersion": __version__, "apiVersion": current.api_version},
-        "vm": vm.to_record(),
+        **_envelope(
+            SCHEDULED_EVENTS, record_id(vm.key, previous, current), observed_at, vm, current.api_version
+        ),
         "documentIncarnation": current.incarnation,
         "previousIncarnation": None if previous is None else previous.incarnation,
         "events": events_view(vm, current),
@@ -132,17 +159,9 @@ def approval_record(
     """One approval attempt, by the agent's relay (with its VM and how many StartRequests it posted)
     or by the approver (``vm`` null: the decision may never have reached an agent; ``record_id``
     from :func:`approver_record_id`)."""
-    source = {"agentVersion": __version__}
-    if api_version is not None:
-        source["apiVersion"] = api_version
     record: dict[str, Any] = {
-        "schemaVersion": SCHEMA_VERSION,
-        "recordType": APPROVAL,
-        "recordId": record_id or str(uuid.uuid4()),
-        "observedAt": rfc3339(time.time()),
-        "source": source,
+        **_envelope(APPROVAL, record_id or str(uuid.uuid4()), time.time(), vm, api_version),
         "component": component,
-        "vm": None if vm is None else vm.to_record(),
         "decisionId": decision_id,
         "eventIds": event_ids,
         "target": target,
@@ -177,12 +196,7 @@ def preparation_record(
     ``exitCode``, ``seconds``) or None without a hook."""
     event_id = str(event["eventId"])
     return {
-        "schemaVersion": SCHEMA_VERSION,
-        "recordType": PREPARATION,
-        "recordId": str(uuid.uuid5(RECORD_NAMESPACE, f"{vm.key}|preparation|{event_id}|{result}")),
-        "observedAt": rfc3339(observed_at),
-        "source": {"agentVersion": __version__},
-        "vm": vm.to_record(),
+        **_envelope(PREPARATION, derived_id(vm.key, "preparation", event_id, result), observed_at, vm),
         "eventId": event_id,
         "eventType": event.get("eventType") or "",
         "notBefore": event.get("notBefore"),
@@ -203,16 +217,20 @@ def heartbeat_record(
     from the VM and the interval's number, so a heartbeat sent again after a crash is the same."""
     slot = int(now // interval)
     return {
-        "schemaVersion": SCHEMA_VERSION,
-        "recordType": HEARTBEAT,
-        "recordId": str(uuid.uuid5(RECORD_NAMESPACE, f"{vm.key}|heartbeat|{interval:g}|{slot}")),
-        "observedAt": rfc3339(now),
-        "source": {"agentVersion": __version__},
-        "vm": vm.to_record(),
+        **_envelope(HEARTBEAT, derived_id(vm.key, "heartbeat", f"{interval:g}", str(slot)), now, vm),
         "intervalSeconds": interval,
         "documentIncarnation": None if document is None else document.incarnation,
         "openEvents": 0 if document is None else len(document.events),
         "imdsOk": imds_ok,
+    }
+
+
+def impact_record(vm: VmIdentity, event_id: str, measured: dict[str, Any], now: float) -> dict[str, Any]:
+    """What one event did to the VM: ``measured`` as :mod:`bridge.agent.impact` measured it."""
+    return {
+        **_envelope(IMPACT, derived_id(vm.key, "impact", event_id.upper()), now, vm),
+        "eventId": event_id,
+        **measured,
     }
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,18 +42,16 @@ from typing import Any
 
 import orjson
 
-from bridge import __version__
 from bridge.agent.diff import Change
 from bridge.fsutil import write_atomic
 from bridge.imds.document import EventsDocument
 from bridge.imds.instance import VmIdentity
 from bridge.pipeline import Outbox, RecordMeta
-from bridge.records import RECORD_NAMESPACE, SCHEMA_VERSION, encode
+from bridge.records import encode, impact_record
 from bridge.timeutil import rfc3339
 
 log = logging.getLogger(__name__)
 
-IMPACT = "impact"
 STATE_FILE = "impact.json"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 CLOCKS = {"monotonic": time.CLOCK_MONOTONIC, "boottime": time.CLOCK_BOOTTIME, "realtime": time.CLOCK_REALTIME}
@@ -189,14 +186,7 @@ class ImpactMeter:
     def _record(self, watch: Watch, ending: Change, now: float) -> dict[str, Any]:
         vm = self.identity()
         pause = max(watch.gaps.items(), key=lambda item: item[1], default=(None, 0.0))
-        return {
-            "schemaVersion": SCHEMA_VERSION,
-            "recordType": IMPACT,
-            "recordId": str(uuid.uuid5(RECORD_NAMESPACE, f"{vm.key}|impact|{watch.event_id.upper()}")),
-            "observedAt": rfc3339(now),
-            "source": {"agentVersion": __version__},
-            "vm": vm.to_record(),
-            "eventId": watch.event_id,
+        measured = {
             "eventType": watch.event_type,
             "ending": ending.change,
             "advertisedDurationSeconds": watch.advertised,
@@ -210,6 +200,7 @@ class ImpactMeter:
             "rebooted": watch.rebooted,
             "downSeconds": watch.down_seconds,
         }
+        return impact_record(vm, watch.event_id, measured, now)
 
     def _read_boot_id(self) -> str | None:
         try:

@@ -9,13 +9,12 @@ a finding is one ``recordId`` per event, VM and kind.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, Literal
 
 from bridge import __version__
 from bridge.azure.events import AzureEvent, VmRef
 from bridge.azure.tracker import News
-from bridge.records import RECORD_NAMESPACE, SCHEMA_VERSION
+from bridge.records import SCHEMA_VERSION, derived_id
 from bridge.timeutil import rfc3339
 
 AZURE_EVENT = "azureScheduledEvent"
@@ -24,11 +23,10 @@ Finding = Literal["unwatched", "outcome", "agentOnly"]
 
 
 def azure_event_record(event: AzureEvent, news: News, observed_at: float) -> dict[str, Any]:
-    key = "|".join(("azure", *map(str, event.content)))
     return {
         "schemaVersion": SCHEMA_VERSION,
         "recordType": AZURE_EVENT,
-        "recordId": str(uuid.uuid5(RECORD_NAMESPACE, key)),
+        "recordId": derived_id("azure", *map(str, event.content)),
         "observedAt": rfc3339(observed_at),
         "source": {
             "kind": "azure",
@@ -69,11 +67,11 @@ def finding_record(
     azure_state: str | None,
     agent_vms: list[str],
 ) -> dict[str, Any]:
-    key = f"reconciliation|{finding}|{event_id.lower()}|{vm.key if vm else ''}|{azure_state or ''}"
+    key = ("reconciliation", finding, event_id.lower(), vm.key if vm else "", azure_state or "")
     return {
         "schemaVersion": SCHEMA_VERSION,
         "recordType": RECONCILIATION,
-        "recordId": str(uuid.uuid5(RECORD_NAMESPACE, key)),
+        "recordId": derived_id(*key),
         "observedAt": rfc3339(observed_at),
         "source": {"kind": "reconciliation", "bridgeVersion": __version__},
         "finding": finding,
