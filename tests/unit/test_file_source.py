@@ -203,3 +203,31 @@ def test_an_overflowed_inotify_queue_wakes_every_waiter(tmp_path: Path) -> None:
     assert source._writes.mark() != marks[0] and other._writes.mark() != marks[1]
     source.close()
     other.close()
+
+
+def test_no_descriptor_left_for_inotify_the_source_still_reads(tmp_path: Path) -> None:
+    """fd exhaustion, for real: in a fresh process whose descriptor limit is what it already has
+    open, the shared inotify cannot be made (EMFILE); once descriptors are free again (the limit
+    raised) the source reads what is written, by checking the file, and said why once."""
+    import subprocess
+
+    decisions = tmp_path / "decisions.jsonl"
+    decisions.touch()
+    script = f"""
+import logging, os, resource, threading
+logging.basicConfig(level=logging.WARNING)
+from bridge.approver.sources.file import FileSource
+from bridge.approver.sources.filewatch import FileWrites
+source = FileSource("file://{decisions}", __import__("pathlib").Path("{tmp_path}/state"))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))
+source._writes = FileWrites(source.path)  # what the first poll makes, made with no descriptor left
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+assert not source._writes.watching
+threading.Timer(0.3, lambda: open("{decisions}", "ab").write(b'{{"n": 6}}\\n')).start()
+print([m.payload for m in source.poll(20.0)])
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[b'{\"n\": 6}']"
+    assert "inotify unavailable" in proc.stderr

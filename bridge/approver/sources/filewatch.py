@@ -28,6 +28,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+try:  # imported with this module, not at the first wait: a process out of descriptors cannot import
+    from inotify_simple import INotify, flags
+except ImportError:  # not Linux: the dependency is Linux-only
+    INotify = flags = None
+
 log = logging.getLogger(__name__)
 
 #: Without inotify: how often a waiter returns to let its caller check the file (a ``stat``).
@@ -119,9 +124,7 @@ def _instance() -> _Inotify | None:
     global _shared, _shared_failed
     with _shared_lock:
         if _shared is None and not _shared_failed:
-            try:
-                from inotify_simple import INotify, flags
-            except ImportError:  # not Linux: the dependency is Linux-only
+            if INotify is None:  # not Linux
                 _shared_failed = True
                 return None
             try:
