@@ -28,12 +28,15 @@ _SCOPE = re.compile(
 )
 
 
-_PARENT = re.compile(
-    rf"^/subscriptions/(?P<sub>{GUID_TEXT})/resourceGroups/(?P<rg>{RG_TEXT})/providers/Microsoft\.Compute/"
-    rf"(?P<kind>virtualMachines|virtualMachineScaleSets|availabilitySets)/(?P<name>{NAME_TEXT})$",
-    re.IGNORECASE | re.ASCII,
+#: A VM, scale set or availability set: the parent Azure files a scheduled event under (groups
+#: ``sub``, ``rg``, ``kind``, ``name``), unanchored, for the ids built on it (bridge.azure.events).
+PARENT_TEXT = (
+    rf"/subscriptions/(?P<sub>{GUID_TEXT})/resourceGroups/(?P<rg>{RG_TEXT})/providers/Microsoft\.Compute/"
+    rf"(?P<kind>virtualMachines|virtualMachineScaleSets|availabilitySets)/(?P<name>{NAME_TEXT})"
 )
-_KINDS = {k.lower(): k for k in ("virtualMachines", "virtualMachineScaleSets", "availabilitySets")}
+_PARENT = re.compile(rf"^{PARENT_TEXT}$", re.IGNORECASE | re.ASCII)
+#: A parent's kind as the id may spell it (any case) -> as ARM spells it.
+PARENT_KINDS = {k.lower(): k for k in ("virtualMachines", "virtualMachineScaleSets", "availabilitySets")}
 
 
 class ScopeRefused(ValueError):
@@ -54,11 +57,9 @@ def event_scope(resource_id: str, allowed: tuple[tuple[str, str | None], ...] = 
     ``allowed`` scopes (subscription, optional group) when any is given. :class:`ScopeRefused`
     otherwise: a resource id comes from records anyone on the events stream may publish."""
     match = _VM.match(resource_id.strip())
-    if match is None or match["rg"].endswith("."):
+    if match is None:  # RG_TEXT: a group never ends with "."
         raise ScopeRefused(f"not a virtual machine's resource id: {resource_id[:200]!r}")
-    sub = _inside(match, allowed)
-    group = quote(match["rg"], safe="")
-    base = f"/subscriptions/{quote(sub)}/resourcegroups/{group}/providers/Microsoft.Compute"
+    base = _compute(_inside(match, allowed), match["rg"])
     if match["set"]:
         return f"{base}/virtualMachineScaleSets/{quote(match['set'], safe='')}"
     return f"{base}/virtualMachines/{quote(match['vm'], safe='')}"
@@ -69,15 +70,15 @@ def parent_scope(parent_id: str, allowed: tuple[tuple[str, str | None], ...] = (
     an availability set: a Flexible scale set's or an availability set's VMs have their events under
     the parent, which a VM's own id does not tell), checked and quoted as :func:`event_scope` does."""
     match = _PARENT.match(parent_id.strip())
-    if match is None or match["rg"].endswith("."):
+    if match is None:  # RG_TEXT: a group never ends with "."
         raise ScopeRefused(f"not a VM, scale set or availability set id: {parent_id[:200]!r}")
-    sub = _inside(match, allowed)
-    group = quote(match["rg"], safe="")
-    kind = _KINDS[match["kind"].lower()]
-    return (
-        f"/subscriptions/{quote(sub)}/resourcegroups/{group}/providers/Microsoft.Compute/"
-        f"{kind}/{quote(match['name'], safe='')}"
-    )
+    base = _compute(_inside(match, allowed), match["rg"])
+    return f"{base}/{PARENT_KINDS[match['kind'].lower()]}/{quote(match['name'], safe='')}"
+
+
+def _compute(sub: str, group: str) -> str:
+    """The Microsoft.Compute provider of a subscription's resource group, every segment quoted."""
+    return f"/subscriptions/{quote(sub)}/resourcegroups/{quote(group, safe='')}/providers/Microsoft.Compute"
 
 
 def _inside(match: re.Match[str], allowed: tuple[tuple[str, str | None], ...]) -> str:

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bridge.azure_ids import GUID_TEXT, NAME_TEXT, RG_TEXT
+from bridge.azure_ids import GUID_TEXT, NAME_TEXT, PARENT_KINDS, PARENT_TEXT
 from bridge.imds.document import STATUS_RANK
 
 Channel = Literal["eventGrid", "resourceGraph"]
@@ -46,13 +46,10 @@ REASONS = ("notJson", "notAnEvent", "otherResourceType", "malformed", "tooLarge"
 MAX_EVENT_BYTES = 64 * 1024
 
 _EVENT_ID = re.compile(
-    rf"^/subscriptions/(?P<sub>{GUID_TEXT})/resourceGroups/(?P<rg>{RG_TEXT})/providers/Microsoft\.Compute/"
-    rf"(?P<kind>virtualMachines|virtualMachineScaleSets|availabilitySets)/(?P<parent>{NAME_TEXT})/"
-    rf"providers/microsoft\.maintenance/scheduledevents/(?P<event>{GUID_TEXT})$",
+    rf"^{PARENT_TEXT}/providers/microsoft\.maintenance/scheduledevents/(?P<event>{GUID_TEXT})$",
     re.IGNORECASE | re.ASCII,
 )
 _NAME = re.compile(NAME_TEXT, re.ASCII)
-_KINDS = {k.lower(): k for k in ("virtualMachines", "virtualMachineScaleSets", "availabilitySets")}
 
 
 class AzureEventRefused(ValueError):
@@ -113,17 +110,19 @@ class AzureEvent:
     @property
     def parent_id(self) -> str:
         """The ARM id of the resource whose event this is: the scope an approval acknowledges on."""
-        return (
-            f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}"
-            f"/providers/Microsoft.Compute/{self.parent_kind}/{self.parent_name}"
-        )
+        return f"{self._compute}/{self.parent_kind}/{self.parent_name}"
+
+    @property
+    def _compute(self) -> str:
+        """The Microsoft.Compute provider of the event's group (segments already checked by the grammar)."""
+        group = f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}"
+        return f"{group}/providers/Microsoft.Compute"
 
     def vms(self) -> tuple[VmRef, ...]:
         """The VMs the event names (``Resources``), with the resource id each has: a VM's own, a
         Uniform scale set's instance (``myvmss_3`` -> ``…/virtualMachineScaleSets/myvmss/virtualMachines/3``)
         or a Flexible one's VM (``…/virtualMachines/<name>``)."""
-        base = f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}"
-        base += "/providers/Microsoft.Compute"
+        base = self._compute
         scale_set = self.parent_kind == "virtualMachineScaleSets"
         out: list[VmRef] = []
         for name in self.resources or ((self.parent_name,) if self.parent_kind == "virtualMachines" else ()):
@@ -235,8 +234,8 @@ def _event(
         resource_id=match.group(0),
         subscription_id=match["sub"].lower(),
         resource_group=match["rg"],
-        parent_kind=_KINDS[match["kind"].lower()],
-        parent_name=match["parent"],
+        parent_kind=PARENT_KINDS[match["kind"].lower()],
+        parent_name=match["name"],
         location=_text(info.get("location")),
         event_time=event_time,
         api_version=api_version,

@@ -60,6 +60,12 @@ def test_unknown_properties_are_kept_and_a_graph_row_parses_too() -> None:
         (lambda e: e["data"]["resourceInfo"].update(type="microsoft.compute/virtualmachines"), "notAnEvent"),
         (lambda e: e["data"].pop("resourceInfo"), "notAnEvent"),
         (lambda e: e["data"]["resourceInfo"].update(id="/subscriptions/x/../../etc"), "malformed"),
+        (  # a group name Azure's rules refuse (it ends with "."): the grammar of the ARM path
+            lambda e: e["data"]["resourceInfo"].update(
+                id=e["data"]["resourceInfo"]["id"].replace(RG, RG + ".")
+            ),
+            "malformed",
+        ),
         (lambda e: e["data"]["resourceInfo"]["properties"].update(EventStatus="Paused"), "malformed"),
         (lambda e: e["data"]["resourceInfo"]["properties"].update(EventId=E2), "malformed"),
         (lambda e: e["data"]["resourceInfo"]["properties"].update(Resources="vm-a"), "malformed"),
