@@ -123,7 +123,6 @@ class RateLimiter:
         self._window = self.WINDOW if rate >= 1 else (1.0 / rate if rate > 0 else 0.0)
         self._spacing = self._window / self._cap
         self._sent: deque[tuple[float, bool]] = deque()  # (when, priority) within the last window
-        self._priority_sent = 0  # of ``_sent``
         self._last_priority: float | None = None
         self._urgent = 0  # priority requests waiting for a slot
         self._cond = threading.Condition()
@@ -159,9 +158,9 @@ class RateLimiter:
         until_ceiling = sent[0][0] + self._window - now if len(sent) >= self._ceiling else 0.0
         if priority:
             paced = self._last_priority + self._spacing - now if self._last_priority is not None else 0.0
-            if self._priority_sent >= self._cap:
-                oldest = next(when for when, is_priority in sent if is_priority)
-                paced = max(paced, oldest + self._window - now)
+            priority_sent = [when for when, is_priority in sent if is_priority]  # at most ``ceiling``
+            if len(priority_sent) >= self._cap:
+                paced = max(paced, priority_sent[-self._cap] + self._window - now)
             return max(0.0, paced, until_ceiling)
         if starved and self._ceiling > self._cap:
             return max(0.0, until_ceiling)  # beside the StartRequests, within IMDS's own limit
@@ -173,13 +172,11 @@ class RateLimiter:
     def _expire(self, now: float) -> None:
         sent = self._sent
         while sent and now - sent[0][0] >= self._window:
-            _, is_priority = sent.popleft()
-            self._priority_sent -= is_priority
+            sent.popleft()
 
     def _record(self, now: float, priority: bool) -> None:
         self._sent.append((now, priority))
         if priority:
-            self._priority_sent += 1
             self._last_priority = now
 
 
