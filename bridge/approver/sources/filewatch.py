@@ -104,14 +104,18 @@ class _Inotify:
         (``IN_Q_OVERFLOW``, ``fs.inotify.max_queued_events``), events were dropped: every file counts
         as written, so every waiter reads, instead of waiting for its safety net."""
         with self._cond:
+            counted = False
             for event in events:
                 if event.mask & _Q_OVERFLOW:
                     self._writes.update(self._files.keys())
+                    counted = True
                     continue
                 key = (event.wd, event.name)
                 if key in self._files:
                     self._writes[key] += 1
-            self._cond.notify_all()
+                    counted = True
+            if counted:  # the other files of a busy directory wake nobody
+                self._cond.notify_all()
 
 
 _shared: _Inotify | None = None
