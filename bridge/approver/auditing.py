@@ -87,61 +87,24 @@ class AuditWriter:
         """Append the decision's audit record (and, ``record_final``, its final outcome in the
         store). ``decision``: a :class:`Decision` proven valid, or the raw object of one refused
         after its signature was proven (its bounded fields are its own), or None."""
-        d: dict[str, Any] = decision.claims() if isinstance(decision, Decision) else (decision or {})
-        outcome, reason, detail = ending.outcome, ending.reason, ending.detail
-        results: list[dict[str, Any]] = list(ending.results)
-
-        def text(key: str) -> str | None:
-            # Only what fits the decision schema's bounds reaches an audit record (a 5 MB decisionId
-            # is refused, not stored or echoed).
-            value = d.get(key)
-            return value if fits(key, value) else None
-
-        event_id = text("eventId")
-        if not results and event_id:
-            results = [{"eventId": event_id, "result": "refused", "detail": reason}]
-        audit = records.approval_record(
-            "approver" if coordination is None else "coordinator",
-            decision_id=text("decisionId"),
-            event_ids=[event_id] if event_id else [],
-            target=text("target"),
-            issued_by=text("issuedBy"),
-            requester=ending.relay,
-            outcome=outcome if outcome in AUDIT_OUTCOMES else "failed",
-            reason=reason,
-            detail=(detail or None) and str(detail)[:500],
-            results=[
-                {
-                    "eventId": r.get("eventId", ""),
-                    "result": r.get("result", "refused"),
-                    "detail": r.get("detail"),
-                }
-                for r in results
-            ],
-            path=ending.path,
-            arm_correlation_id=ending.arm_correlation_id,
-            coordination=coordination,
-            unverified=unverified,
-            # One record per decision whichever instance writes it (bridge.approver.standby).
-            record_id=records.approver_record_id(
-                text("decisionId") if record_final else None, str(message.position), message.payload
-            ),
-        )
+        claims: dict[str, Any] = decision.claims() if isinstance(decision, Decision) else (decision or {})
+        audit = _audit_record(claims, message, ending, record_final, coordination, unverified)
         # Durable first, then the store, then (in the caller) the source commit: a crash anywhere
         # re-reads the message and ends with the same outcome. ``sync=False`` (a lane's chunk): the
         # caller syncs the outbox, then the store, before committing.
         self.outbox.append(RecordMeta.of(audit), records.encode(audit), sync=sync)
         if record_final and audit["decisionId"]:
-            self.store.final(audit["decisionId"], message.position, audit["outcome"], reason, sync=sync)
-        self.metrics.decisions.labels(audit["outcome"], reason or "ok").inc()
-        level = logging.INFO if audit["outcome"] == "approved" else logging.WARNING
+            self.store.final(
+                audit["decisionId"], message.position, audit["outcome"], ending.reason, sync=sync
+            )
+        self.metrics.decisions.labels(audit["outcome"], ending.reason or "ok").inc()
         log.log(
-            level,
+            logging.INFO if audit["outcome"] == "approved" else logging.WARNING,
             f"decision {audit['outcome']}",
             extra={
                 "decisionId": audit["decisionId"],
-                "eventId": event_id,
-                "reason": reason,
+                "eventId": audit["eventIds"][0] if audit["eventIds"] else None,
+                "reason": ending.reason,
                 "detail": audit["detail"],
                 "relay": ending.relay,
             },
@@ -190,3 +153,47 @@ def claims_of(raw: dict[str, Any] | None) -> dict[str, str] | None:
         if isinstance(value, str) and fits(key, value):
             out[key] = value
     return out or None
+
+
+def _audit_record(
+    claims: dict[str, Any],
+    message: Message,
+    ending: Ending,
+    record_final: bool,
+    coordination: dict[str, Any] | None,
+    unverified: dict[str, str] | None,
+) -> dict[str, Any]:
+    """The audit record of a decision whose ``claims`` are these: only what fits the decision
+    schema's bounds reaches it (a 5 MB decisionId is refused, not stored or echoed)."""
+
+    def text(key: str) -> str | None:
+        value = claims.get(key)
+        return value if fits(key, value) else None
+
+    event_id = text("eventId")
+    results = list(ending.results) or (
+        [{"eventId": event_id, "result": "refused", "detail": ending.reason}] if event_id else []
+    )
+    return records.approval_record(
+        "approver" if coordination is None else "coordinator",
+        decision_id=text("decisionId"),
+        event_ids=[event_id] if event_id else [],
+        target=text("target"),
+        issued_by=text("issuedBy"),
+        requester=ending.relay,
+        outcome=ending.outcome if ending.outcome in AUDIT_OUTCOMES else "failed",
+        reason=ending.reason,
+        detail=(ending.detail or None) and str(ending.detail)[:500],
+        results=[
+            {"eventId": r.get("eventId", ""), "result": r.get("result", "refused"), "detail": r.get("detail")}
+            for r in results
+        ],
+        path=ending.path,
+        arm_correlation_id=ending.arm_correlation_id,
+        coordination=coordination,
+        unverified=unverified,
+        # One record per decision whichever instance writes it (bridge.approver.standby).
+        record_id=records.approver_record_id(
+            text("decisionId") if record_final else None, str(message.position), message.payload
+        ),
+    )
