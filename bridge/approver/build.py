@@ -40,21 +40,10 @@ def build_approver(config: Any) -> Approver:
         keys, config.allow_unsigned, frozenset(config.issuer), config.max_skew, config.max_ttl
     )
     _check_relay_signing(config, relay_keys)
+    _check_fleet_only(config)
     state_dir = Path(config.state_dir)
     lock = lock_state_dir(state_dir)  # before any file in it is read, compacted or replaced
     relay = RelayClient(relay_keys, config.relay_timeout, config.relay_ca_file)
-    if config.coordinate and config.mode != "fleet":
-        raise ConfigError("coordinate: only a fleet approver coordinates (--mode fleet)")
-    if config.arm != "off" and not config.arm_scope:
-        raise ConfigError(
-            "arm_scope: --arm needs at least one --arm-scope /subscriptions/<id>[/resourceGroups/<name>]: "
-            "the scopes an acknowledgement may go to (VM resource ids come from the events stream)"
-        )
-    if config.arm != "off" and config.mode != "fleet":
-        raise ConfigError(
-            "arm: only a fleet approver approves through ARM (--mode fleet): before it acts it checks "
-            "the event as the agents reported it on the events stream, which a local approver does not read"
-        )
     try:
         topology.check(config.mode, config.source)
         for spec in config.events_source:
@@ -62,18 +51,9 @@ def build_approver(config: Any) -> Approver:
         group = topology.source_group(config.mode, config.source, config.group, state_dir)
         source = create_source(config.source, state_dir, group=group)
         sinks = [create_sink(spec) for spec in config.sink]
-        if config.mode == "fleet":
-            if not config.events_source:
-                raise ConfigError("events_source: fleet mode needs --events-source (the events stream)")
-            learn = [
-                create_source(s, state_dir / "fleet", group=topology.events_group(s, config.group, state_dir))
-                for s in config.events_source
-            ]
-            # Identities pinned in the state directory; Azure's channel believed only when signed.
-            view = FleetView(state_dir, azure_keys=KeyRing.from_specs(config.azure_key))
-            router: LocalRouter | FleetRouter = FleetRouter(learn, config.relay_url_template, view)
-        else:
-            router = LocalRouter(config.relay, relay)
+        router = (
+            _fleet_router(config, state_dir) if config.mode == "fleet" else LocalRouter(config.relay, relay)
+        )
     except (SinkError, SourceError, ValueError, OSError) as exc:
         raise ConfigError(str(exc)) from None
     approver = Approver(
@@ -101,6 +81,40 @@ def build_approver(config: Any) -> Approver:
             approver.close()
             raise ConfigError(f"listen: cannot serve on {config.listen}: {exc}") from None
     return approver
+
+
+def _check_fleet_only(config: Any) -> None:
+    """What only a fleet approver does, and what it needs to do it."""
+    from bridge.config import ConfigError
+
+    if config.coordinate and config.mode != "fleet":
+        raise ConfigError("coordinate: only a fleet approver coordinates (--mode fleet)")
+    if config.arm != "off" and not config.arm_scope:
+        raise ConfigError(
+            "arm_scope: --arm needs at least one --arm-scope /subscriptions/<id>[/resourceGroups/<name>]: "
+            "the scopes an acknowledgement may go to (VM resource ids come from the events stream)"
+        )
+    if config.arm != "off" and config.mode != "fleet":
+        raise ConfigError(
+            "arm: only a fleet approver approves through ARM (--mode fleet): before it acts it checks "
+            "the event as the agents reported it on the events stream, which a local approver does not read"
+        )
+
+
+def _fleet_router(config: Any, state_dir: Path) -> FleetRouter:
+    """The fleet approver's router: it learns agents and events from the events stream."""
+    from bridge.config import ConfigError
+    from bridge.signing import KeyRing
+
+    if not config.events_source:
+        raise ConfigError("events_source: fleet mode needs --events-source (the events stream)")
+    learn = [
+        create_source(s, state_dir / "fleet", group=topology.events_group(s, config.group, state_dir))
+        for s in config.events_source
+    ]
+    # Identities pinned in the state directory; Azure's channel believed only when signed.
+    view = FleetView(state_dir, azure_keys=KeyRing.from_specs(config.azure_key))
+    return FleetRouter(learn, config.relay_url_template, view)
 
 
 def _check_relay_signing(config: Any, relay_keys: Any) -> None:
