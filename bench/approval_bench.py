@@ -112,7 +112,7 @@ class Run:
         raise RuntimeError("the agent did not see the events")
 
     def decide(self, event_ids: list[str]) -> None:
-        from bridge.approver.decision import new_decision, sign
+        from bridge.decisions import new_decision, sign
 
         key = self.key.read_bytes()
         lines = [

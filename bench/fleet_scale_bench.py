@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py)
 from benchkit import stop_process  # noqa: E402
 from brokers import TansuBroker  # noqa: E402
 
-from bridge.approver.decision import new_decision, sign  # noqa: E402
+from bridge.decisions import new_decision, sign  # noqa: E402
 
 OPS_KEY = b"fleet-scale-ops-key-" + b"o" * 32
 RELAY_KEY = b"fleet-scale-relay-key-" + b"r" * 32

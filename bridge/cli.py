@@ -177,13 +177,28 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     decide.add_argument(
         "--key-id", required=True, help="id of the signing key, as configured in the approver"
     )
-    decide.add_argument("--key-file", required=True, type=Path, help="file holding the shared secret")
+    decide.add_argument(
+        "--key-file",
+        required=True,
+        type=Path,
+        help="the signing key: an Ed25519 private key (PEM, se-bridge keygen), or a shared HMAC key "
+        "during a migration (agents act only on Ed25519 decisions)",
+    )
     decide.add_argument("--reason", help="why (kept in the audit trail)")
     decide.add_argument(
         "--ttl", type=float, default=900.0, help="seconds the decision stays valid (default 900)"
     )
     decide.add_argument("--issued-by", default=None, help="issuer name (default: user@host)")
     decide.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the sink to confirm")
+
+    keygen = sub.add_parser(
+        "keygen",
+        help="write a new Ed25519 key pair for signing decisions",
+        description="Write PREFIX.key (the private key, mode 0600: for a signer: the console, decide, the "
+        "signer Function, a coordinating fleet approver) and PREFIX.pub (the public key: for agents' "
+        "--decision-key and approvers' --key). Refuses to overwrite.",
+    )
+    keygen.add_argument("prefix", type=Path, metavar="PREFIX", help="path without extension, e.g. keys/ops")
 
     validate = sub.add_parser(
         "validate",
@@ -227,6 +242,26 @@ def _decide(args: argparse.Namespace) -> int:
     from bridge.approver.decide import decide
 
     return decide(args)
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    import os
+
+    from bridge.decisions import generate_key_pair
+
+    private, public = generate_key_pair()
+    key_file, pub_file = args.prefix.with_suffix(".key"), args.prefix.with_suffix(".pub")
+    try:
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(private)
+        with open(pub_file, "xb") as out:
+            out.write(public)
+    except OSError as exc:
+        print(f"se-bridge keygen: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 1
+    print(f"private key: {key_file} (keep it with the signer only)\npublic key:  {pub_file}")
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -342,6 +377,7 @@ _COMMANDS = {
     "validate": lambda args: _validate(args.files),
     "approver": _approver,
     "decide": _decide,
+    "keygen": _keygen,
     "console": _console,
     "azure-channel": _azure_channel,
 }

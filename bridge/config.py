@@ -60,6 +60,7 @@ from bridge.settings import (
     listen_address,
     load_config,
     number,
+    optional_key_spec,
     optional_text,
     path,
     peer_spec,
@@ -192,6 +193,23 @@ class AgentConfig(ConfigBase):
         "approvers hold it); repeat to rotate.",
         metavar="KEYID=PATH",
         multiple=True,
+    )
+    decision_key: tuple[str, ...] = setting(
+        (),
+        key_spec,
+        "Ed25519 public key (PEM) that proves the decisions this agent acts on: every relayed "
+        "decision is verified here again before a StartRequest is posted (the signers hold the private "
+        "keys: se-bridge keygen); repeat to rotate. An HMAC or private key is refused.",
+        metavar="KEYID=PATH",
+        multiple=True,
+    )
+    relay_legacy_until: str | None = setting(
+        None,
+        optional_text,
+        "Migration from shared keys only (docs/security.md): until this RFC 3339 time, a relay request "
+        "that carries no signed decision is still acted on (each is counted and logged); at most 31 "
+        "days ahead. After it, such requests are refused.",
+        metavar="TIME",
     )
     listen_tls_cert: str | None = setting(
         None,
@@ -475,6 +493,14 @@ class ApproverConfig(ConfigBase):
     )
     coordinate_deadline: float = coordinate_deadline_setting()
     coordinate_on_deadline: str = coordinate_on_deadline_setting()
+    coordinate_key: str | None = setting(
+        None,
+        optional_key_spec,
+        "Fleet mode with --coordinate: the Ed25519 private key (PEM) that signs the coordinator's "
+        "approvals, so that the agents prove them like any decision (give its public half to the agents' "
+        "--decision-key). Required with --coordinate.",
+        metavar="KEYID=PATH",
+    )
     log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
 
 

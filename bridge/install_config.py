@@ -60,6 +60,7 @@ def main() -> None:
     apply_approver_inputs(approver, env, approver_keys)
     complete_approver(approver, agent, env)
     give_local_approver_a_relay_key(approver, agent, etc, write)
+    give_agent_the_public_decision_keys(agent, secret_doc, approver_keys)
 
     target = etc / "config.toml"
     result = install_config_file(
@@ -243,6 +244,30 @@ def give_local_approver_a_relay_key(
         key_file = local_relay_key(etc, write)
         approver["relay_key"] = [f"local={key_file}"]
         agent["relay_key"] = sorted({*agent.get("relay_key", []), f"local={key_file}"})
+
+
+def give_agent_the_public_decision_keys(
+    agent: dict[str, Any], secret_doc: Mapping[str, Any], specs: list[str]
+) -> None:
+    """The approver's Ed25519 public keys prove decisions to the agent too (issue 31: the agent
+    verifies every relayed decision itself). A shared (HMAC) approver key is never given to the
+    agent, which could then sign; with only such keys the agent acts on no relayed decision, and the
+    installer says so."""
+    public = [
+        spec
+        for spec in specs
+        if str((secret_doc.get("approverKeys") or {}).get(spec.split("=", 1)[0], ""))
+        .strip()
+        .startswith("-----BEGIN PUBLIC KEY-----")
+    ]
+    if public:
+        agent["decision_key"] = sorted({*agent.get("decision_key", []), *public})
+    elif specs and not agent.get("decision_key") and not agent.get("relay_legacy_until"):
+        print(
+            "se-bridge-install: warning: the approver keys are shared (HMAC) keys; the agent acts only "
+            "on decisions signed with Ed25519 (se-bridge keygen; docs/security.md, migration)",
+            file=sys.stderr,
+        )
 
 
 # -- config.toml ---------------------------------------------------------------------------------------

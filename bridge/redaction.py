@@ -284,6 +284,16 @@ SHAPES: tuple[SecretShape, ...] = (
         "hooks/",
     ),
     _shape(
+        "http-request-line",
+        # A library's request line at debug level (urllib3: `host:443 "POST /services/T/B/TOKEN
+        # HTTP/1.1" 200`; uvicorn's access log): the host is not beside the path, so the webhook
+        # shapes above cannot see that the path is the secret (issue 31). The whole path and query
+        # after the first `/` are masked; the method and the protocol are kept.
+        r"(?P<keep>\b(?:get|post|put|patch|delete|head|options) /)(?P<secret>[^\s\"']+)(?= http/[0-9.]+)",
+        "the method, the first '/' and the protocol of an HTTP request line; path and query masked",
+        " http/",
+    ),
+    _shape(
         "url-userinfo",
         # The password runs to the LAST `@` of the URL (it may hold `/`, `@`, `:`), unless what follows
         # the `:` is a port (digits, then `/`, `?`, `#` or the end): then there is no user info.

@@ -36,6 +36,8 @@ READ_PATHS = frozenset({"/metrics", DOCUMENT_PATH, PREPARATIONS_PATH})
 MAX_EVENTS_PER_REQUEST = 20
 #: Decisions one request may carry (an approver's queued decisions for one VM).
 MAX_DECISIONS_PER_REQUEST = 50
+#: A relayed decision's signed object, at most (the approver reads decisions of at most 16 KiB).
+MAX_PROOF_BYTES = 16 * 1024
 #: A coordinator's account of whom it waited for, at most (copied into the audit record).
 MAX_COORDINATION_BYTES = 16 * 1024
 
@@ -81,6 +83,9 @@ class RelayDecision:
     issued_by: str | None = None
     expires_at: str | None = None  # RFC 3339, as the decision has it: the agent checks it too
     coordination: dict[str, Any] | None = field(default=None, compare=False)
+    #: The signed decision itself (``decision`` in the body): the agent proves it with its own public
+    #: keys and takes the event, target and expiry from it, never from the fields above (issue 31).
+    proof: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"decisionId": self.decision_id, "eventIds": list(self.event_ids)}
@@ -93,6 +98,8 @@ class RelayDecision:
                 body[key] = value
         if self.coordination is not None:
             body["coordination"] = self.coordination
+        if self.proof is not None:
+            body["decision"] = self.proof
         return body
 
     def expires_epoch(self) -> float | None:
@@ -119,6 +126,11 @@ class RelayDecision:
         expires = body.get("expiresAt")
         if expires is not None:
             _timestamp(expires)
+        proof = body.get("decision")
+        if proof is not None and (not isinstance(proof, dict) or len(orjson.dumps(proof)) > MAX_PROOF_BYTES):
+            raise RelayRequestError(
+                f"decision must be a signed decision object of at most {MAX_PROOF_BYTES} bytes"
+            )
         return cls(
             decision_id=str(decision_id),
             event_ids=tuple(dict.fromkeys(event_ids)),
@@ -126,6 +138,7 @@ class RelayDecision:
             issued_by=body["issuedBy"] if isinstance(body.get("issuedBy"), str) else None,
             expires_at=None if expires is None else str(expires),
             coordination=_coordination(body.get("coordination")),
+            proof=proof,
         )
 
 

@@ -125,30 +125,35 @@ class KeyRing:
         return bool(self._keys)
 
 
-def load_key_from(where: str) -> bytes:
-    """A key from a file, or from Key Vault when ``where`` is a secret identifier."""
+def load_key_bytes(where: str) -> bytes:
+    """A key's raw text, from a file or from Key Vault when ``where`` is a secret identifier;
+    ``ValueError`` naming where (never the content) when it cannot be read."""
     from bridge.transports import keyvault
 
     if not keyvault.is_secret_url(where):
-        return load_key(Path(where))
+        try:
+            return Path(where).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"cannot read key file {where}: {exc.strerror}") from None
     try:
-        key = keyvault.read_secret(where).strip().encode("utf-8")
+        return keyvault.read_secret(where).encode("utf-8")
     except keyvault.KeyVaultError as exc:
         raise ValueError(f"cannot read key {exc}") from None
+
+
+def load_key_from(where: str) -> bytes:
+    """A shared (HMAC) key from a file, or from Key Vault when ``where`` is a secret identifier."""
+    from bridge.transports import keyvault
+
+    key = load_key_bytes(where).strip()
     if len(key) < MIN_KEY_BYTES:
-        shown = where.split("?", 1)[0]
+        shown = where.split("?", 1)[0] if keyvault.is_secret_url(where) else f"file {where}"
         raise ValueError(f"key {shown} holds {len(key)} bytes; at least {MIN_KEY_BYTES} are required")
     return key
 
 
 def load_key(path: Path) -> bytes:
-    try:
-        key = path.read_bytes().strip()
-    except OSError as exc:
-        raise ValueError(f"cannot read key file {path}: {exc.strerror}") from None
-    if len(key) < MIN_KEY_BYTES:
-        raise ValueError(f"key file {path} holds {len(key)} bytes; at least {MIN_KEY_BYTES} are required")
-    return key
+    return load_key_from(str(path))
 
 
 def request_signature(key: bytes, timestamp: str, nonce: str, method: str, path: str, body: bytes) -> str:

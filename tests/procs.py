@@ -24,6 +24,48 @@ PY = sys.executable
 RELAY_KEY = b"relay-key-of-the-test-suite-0123456789abcdef"
 
 
+def ed25519_key(seed: str) -> Any:
+    """A deterministic Ed25519 private key (the same in every process and xdist worker)."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(seed.encode()).digest())
+
+
+# The suite's decision signing key: decide, the console, test code and coordinating fleet approvers
+# sign with it; every test agent trusts its public half (key ids ``ops`` and ``coordinator``), as
+# agents hold only public decision keys (issue 31). Tests of other keys make their own.
+DECISION_KEY = ed25519_key("decisions of the test suite")
+
+
+def pem_files(workdir: Path, name: str, private: Any) -> tuple[Path, Path]:
+    """``workdir/NAME.key`` (private, 0600) and ``workdir/NAME.pub`` for an Ed25519 key."""
+    from cryptography.hazmat.primitives import serialization
+
+    key_file, pub_file = workdir / f"{name}.key", workdir / f"{name}.pub"
+    key_file.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    key_file.chmod(0o600)
+    pub_file.write_bytes(
+        private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return key_file, pub_file
+
+
+def decision_public_file(workdir: Path) -> Path:
+    path = workdir / "decisions-of-the-suite.pub"
+    if not path.exists():
+        _, pub = pem_files(workdir, "decisions-of-the-suite", DECISION_KEY)
+        assert pub == path
+    return path
+
+
 def names_decision(audit: dict[str, Any], decision_id: str) -> bool:
     """Whether an approver's audit record is about ``decision_id``: as its own id, or (a message
     refused before it was proven) as what it claimed, under ``unverified``."""
@@ -41,6 +83,32 @@ def relay_post(api: str, body: Any, timeout: float = 60.0) -> tuple[int, dict[st
         f"{api}/v1/start-requests", data=data, headers=headers, timeout=timeout, proxies={"http": ""}
     )
     return resp.status_code, resp.json()
+
+
+def proven_body(
+    event_id: str,
+    decision_id: str | None = None,
+    *,
+    target: str = "vm-bridge-0",
+    issued_by: str = "tests",
+    ttl: float = 600,
+    key: Any = None,
+    key_id: str = "ops",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A relay request body for one decision, carrying the signed decision itself as an approver
+    relays it (the agent proves it: issue 31). ``extra`` goes into the request, not the decision."""
+    import uuid
+
+    from bridge.decisions import new_decision, sign
+
+    draft = new_decision(event_id, target, issued_by, ttl)
+    draft["decisionId"] = decision_id or f"d-{uuid.uuid4()}"
+    decision = sign(draft, key_id, DECISION_KEY if key is None else key)
+    return {
+        "decisionId": decision["decisionId"], "eventIds": [event_id], "target": target,
+        "issuedBy": issued_by, "expiresAt": decision["expiresAt"], "decision": decision, **extra,
+    }  # fmt: skip
 
 
 def relay_key_file(workdir: Path) -> Path:
@@ -153,6 +221,10 @@ class Agent:
             "3",
             "--relay-key",
             f"relay={relay_key_file(self.workdir)}",
+            "--decision-key",
+            f"ops={decision_public_file(self.workdir)}",
+            "--decision-key",
+            f"coordinator={decision_public_file(self.workdir)}",
             # No heartbeat unless a test asks (--heartbeat-interval N later wins): they come on
             # wall-clock boundaries and would land among the records a test counts.
             "--heartbeat-interval",
@@ -329,11 +401,15 @@ def approver_api(workdir: Path, timeout: float = 30.0) -> str:
     return "http://" + wait_until(listening, timeout, what="the approver's listener")
 
 
-def approver_command(workdir: Path, source: str, sink: str, relay: str, key: bytes, *extra: str) -> list[str]:
-    """``se-bridge approver`` with the signing key ``ops`` (written to ``workdir/ops.key``) and its state
-    in ``workdir/approver-state``."""
+def approver_command(workdir: Path, source: str, sink: str, relay: str, key: Any, *extra: str) -> list[str]:
+    """``se-bridge approver`` with the decision key ``ops`` and its state in ``workdir/approver-state``.
+    ``key``: an Ed25519 private key (its public half, ``workdir/ops.pub``, is the approver's; the
+    private one, ``workdir/ops.key``, is what ``decide`` signs with), or HMAC bytes (a migration)."""
     key_file = workdir / "ops.key"
-    key_file.write_bytes(key)
+    if isinstance(key, bytes):
+        key_file.write_bytes(key)
+    else:
+        _, key_file = pem_files(workdir, "ops", key)
     return [
         PY, "-m", "bridge", "approver", "--source", source, "--sink", sink, "--relay", relay,
         "--key", f"ops={key_file}", "--state-dir", str(workdir / "approver-state"), "--relay-timeout", "3",
@@ -347,7 +423,7 @@ def start_approver(
     source: str,
     sink: str,
     relay: str,
-    key: bytes,
+    key: Any,
     *extra: str,
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:

@@ -36,6 +36,7 @@ from typing import Any
 
 from bridge import records
 from bridge.agent.ledger import DecisionLedger, PostIntent
+from bridge.agent.proof import DecisionProver, Unproven
 from bridge.eligibility import EventFacts, check_event
 from bridge.imds.client import ImdsClient, ImdsError
 from bridge.imds.document import SCHEDULED
@@ -69,6 +70,7 @@ class _Pending:
     status: int = 0
     answer: dict[str, Any] = field(default_factory=dict)
     posted: int = 0
+    unproven: bool = False  # refused by the agent's own proof: answered, counted, never audited
 
     def finish(self, status: int, answer: dict[str, Any]) -> None:
         self.status, self.answer, self.done = status, answer, True
@@ -87,8 +89,12 @@ class Relay:
         require_this_vm: bool = True,
         api_version: str,
         refresh: Callable[[float], bool] | None = None,
+        prover: DecisionProver | None = None,
     ) -> None:
         self._client = client
+        # Proves each decision a caller relays (bridge.agent.proof); None: nothing from outside the
+        # agent is acted on (its own policy and coordinator approve in-process, for this VM only).
+        self._prover = prover
         self._current = current_document  # callable -> EventsDocument | None
         self._refresh = refresh  # poll IMDS now and wait (seconds) -> whether it finished
         self._identity = identity  # callable -> VmIdentity
@@ -130,11 +136,9 @@ class Relay:
             self._malformed.failure("malformed", str(err), requester=requester)
             return 400, {"error": str(err)}
         self._malformed.success()
-        pendings = [
-            _Pending(d.decision_id, list(d.event_ids), _meta(d), requester, component) for d in parsed
-        ]
+        pendings = [self._pending(d, requester, component) for d in parsed]
         with self._queue_lock:
-            self._queue.extend(pendings)
+            self._queue.extend(p for p in pendings if not p.done)
         with self._lock:  # one batch at a time: the ledger checks and the POST go together
             if not all(p.done for p in pendings):
                 with self._queue_lock:
@@ -146,10 +150,33 @@ class Relay:
         status = 503 if any(code == 503 for code, _ in answers) else 200
         return status, {"answers": [answer for _, answer in answers]}
 
+    def _pending(self, decision: RelayDecision, requester: str, component: str) -> _Pending:
+        """One decision of a request, proven first when it comes from outside the agent: an
+        unproven one is answered at once (refused ``unproven``) and never reaches the ledger."""
+        if component == "agent":
+            proven = (
+                self._prover.prove(decision)
+                if self._prover is not None
+                else Unproven("not proven by this agent: it holds no decision key (decision_key)")
+            )
+            if isinstance(proven, Unproven):
+                pending = _Pending(decision.decision_id, list(decision.event_ids), {}, requester, component)
+                results = [_result(e, "unproven", proven.detail) for e in decision.event_ids]
+                answer = {"decisionId": decision.decision_id, "outcome": "refused", "reason": "unproven",
+                          "results": results}  # fmt: skip
+                pending.unproven = True
+                pending.finish(200, answer)
+                return pending
+            decision = proven
+        return _Pending(decision.decision_id, list(decision.event_ids), _meta(decision), requester, component)
+
     def _respond(self, pending: _Pending) -> tuple[int, dict[str, Any]]:
         """Count and audit one answered decision; its (status, answer)."""
         request = {**pending.meta, "eventIds": pending.event_ids}
         requester, component = pending.requester, pending.component
+        if pending.unproven:
+            self._count("refused", "unproven")
+            return 200, pending.answer
         if pending.repeat:
             # Same decision again (an approver retried after a crash): same answer, no second POST.
             detail = "repeat of an earlier request: answered from the ledger, nothing posted"

@@ -35,6 +35,7 @@ from bridge.agent.impact import ImpactMeter
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.policy import ApprovalRule, LocalPolicy, PolicyConfig
 from bridge.agent.poller import Poller
+from bridge.agent.proof import DecisionProver
 from bridge.agent.relay import Relay
 from bridge.agent.state import BaselineStore, IdentityCache
 from bridge.config import AgentConfig, ConfigError
@@ -126,6 +127,7 @@ class Agent:
             require_this_vm=self.config.relay_require_this_vm,
             api_version=self.config.api_version,
             refresh=self.poller.refresh,
+            prover=self._build_prover(),
         )
         try:
             # Nonces are kept in the state directory: a captured request cannot be replayed after a restart.
@@ -133,6 +135,24 @@ class Agent:
             return relay, RequestVerifier(KeyRing.from_specs(self.config.relay_key), nonces=nonces)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def _build_prover(self) -> DecisionProver:
+        try:
+            prover = DecisionProver.from_settings(
+                self.config.decision_key, self.config.relay_legacy_until, time.time()
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if prover.legacy_until is not None:
+            log.warning(
+                "MIGRATION: relay requests without a signed decision are acted on until relay_legacy_until",
+                extra={"until": self.config.relay_legacy_until, "decisionKeys": prover.keys.ids()},
+            )
+        elif not prover.keys:
+            log.warning(
+                "no decision_key: this agent acts on no relayed decision (only its own local policy approves)"
+            )
+        return prover
 
     def _build_policy(self) -> LocalPolicy | None:
         """Local auto-approval rules and hooks; None when none is configured."""

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, get_args
 
 from bridge import records
-from bridge.approver.decision import Decision
 from bridge.approver.dispatch import Slot
 from bridge.approver.metrics import ApproverMetrics
 from bridge.approver.sources import Message
 from bridge.approver.store import DecisionStore
+from bridge.decisions import Decision
 from bridge.observability import ErrorStreak
 from bridge.pipeline import Outbox, OutboxWriteError, RecordMeta
 from bridge.pipeline.storing import until_stored

@@ -12,13 +12,13 @@ from typing import Any
 
 from bridge.approver import topology
 from bridge.approver.arm import ArmAcknowledger
-from bridge.approver.decision import ValidationPolicy
 from bridge.approver.fleet import FleetView
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient
 from bridge.approver.service import Approver
 from bridge.approver.sources import SourceError, create_source
 from bridge.approver.store import lock_state_dir
 from bridge.coordination import CoordinationPolicy
+from bridge.decisions import DecisionKeys, SigningKey, ValidationPolicy, load_signing_key
 
 
 def build_approver(config: Any) -> Approver:
@@ -28,8 +28,10 @@ def build_approver(config: Any) -> Approver:
     from bridge.sinks import SinkError, create_sink
 
     try:
-        keys = KeyRing.from_specs(config.key)
+        # Ed25519 public keys, and HMAC keys while a migration lasts (bridge.decisions)
+        keys = DecisionKeys.from_specs(config.key)
         relay_keys = KeyRing.from_specs(config.relay_key)
+        coordinator_key = _coordinator_key(config)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if not keys and not config.allow_unsigned:
@@ -72,6 +74,7 @@ def build_approver(config: Any) -> Approver:
             else None
         ),
         instance=topology.instance_id(state_dir),
+        coordinator_key=coordinator_key,
         standby_after=config.standby_after if config.mode == "fleet" else 0.0,
     )
     if config.listen:
@@ -81,6 +84,23 @@ def build_approver(config: Any) -> Approver:
             approver.close()
             raise ConfigError(f"listen: cannot serve on {config.listen}: {exc}") from None
     return approver
+
+
+def _coordinator_key(config: Any) -> tuple[str, SigningKey] | None:
+    """The key the fleet coordinator signs its approvals with: agents act on no unsigned decision,
+    so a coordinating approver without one could never approve (refused at start instead)."""
+    if not config.coordinate:
+        return None
+    if not config.coordinate_key:
+        raise ValueError(
+            "coordinate_key: --coordinate needs --coordinate-key KEYID=PATH, an Ed25519 private key "
+            "(se-bridge keygen) whose public half the agents hold as --decision-key KEYID=PATH"
+        )
+    key_id, _, path = config.coordinate_key.partition("=")
+    key = load_signing_key(path)
+    if isinstance(key, bytes):
+        raise ValueError("coordinate_key: an Ed25519 private key (PEM) is required, not a shared key")
+    return key_id, key
 
 
 def _check_fleet_only(config: Any) -> None:

@@ -14,15 +14,18 @@ from typing import Any
 
 from bridge import coordination
 from bridge.approver.auditing import AuditWriter, Ending
-from bridge.approver.decision import Decision
 from bridge.approver.lifecycle import DecisionLife
 from bridge.approver.metrics import ApproverMetrics
 from bridge.approver.sources import Message, Position
 from bridge.approver.store import DecisionStore
 from bridge.coordination import Verdict
+from bridge.decisions import Decision, SigningKey, new_decision, sign
 from bridge.relay_api import RelayDecision
 
 log = logging.getLogger("bridge.approver.service")
+
+#: Seconds a coordinator's signed approval lives: it is relayed at once (and signed anew if retried).
+COORDINATED_TTL = 300.0
 
 
 class CoordinatedApprovals:
@@ -35,7 +38,9 @@ class CoordinatedApprovals:
         *,
         instance: str,
         on_deadline: str,
+        signer: tuple[str, SigningKey] | None = None,
     ) -> None:
+        self.signer = signer  # signs each approval, which the agent proves like any decision
         self.life = life
         self.audit = audit
         self.store = store
@@ -69,6 +74,15 @@ class CoordinatedApprovals:
             self.metrics.coordinated.labels(verdict.action, verdict.why).inc()
         return done
 
+    def _signed(self, decision: Decision) -> dict[str, Any] | None:
+        """The coordinator's approval as a signed decision (a short life: it is signed again at each
+        attempt; the agent's ledger keys on the decision id, which is the event's)."""
+        if self.signer is None:
+            return None  # the agent refuses it (unproven); build_approver requires a key with --coordinate
+        draft = new_decision(decision.event_id, decision.target, decision.issued_by, COORDINATED_TTL)
+        draft["decisionId"] = decision.decision_id
+        return sign(draft, *self.signer)
+
     def _act_on_verdict(
         self, decision: Decision, message: Message, verdict: Verdict, account: dict[str, Any]
     ) -> bool:
@@ -87,6 +101,7 @@ class CoordinatedApprovals:
             target=decision.target,
             issued_by=decision.issued_by,
             coordination=account,
+            proof=self._signed(decision),
         ).to_json()
         answer, unreached = self.life.relay(decision, body)
         if answer is None:

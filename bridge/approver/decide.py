@@ -16,9 +16,8 @@ import time
 
 import orjson
 
-from bridge.approver.decision import new_decision, sign
+from bridge.decisions import load_signing_key, new_decision, sign
 from bridge.pipeline import Entry, RecordMeta
-from bridge.signing import load_key
 from bridge.sinks import SinkError, create_sink
 
 #: The longest ``--max-ttl`` an approver accepts (bridge.config): a decision living longer is refused
@@ -29,7 +28,7 @@ DEFAULT_MAX_TTL = 86400.0
 
 def decide(args: argparse.Namespace) -> int:
     try:
-        key = load_key(args.key_file)
+        key = load_signing_key(args.key_file)
     except ValueError as exc:
         return _fail(str(exc))
     issued_by = args.issued_by or f"{getpass.getuser()}@{socket.gethostname()}"

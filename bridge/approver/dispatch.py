@@ -32,9 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.approver.decision import Decision
 from bridge.approver.messages import MAX_MESSAGE_BYTES, loads_object
 from bridge.approver.sources import Message
+from bridge.decisions import Decision
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ one: the retrying way of :meth:`DecisionLife.handle`, where a failure is raised,
 
     validate -> store "started" (one sync) -> relay -> audit records -> store final (one sync) -> commit
 
-1. validate (:mod:`bridge.approver.decision`): anything not proven valid is refused and audited,
+1. validate (:mod:`bridge.decisions`): anything not proven valid is refused and audited,
    what it claims of itself kept apart (``unverified``); a decision for another VM is skipped;
 2. the decision store: a decision id already final is a replay (refused), unless it is the very
    same message read again after a crash (then it is only committed); otherwise it is "started",
@@ -36,7 +36,6 @@ from typing import Any
 import orjson
 
 from bridge.approver.auditing import AuditWriter, Ending, claims_of
-from bridge.approver.decision import Decision, DecisionRefused, ValidationPolicy, loads_strict, validate
 from bridge.approver.dispatch import Claims, Lanes, OrderedCommits, Parking, Slot
 from bridge.approver.messages import MAX_MESSAGE_BYTES, lane_of, peek
 from bridge.approver.metrics import ApproverMetrics
@@ -44,6 +43,7 @@ from bridge.approver.relaying import Relayer, Unreached
 from bridge.approver.routing import FleetRouter, LocalRouter
 from bridge.approver.sources import Message
 from bridge.approver.store import DecisionStore
+from bridge.decisions import Decision, DecisionRefused, ValidationPolicy, loads_strict, validate
 from bridge.observability import RateLimitedLog
 from bridge.pipeline import OutboxFull, OutboxWriteError
 from bridge.relay_api import RelayDecision
@@ -197,6 +197,7 @@ class DecisionLife:
             target=decision.target,
             issued_by=decision.issued_by,
             expires_at=decision.expires_at,  # the agent checks it too: relaying may take a while
+            proof=dict(decision.proof) if decision.proof is not None else None,  # proven again there
         ).to_json()
         return Prepared(0, slot, decision, body)
 
@@ -281,7 +282,7 @@ class DecisionLife:
         if slot.fields is None:
             raise DecisionRefused("schema", "message is not a JSON object")
         try:
-            strict = loads_strict(payload)  # I-JSON: no member twice (bridge.approver.decision)
+            strict = loads_strict(payload)  # I-JSON: no member twice (bridge.decisions)
         except ValueError as exc:
             raise DecisionRefused("schema", f"not I-JSON: {exc}") from None
         try:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.approver.arm import ArmAcknowledger
-from bridge.approver.decision import Decision
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
+from bridge.decisions import Decision
 from bridge.eligibility import check_event
 from bridge.retry import Backoff
 

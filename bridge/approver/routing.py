@@ -26,10 +26,10 @@ from typing import Any
 
 import orjson
 
-from bridge.approver.decision import Decision
 from bridge.approver.fleet import FleetView, Vm
 from bridge.approver.sources import DecisionSource
 from bridge.approver.sources.follow import follow
+from bridge.decisions import Decision
 from bridge.eligibility import EventFacts
 from bridge.netaddr import UnixHTTPConnection
 from bridge.relay_api import DOCUMENT_PATH, START_REQUESTS_PATH, request_body

@@ -28,13 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from bridge import __version__
+from bridge import decisions as decision_module
 from bridge.apiguard import guarded_listener
-from bridge.approver import decision as decision_module
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.auditing import AUDIT_OUTCOMES, AuditWriter
 from bridge.approver.coordinated import CoordinatedApprovals
 from bridge.approver.coordinator import FleetCoordinator
-from bridge.approver.decision import ValidationPolicy
 from bridge.approver.dispatch import OrderedCommits, Slot
 from bridge.approver.lifecycle import DecisionLife
 from bridge.approver.metrics import ApproverMetrics
@@ -44,6 +43,7 @@ from bridge.approver.sources import DecisionSource, Message, SourceError
 from bridge.approver.standby import Standby
 from bridge.approver.store import DecisionStore, lock_state_dir
 from bridge.coordination import CoordinationPolicy, Verdict
+from bridge.decisions import SigningKey, ValidationPolicy
 from bridge.errors import BridgeError
 from bridge.fsutil import lock_lost, watch_lock
 from bridge.listener import Listener, probe_routes
@@ -85,6 +85,7 @@ class Approver:
         coordination_policy: CoordinationPolicy | None = None,
         instance: str = "",
         standby_after: float = 0.0,
+        coordinator_key: tuple[str, SigningKey] | None = None,
     ) -> None:
         self.source = source
         self.router = router
@@ -129,7 +130,7 @@ class Approver:
                 raise ValueError("only a fleet approver coordinates")
             self._coordinated = CoordinatedApprovals(
                 self.life, self.audit, self.store, self.metrics,
-                instance=self.instance, on_deadline=coordination_policy.on_deadline,
+                instance=self.instance, on_deadline=coordination_policy.on_deadline, signer=coordinator_key,
             )  # fmt: skip
             self.coordinator = FleetCoordinator(
                 coordination_policy, runs_agent=router.knows, leader=source.leads, act=self.coordinated

@@ -31,9 +31,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bridge.approver.decision import new_decision, sign
 from bridge.console.access import SESSION_COOKIE, Access, Person
 from bridge.console.board import Board, Message
+from bridge.decisions import SigningKey, new_decision, sign
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class Console:
         board: Board,
         access: Access,
         publish: Callable[[dict[str, Any]], None],
-        signing_key: tuple[str, bytes],
+        signing_key: tuple[str, SigningKey],
         *,
         ready: Callable[[], tuple[bool, str]] = lambda: (True, "ok"),
         metrics: Callable[[], bytes] = lambda: b"",

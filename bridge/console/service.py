@@ -26,9 +26,10 @@ from bridge.approver.sources.follow import follow
 from bridge.console.access import Access
 from bridge.console.app import Console
 from bridge.console.board import Board
+from bridge.decisions import load_signing_key
 from bridge.fsutil import ensure_private_dir
 from bridge.netaddr import parse_listen
-from bridge.signing import KeyRing, load_key_from
+from bridge.signing import KeyRing
 from bridge.sinks import SinkError
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class ConsoleService:
         self.stop = threading.Event()
         key_id, _, where = config.key.partition("=")
         try:
-            key = load_key_from(where)
+            key = load_signing_key(where)
             azure_keys = KeyRing.from_specs(config.azure_key)  # Azure's channel shown only when signed
             self.access = Access(
                 config.auth, approver_roles=config.approver_role, approver_groups=config.approver_group

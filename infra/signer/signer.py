@@ -3,10 +3,11 @@ runtime (``function_app.py`` is the thin HTTP wrapper), so the test suite runs i
 
 Why a Function: a Consumption Logic App's inline code takes at most 1,024 characters (Logic Apps
 limits), and the workflow language has no HMAC; the approvers' own signing code
-(``bridge.approver.decision``: canonical JSON, HMAC-SHA256) is what must produce the signature, so
-the Function runs it. The key never enters the workflow: the Function's app setting
-``SE_DECISION_KEY`` is a Key Vault reference (``@Microsoft.KeyVault(SecretUri=...)``) the platform
-resolves with the Function's managed identity.
+(``bridge.decisions``: canonical JSON, Ed25519; HMAC-SHA256 during a migration) is what must
+produce the signature, so the Function runs it. ``SE_DECISION_KEY`` holds the Ed25519 private key
+(PEM, ``se-bridge keygen``): agents act only on Ed25519 decisions. The key never enters the
+workflow: the Function's app setting ``SE_DECISION_KEY`` is a Key Vault reference
+(``@Microsoft.KeyVault(SecretUri=...)``) the platform resolves with the Function's managed identity.
 
 Request (the workflow's ``Decision_fields``): ``{"decisionId", "eventId", "target", "issuedBy",
 "ttlSeconds", "reason"}``; answer: the signed decision (``schemas/decision.v1.schema.json``), or
@@ -21,7 +22,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from bridge.approver.decision import SCHEMA_FILE, new_decision, sign
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from bridge.decisions import SCHEMA_FILE, new_decision, parse_key, sign
 from bridge.schemas import validate_document
 
 MIN_KEY_BYTES = 32
@@ -36,9 +39,13 @@ class BadRequest(ValueError):
 
 def handle(body: bytes, env: Mapping[str, str], now: float | None = None) -> tuple[int, dict[str, Any]]:
     """(HTTP status, answer) for one request body."""
-    key = (env.get("SE_DECISION_KEY") or "").strip().encode("utf-8")
+    key_text = (env.get("SE_DECISION_KEY") or "").strip().encode("utf-8")
     key_id = env.get("SE_DECISION_KEY_ID") or ""
-    if len(key) < MIN_KEY_BYTES or not key_id:
+    try:
+        key = parse_key(key_text, "SE_DECISION_KEY") if len(key_text) >= MIN_KEY_BYTES else None
+    except ValueError:
+        key = None
+    if key is None or isinstance(key, Ed25519PublicKey) or not key_id:
         # Never say more: the answer goes back to the workflow's run history.
         return 500, {"error": "the signer has no usable key (SE_DECISION_KEY, SE_DECISION_KEY_ID)"}
     try:

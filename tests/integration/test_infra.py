@@ -1124,7 +1124,7 @@ def test_the_signer_function_signs_decisions_the_approver_accepts() -> None:
     azure-functions request and response types; what it returns passes the approver's validation."""
     import azure.functions as func
 
-    from bridge.approver.decision import Decision, DecisionRefused, ValidationPolicy, validate
+    from bridge.decisions import Decision, DecisionRefused, ValidationPolicy, validate
     from bridge.signing import KeyRing
 
     signer, function_app = _signer_module()
@@ -1185,7 +1185,7 @@ def test_the_signer_package_carries_the_function_and_the_approvers_code(tmp_path
     assert proc.returncode == 0, proc.stderr
     names = set(zipfile.ZipFile(out).namelist())
     assert {"function_app.py", "signer.py", "host.json", "requirements.txt"} <= names
-    assert ".python_packages/lib/site-packages/bridge/approver/decision.py" in names
+    assert ".python_packages/lib/site-packages/bridge/decisions.py" in names
     assert ".python_packages/lib/site-packages/bridge/schemas/decision.v1.schema.json" in names  # checked
     assert json.loads(zipfile.ZipFile(out).read("host.json"))["version"] == "2.0"
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import http.client
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
 
 import orjson
-from procs import RELAY_KEY, Emulator, start_approver, wait_until
+from procs import DECISION_KEY, RELAY_KEY, Emulator, proven_body, start_approver, wait_until
 
 from bridge.signing import sign_request
 
@@ -40,7 +39,7 @@ def test_a_burst_of_decisions_is_coalesced_into_few_start_requests(make_agent, t
         host, _, port = (agent.api or "").removeprefix("http://").rpartition(":")
         address = (host, int(port))
         # Two decisions for the first event: both approved, still one StartRequest for it.
-        bodies = [{"decisionId": f"d-{uuid.uuid4()}", "eventIds": [e]} for e in [*events, events[0]]]
+        bodies = [proven_body(e) for e in [*events, events[0]]]
         answers: list[tuple[int, dict[str, Any]]] = []
         lock = threading.Lock()
 
@@ -79,9 +78,9 @@ def test_the_approver_sends_a_burst_for_one_vm_in_few_requests(make_agent, tmp_p
     """200 signed decisions for one VM published at once, through the real approver (file source):
     each ends approved with one StartRequest for its event, in a handful of relay requests and IMDS
     POSTs, no 429 from IMDS; the source is committed past every one of them."""
-    from bridge.approver.decision import new_decision, sign
+    from bridge.decisions import new_decision, sign
 
-    key = b"burst-signing-key-" + b"k" * 32
+    key = DECISION_KEY
     emulator = Emulator()
     approver = None
     try:
@@ -136,7 +135,7 @@ def test_a_decision_for_an_event_not_polled_yet_refreshes_the_document(make_agen
         agent = make_agent(emulator.url, "--poll-interval", "60").start()
         event = emulator.add_event(eventType="Freeze")
         host, _, port = (agent.api or "").removeprefix("http://").rpartition(":")
-        status, answer = post((host, int(port)), {"decisionId": f"d-{uuid.uuid4()}", "eventIds": [event]})
+        status, answer = post((host, int(port)), proven_body(event))
         assert status == 200 and answer["outcome"] == "approved", answer
         assert emulator.state()["startRequests"] == {event: 1}
         kinds = wait_until(
@@ -151,7 +150,7 @@ def test_a_decision_for_an_event_not_polled_yet_refreshes_the_document(make_agen
         ]  # first view, the event, then the approval
         assert agent.records("scheduledEvents")[-1]["changes"][0]["eventId"] == event
         # Still unknown after the refresh: notFound, without waiting for a poll that never comes.
-        status, answer = post((host, int(port)), {"decisionId": f"d-{uuid.uuid4()}", "eventIds": [GUID]})
+        status, answer = post((host, int(port)), proven_body(GUID))
         assert status == 200 and answer["results"][0]["result"] == "notFound", answer
         assert agent.proc is not None
         agent.proc.send_signal(signal.SIGTERM)
@@ -170,7 +169,7 @@ def test_while_imds_fails_a_relay_request_does_not_cut_the_pollers_backoff(make_
         wait_until(lambda: agent.metric("se_bridge_imds_poll_errors_total") >= 2, 30, what="IMDS failing")
         host, _, port = (agent.api or "").removeprefix("http://").rpartition(":")
         for _ in range(5):
-            status, answer = post((host, int(port)), {"decisionId": f"d-{uuid.uuid4()}", "eventIds": [GUID]})
+            status, answer = post((host, int(port)), proven_body(GUID))
             assert status == 200 and answer["results"][0]["result"] == "notFound", answer
         refreshes = [e for e in agent.logs() if e.get("msg", "").startswith("relay refreshed")]
         assert len(refreshes) == 5 and not any(e["refreshed"] for e in refreshes)

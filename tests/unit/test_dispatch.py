@@ -19,7 +19,6 @@ import pytest
 
 from bridge.approver import lifecycle
 from bridge.approver.auditing import AuditWriter
-from bridge.approver.decision import ValidationPolicy, new_decision, sign
 from bridge.approver.dispatch import Claims, Lanes, OrderedCommits, Slot
 from bridge.approver.lifecycle import DecisionLife
 from bridge.approver.metrics import ApproverMetrics
@@ -27,6 +26,7 @@ from bridge.approver.relaying import Relayer
 from bridge.approver.routing import LocalRouter, RelayUnavailable
 from bridge.approver.sources import Message, Position
 from bridge.approver.store import DecisionStore
+from bridge.decisions import ValidationPolicy, new_decision, sign
 from bridge.pipeline import Outbox
 from bridge.signing import KeyRing
 

@@ -628,3 +628,55 @@ def test_dead_letters_logs_and_metrics_never_carry_a_webhook_token(
 def receiver() -> Iterator[HttpReceiver]:
     with HttpReceiver() as r:
         yield r
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/services/T0001/B0002/slacktokenslacktoken0001",
+        "/webhookb2/1111-2222@3333/IncomingWebhook/teamssecret0002/4444",
+        "/api/webhooks/123456789/discordtoken-0003",
+        "/hooks/mattermosttoken0004",
+        "/bot123456:telegramtoken0005/sendMessage",
+    ],
+)
+def test_library_request_lines_at_debug_level_carry_no_token(path: str) -> None:
+    """Issue 31: at ``--log-level debug`` urllib3 writes ``host:port "POST <path> HTTP/1.1" 200``,
+    and the webhook shapes did not see a path without its host. A real POST through requests to a
+    real local server, the log set up as every service sets it up: the token never appears."""
+    import http.server
+    import io
+    import logging
+    import threading
+
+    import requests
+
+    from bridge.observability import setup_logging
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out = io.StringIO()
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        setup_logging("debug", out)
+        url = f"http://127.0.0.1:{server.server_address[1]}{path}"
+        assert requests.post(url, json={}, timeout=5, proxies={"http": ""}).status_code == 200
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+        server.shutdown()
+    text = out.getvalue()
+    assert '"POST /***' in text  # urllib3 did write its request line, masked
+    token = path.strip("/").split("/")[1] if not path.startswith("/bot") else path[4:].split("/")[0]
+    assert token not in text and path not in text

@@ -14,14 +14,22 @@ from typing import Any
 
 import orjson
 import pytest
-from procs import Emulator, approver_api, approver_command, names_decision, start_approver, wait_until
+from procs import (
+    DECISION_KEY,
+    Emulator,
+    approver_api,
+    approver_command,
+    names_decision,
+    start_approver,
+    wait_until,
+)
 
-from bridge.approver.decision import Decision, new_decision, sign
+from bridge.decisions import Decision, new_decision, sign
 from bridge.schemas import validate_document
 
 pytestmark = pytest.mark.slow
 
-KEY = b"decision-signing-key-of-the-attack-tests-0123"
+KEY = DECISION_KEY  # Ed25519 (the agents prove each decision with its public half)
 
 
 def signed(event_id: str, **changes: Any) -> dict[str, Any]:
@@ -184,9 +192,9 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
     tried a few times, then audited ``unprocessable`` and committed; the next one is processed.
     In-process, because nothing outside the approver can make its own code raise."""
     import bridge.approver.service as service_module
-    from bridge.approver.decision import ValidationPolicy
     from bridge.approver.routing import LocalRouter, RelayClient
     from bridge.approver.sources.file import FileSource
+    from bridge.decisions import DecisionKeys, ValidationPolicy
     from bridge.retry import Backoff
     from bridge.signing import KeyRing
     from bridge.sinks import create_sink
@@ -210,7 +218,7 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
         source=FileSource(f"file://{decisions}", tmp_path / "src"),
         router=BrokenRouter("http://127.0.0.1:9"),
         relay=RelayClient(KeyRing()),
-        policy=ValidationPolicy(KeyRing({"ops": KEY})),
+        policy=ValidationPolicy(DecisionKeys({"ops": KEY.public_key()})),
         sinks=[create_sink(f"file://{tmp_path}/audit.jsonl")],
         state_dir=tmp_path / "state",
         relay_attempts=1,

@@ -15,13 +15,12 @@ import stat
 import subprocess
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from procs import RELAY_KEY, Agent, Emulator, wait_until
+from procs import RELAY_KEY, Agent, Emulator, proven_body, wait_until
 
 from bridge.signing import sign_request
 
@@ -31,8 +30,10 @@ RELAY_PATH = "/v1/start-requests"
 
 
 def relay_body(event_id: str, decision_id: str | None = None, **extra: Any) -> bytes:
-    body = {"decisionId": decision_id or f"d-{uuid.uuid4()}", "eventIds": [event_id], **extra}
-    return orjson.dumps(body)
+    """A request as an approver sends it: the signed decision inside (the agent proves it)."""
+    if decision_id is not None and len(decision_id) > 128:  # malformed on purpose: nothing to sign
+        return orjson.dumps({"decisionId": decision_id, "eventIds": [event_id]})
+    return orjson.dumps(proven_body(event_id, decision_id, **extra))
 
 
 def raw_request(address: tuple[str, int], method: str, path: str, headers: dict[str, str], body: bytes = b""):
@@ -102,6 +103,9 @@ def test_a_dns_rebinding_page_cannot_read_the_document(scheduled) -> None:
     status, body = raw_request(address, "GET", "/v1/document", {"Host": f"localhost:{address[1]}"})
     assert status == 200 and orjson.loads(body)["vm"]["name"] == "vm-bridge-0"
     assert agent.metric("se_bridge_http_refused_total", reason="host") == 2
+    # Issue 31 (low): an empty Host is no Host (the listener's strict parse refuses it).
+    assert raw_request(address, "GET", "/v1/document", {"Host": ""})[0] == 400
+    assert raw_request(address, "GET", "/v1/document", {"Host": " "})[0] == 400
 
 
 def test_a_local_unprivileged_user_cannot_approve(scheduled) -> None:
