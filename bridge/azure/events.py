@@ -42,6 +42,10 @@ Status = Literal["Scheduled", "Started", "Completed", "Canceled"]
 RESOURCE_TYPE = "microsoft.maintenance/scheduledevents"
 #: Refusal reasons (a closed set: a metric label).
 REASONS = ("notJson", "notAnEvent", "otherResourceType", "malformed", "tooLarge")
+#: VMs one event may name (the fleet approver's bound too): 5 000 made a 1.29 MB record (issue 31).
+MAX_RESOURCES = 1000
+#: An event's Description, at most (Azure's are a sentence; a record must stay far below 1 MB).
+MAX_DESCRIPTION = 4096
 #: An Event Grid event is at most 1 MB; a Scheduled Event is a few hundred bytes.
 MAX_EVENT_BYTES = 64 * 1024
 
@@ -50,6 +54,8 @@ _EVENT_ID = re.compile(
     re.IGNORECASE | re.ASCII,
 )
 _NAME = re.compile(NAME_TEXT, re.ASCII)
+_DIGITS = re.compile(r"[0-9]{1,10}", re.ASCII)
+_SIGNED_DIGITS = re.compile(r"-?[0-9]{1,12}", re.ASCII)
 
 
 class AzureEventRefused(ValueError):
@@ -143,7 +149,7 @@ class AzureEvent:
 
 def _uniform_instance(scale_set: str, name: str) -> str | None:
     prefix, sep, number = name.rpartition("_")
-    return number if sep and prefix.lower() == scale_set.lower() and number.isdigit() else None
+    return number if sep and prefix.lower() == scale_set.lower() and _DIGITS.fullmatch(number) else None
 
 
 def deliveries(payload: bytes) -> Iterator[dict[str, Any] | AzureEventRefused]:
@@ -218,6 +224,14 @@ def _event(
         isinstance(r, str) and _NAME.fullmatch(r.removeprefix("_")) for r in resources
     ):
         raise AzureEventRefused("malformed", "Resources is not an array of VM names")
+    if len(resources) > MAX_RESOURCES:  # one record must fit an Event Hubs message (1 MB)
+        raise AzureEventRefused("tooLarge", f"Resources names {len(resources)} VMs (at most {MAX_RESOURCES})")
+    duration = props.get("DurationInSeconds")
+    if duration not in (None, "") and _duration(duration) is None:
+        raise AzureEventRefused("malformed", f"DurationInSeconds {_short(duration)} is not an integer")
+    description = _text(props.get("Description"))
+    if description is not None and len(description) > MAX_DESCRIPTION:
+        raise AzureEventRefused("tooLarge", f"Description of {len(description)} characters")
     known = {"EventId", "EventType", "EventStatus", "EventSource", "NotBefore", "Description",
              "DurationInSeconds", "Resources", "ResourceType"}  # fmt: skip
     return AzureEvent(
@@ -228,8 +242,8 @@ def _event(
         event_status=status,
         event_source=_text(props.get("EventSource")),
         not_before=_text(props.get("NotBefore")) or None,  # empty once Started
-        description=_text(props.get("Description")),
-        duration_in_seconds=_duration(props.get("DurationInSeconds")),
+        description=description,
+        duration_in_seconds=_duration(duration),
         resources=tuple(r.removeprefix("_") for r in resources),
         resource_id=match.group(0),
         subscription_id=match["sub"].lower(),
@@ -248,7 +262,9 @@ def _duration(value: Any) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.lstrip("-").isdigit():
+    # str.isdigit() takes "²" and other Unicode digits that int() refuses (issue 31: one such
+    # delivery stopped the channel): ASCII digits only, and a bounded length.
+    if isinstance(value, str) and _SIGNED_DIGITS.fullmatch(value):
         return int(value)
     return None
 

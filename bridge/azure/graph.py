@@ -18,6 +18,7 @@ over (rows are state, not a stream: nothing is lost by asking again).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,10 @@ QUERY = (
 )
 PAGE = 1000
 MAX_WAIT = 60.0
+#: Pages and rows one poll reads at most: a fleet's open events are thousands, a page holds PAGE rows.
+MAX_PAGES = 200
+MAX_ROWS = 200_000
+_QUOTA_PART = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6})?", re.ASCII)
 
 
 class GraphUnavailable(BridgeError):
@@ -73,15 +78,19 @@ class ResourceGraphReader:
         give_up = self._clock() + self._deadline
         rows: list[dict[str, Any]] = []
         skip: str | None = None
-        while True:
+        for _ in range(MAX_PAGES):
             page = self._page(skip, give_up)
             data = page.get("data")
             if not isinstance(data, list):
                 raise GraphUnavailable("Resource Graph answered without a data array")
             rows += [row for row in data if isinstance(row, dict)]
+            if len(rows) > MAX_ROWS:
+                raise GraphUnavailable(f"Resource Graph answered more than {MAX_ROWS} rows; the poll gave up")
             skip = page.get("$skipToken") if isinstance(page.get("$skipToken"), str) else None
             if not skip:
                 return rows
+        # An endless $skipToken (issue 31: 48 -> 1 197 MB in 36 s) is refused, not followed.
+        raise GraphUnavailable(f"Resource Graph answered more than {MAX_PAGES} pages; the poll gave up")
 
     def _page(self, skip: str | None, give_up: float) -> dict[str, Any]:
         from azure.core.exceptions import AzureError
@@ -137,12 +146,10 @@ def _duration(value: str | None) -> float | None:
     if not value:
         return None
     parts = value.strip().split(":")
-    try:
-        numbers = [float(p) for p in parts]
-    except ValueError:
+    # ASCII digits only: float() takes "nan", "inf" and "1e9" (issue 31: a `nan` header)
+    if len(parts) != 3 or not all(_QUOTA_PART.fullmatch(p) for p in parts):
         return None
-    if len(numbers) != 3 or any(n < 0 for n in numbers):
-        return None
+    numbers = [float(p) for p in parts]
     return numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
 
 

@@ -195,6 +195,12 @@ class AzureChannel:
                     out += self._observed(event, now)
         return self._store(out, seen)
 
+    def _unexpected(self, exc: Exception) -> AzureEventRefused:
+        """An item the parser raised on by mistake: refused on its own (dead letter, metric), never
+        the batch it came with, never the reader (issue 31: a poison delivery wedged the source)."""
+        log.exception("an Azure channel item could not be read; refused on its own")
+        return AzureEventRefused("malformed", f"unreadable: {type(exc).__name__}")
+
     def _observed(self, event: AzureEvent, now: float) -> list[dict[str, Any]]:
         """The records an observation makes: none for a duplicate; its record and the findings it
         settles otherwise."""
@@ -212,7 +218,9 @@ class AzureChannel:
             return from_event_grid(item)
         except AzureEventRefused as refusal:
             self._refused(refusal, message, item)
-            return None
+        except Exception as exc:
+            self._refused(self._unexpected(exc), message, item)
+        return None
 
     def _refused(self, refusal: AzureEventRefused, message: Message | None, item: Any) -> None:
         self.metrics.refused.labels(refusal.reason).inc()
@@ -296,10 +304,17 @@ class AzureChannel:
                     except AzureEventRefused as refusal:
                         self._refused(refusal, None, row)
                         continue
+                    except Exception as exc:
+                        self._refused(self._unexpected(exc), None, row)
+                        continue
                     seen.append(event)
                     out += self._observed(event, now)
-                if self._store(out, seen):
-                    self._graph_polled = True
+                try:
+                    if self._store(out, seen):
+                        self._graph_polled = True
+                except Exception as exc:  # the thread outlives any poll; the next one starts over
+                    self.metrics.source_errors.labels("other").inc()
+                    streak.failure("other", f"storing the poll's records failed: {type(exc).__name__}")
             self.stop_event.wait(self.graph_interval)
 
     def _follow(self, index: int, source: DecisionSource) -> None:

@@ -129,3 +129,59 @@ def test_the_service_publishes_only_what_changed_between_polls(arm: FakeArm, tmp
     assert [(o["eventId"], o["azureState"]) for o in outcomes] == [(e2, "Canceled")]
     dead = (tmp_path / "state" / "dead-letter" / "azure-refused.jsonl").read_bytes().splitlines()
     assert [orjson.loads(d)["position"] for d in dead] == ["resourceGraph"]
+
+
+def test_a_poison_row_is_refused_alone_and_the_poll_thread_lives_on(arm: FakeArm, tmp_path: Path) -> None:
+    """Issue 31, finding 6: ``DurationInSeconds: "²"`` passed ``str.isdigit()`` and ``int()`` raised,
+    which killed the polling thread with ``/readyz`` still 200. Now that row is dead-lettered, the
+    valid row beside it published, and the next polls go on."""
+    good, poison, later = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    bad = row(poison, "Scheduled")
+    bad["properties"] = {**bad["properties"], "DurationInSeconds": "²"}
+    arm.script = [(200, {}, page([bad, row(good, "Scheduled")])), (200, {}, page([row(later, "Scheduled")]))]
+    sink = tmp_path / "azure.jsonl"
+    service = AzureChannel([], [create_sink(f"file://{sink}")], tmp_path / "state", grace=600,
+                           graph=reader(arm), graph_interval=0.2)  # fmt: skip
+    import threading
+
+    runner = threading.Thread(target=service.run, kwargs={"install_signals": False}, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: len(arm.requests) >= 3, 20, what="polls after the poison row")
+
+        def published() -> set[str]:
+            lines = sink.read_bytes().splitlines() if sink.exists() else []
+            return {r["event"]["eventId"] for r in map(orjson.loads, lines) if "event" in r}
+
+        wait_until(lambda: {good, later} <= published(), 20, what="the valid rows published")
+    finally:
+        service.stop_event.set()
+        runner.join(30)
+    assert poison not in published()
+    dead = [
+        orjson.loads(d)
+        for d in (tmp_path / "state/dead-letter/azure-refused.jsonl").read_bytes().splitlines()
+    ]
+    assert [d["reason"] for d in dead] == ["malformed"] and poison in dead[0]["payload"]
+
+
+def test_an_endless_skip_token_and_a_nan_quota_header_are_refused(arm: FakeArm) -> None:
+    """Issue 31, finding 6: an endless ``$skipToken`` grew the process by a gigabyte; ``nan`` in
+    the quota header was read as a number."""
+    from bridge.azure import graph
+
+    endless = [
+        (200, {}, page([row(str(uuid.uuid4()), "Scheduled")], skip=f"p{n}"))
+        for n in range(graph.MAX_PAGES + 5)
+    ]
+    arm.script = endless
+    with pytest.raises(GraphUnavailable, match="more than 200 pages"):
+        reader(arm).rows()
+    assert len(arm.requests) == graph.MAX_PAGES
+    slept: list[float] = []
+    nan = {"x-ms-user-quota-remaining": "0", "x-ms-user-quota-resets-after": "nan:nan:nan"}
+    arm.script = [(200, nan, page([row(str(uuid.uuid4()), "Scheduled")], skip="p2")), (200, {}, page([]))]
+    assert len(reader(arm, sleep=slept.append).rows()) == 1
+    assert slept == []  # an unreadable reset time waits for nothing (never NaN seconds)
+    for value in ("nan", "inf:0:0", "1e9:0:0", "-1:00:00", "²:00:00"):
+        assert graph._duration(value) is None

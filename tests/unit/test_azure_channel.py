@@ -70,6 +70,17 @@ def test_unknown_properties_are_kept_and_a_graph_row_parses_too() -> None:
         (lambda e: e["data"]["resourceInfo"]["properties"].update(EventId=E2), "malformed"),
         (lambda e: e["data"]["resourceInfo"]["properties"].update(Resources="vm-a"), "malformed"),
         (lambda e: e["data"]["resourceInfo"].pop("properties"), "malformed"),
+        # issue 31: "²" passed str.isdigit() and int() raised, wedging the source
+        (lambda e: e["data"]["resourceInfo"]["properties"].update(DurationInSeconds="²"), "malformed"),
+        (lambda e: e["data"]["resourceInfo"]["properties"].update(DurationInSeconds="1e3"), "malformed"),
+        # issue 31 (low): one delivery naming 5 000 VMs made a 1.29 MB record and 5 005 findings
+        (
+            lambda e: e["data"]["resourceInfo"]["properties"].update(
+                Resources=[f"vm-{n}" for n in range(5000)]
+            ),
+            "tooLarge",
+        ),
+        (lambda e: e["data"]["resourceInfo"]["properties"].update(Description="x" * 900_000), "tooLarge"),
     ],
 )
 def test_what_is_not_a_usable_event_is_refused_with_its_reason(mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
