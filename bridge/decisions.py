@@ -346,7 +346,10 @@ def validate(decision: Any, policy: ValidationPolicy, now: float) -> Decision:
 
     errors = validate_document(decision, SCHEMA_FILE)
     if errors:
-        raise DecisionRefused("schema", "; ".join(errors[:3]))
+        # The members only, never their values: this text reaches audit records and chat messages,
+        # and the values are whatever the writer of an unproven message chose (issue 31).
+        members = sorted({error.split(":", 1)[0] for error in errors})
+        raise DecisionRefused("schema", "not a valid decision (decision.v1): " + ", ".join(members[:5]))
     signature = decision.get("signature")
     if signature is None:
         if not policy.allow_unsigned:

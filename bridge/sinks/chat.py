@@ -26,6 +26,7 @@ section text, 150 per header).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from string import Template
 from typing import Any, Literal
@@ -76,7 +77,10 @@ class ChatOptions:
             raise ValueError("one_per_set must be true or false")
         if (template_file is not None) != (style == "template"):
             raise ValueError("format=template needs template_file=/path (and only it takes one)")
-        return cls(url, per_set != "false", _read_template(template_file) if template_file else None)
+        template = _read_template(template_file) if template_file else None
+        if template is not None:
+            _check_template(template)
+        return cls(url, per_set != "false", template)
 
 
 def _read_template(path: str) -> str:
@@ -88,6 +92,27 @@ def _read_template(path: str) -> str:
     if len(data) > MAX_TEMPLATE_BYTES:
         raise ValueError(f"template_file {path} is over {MAX_TEMPLATE_BYTES} bytes")
     return data.decode("utf-8")
+
+
+def _check_template(template: str) -> None:
+    """A template that yields no JSON would fail every message at the receiver, one by one, at 3 a.m.:
+    refused at start instead (issue 31), rendered once with values that hold every JSON escape."""
+    import orjson
+
+    sample = 'a "quoted" \\ back\nslash </x> <!channel> [l](https://x) é'
+    rendered = _render(template, dict.fromkeys(("title", "text", "url", "event_id", "record_type"), sample))
+    try:
+        orjson.loads(rendered)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"template_file does not yield JSON once filled in: {exc}") from None
+
+
+def _render(template: str, values: dict[str, str]) -> bytes:
+    import orjson
+
+    return (
+        Template(template).safe_substitute({k: orjson.dumps(v).decode() for k, v in values.items()}).encode()
+    )
 
 
 def chat_body(record: dict[str, Any], style: str, options: ChatOptions) -> bytes | None:
@@ -104,11 +129,7 @@ def chat_body(record: dict[str, Any], style: str, options: ChatOptions) -> bytes
     url = _console_link(options, link)
     values = {"title": title, "text": "\n".join([title, *(f"{k}: {v}" for k, v in facts)]), "url": url,
               "event_id": link or "", "record_type": str(record.get("recordType"))}  # fmt: skip
-    return (
-        Template(options.template)
-        .safe_substitute({k: orjson.dumps(v).decode() for k, v in values.items()})
-        .encode()
-    )
+    return _render(options.template, values)
 
 
 def chat_message(
@@ -121,7 +142,9 @@ def chat_message(
         return None
     title, facts, link = lines
     url = _console_link(options, link) or None
-    return _teams(title, facts, url) if style == "teams" else _slack(title, facts, url)
+    if style == "teams":
+        return _teams(_markdown(title), [(k, _markdown(v)) for k, v in facts], url)
+    return _slack(title, facts, url)
 
 
 def _lines(record: dict[str, Any], one_per_set: bool) -> tuple[str, list[tuple[str, str]], str | None] | None:
@@ -207,7 +230,20 @@ def _slack(title: str, facts: list[tuple[str, str]], url: str | None) -> dict[st
     if url:
         button = {"type": "button", "text": {"type": "plain_text", "text": "Open in the console"}, "url": url}
         blocks.append({"type": "actions", "elements": [button]})
-    return {"text": _cut(title, SLACK_MAX_TEXT), "blocks": blocks[:SLACK_MAX_BLOCKS]}
+    # The fallback text is mrkdwn too (notifications, old clients): escaped like the section (issue 31:
+    # a `<!channel>` in a VM or event name reached it).
+    return {"text": _cut(_escape(title), SLACK_MAX_TEXT), "blocks": blocks[:SLACK_MAX_BLOCKS]}
+
+
+_MARKDOWN = re.compile(r"([\\`\[\]()!<>])")
+
+
+def _markdown(text: str) -> str:
+    """Text shown as is in an Adaptive Card (TextBlock and FactSet values render Markdown): the
+    punctuation of links, images, code and inline HTML is backslash-escaped (issue 31: ``[Approve
+    now](https://evil.example/x)`` in a refused decision's text became a link). Emphasis characters
+    are left alone: VM names hold ``_``, and a stray italic misleads nobody."""
+    return _MARKDOWN.sub(r"\\\1", text)
 
 
 def _escape(text: str) -> str:

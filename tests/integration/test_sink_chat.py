@@ -69,7 +69,7 @@ def test_an_agent_posts_an_adaptive_card_per_transition(
         titles.append(card["body"][0]["text"])
     assert [t.split(":")[0] for t in titles] == ["Freeze scheduled", "Freeze started", "Freeze completed"]
     facts = {f["title"]: f["value"] for f in bodies[0]["attachments"][0]["content"]["body"][1]["facts"]}
-    assert facts["Event"] == freeze and "minutes)" in facts["Not before"] and facts["Duration"] == "5 s"
+    assert facts["Event"] == freeze and "minutes\\)" in facts["Not before"] and facts["Duration"] == "5 s"
 
 
 def test_slack_messages_keep_block_kit_limits_and_escape_mrkdwn() -> None:
@@ -108,7 +108,7 @@ def test_a_wave_of_200_vms_in_one_set_is_one_message_per_transition() -> None:
         )
         posted.append(chat_message(record, "teams"))
     assert sum(m is not None for m in posted) == 1
-    assert "(+180 more)" in posted[0]["attachments"][0]["content"]["body"][0]["text"]  # type: ignore[index]
+    assert "\\(+180 more\\)" in posted[0]["attachments"][0]["content"]["body"][0]["text"]  # type: ignore[index]
     changes = diff(before, after)
     records = [
         scheduled_events_record(VmIdentity(vm_id=n, name=n), before, after, changes, 0.0) for n in names
@@ -169,3 +169,39 @@ def test_a_user_template_gets_json_strings_so_its_json_stays_json(tmp_path: Path
         create_sink("https://hooks.example/x#format=template")
     with pytest.raises(SinkError, match="template_file"):
         create_sink(f"https://hooks.example/x#format=slack&template_file={template}")
+
+
+def test_what_a_keyless_writer_of_the_decisions_topic_says_never_becomes_a_link_or_a_mention(
+    tmp_path: Path,
+) -> None:
+    """Issue 31, finding 8: a message on the decisions topic without a key, ``eventId: "[Approve
+    now](https://evil.example/x)"``, was refused with that text in the audit's ``detail``, which the
+    Teams card rendered as a link; Slack's fallback text carried ``<!channel>`` unescaped. The real
+    validation makes the detail, the real formats render it."""
+    import time as _time
+
+    from bridge.decisions import DecisionKeys, DecisionRefused, ValidationPolicy, validate
+
+    evil = {"schemaVersion": 1, "recordType": "decision", "decisionId": "d-12345678",
+            "eventId": "[Approve now](https://evil.example/x)", "action": "approve",
+            "target": "<!channel> vm-a", "issuedBy": "[ops](https://evil.example/y)",
+            "issuedAt": "2026-11-26T10:00:00Z", "expiresAt": "2026-11-26T10:10:00Z"}  # fmt: skip
+    with pytest.raises(DecisionRefused) as refused:
+        validate(evil, ValidationPolicy(DecisionKeys()), _time.time())
+    assert "evil.example" not in refused.value.detail and "eventId" in refused.value.detail
+    audit = {"recordType": "approval", "outcome": "refused", "eventIds": [evil["eventId"]],
+             "target": evil["target"], "issuedBy": evil["issuedBy"], "reason": "schema",
+             "detail": "[Approve now](https://evil.example/x) <!channel>"}  # fmt: skip
+    card = chat_message(audit, "teams", ChatOptions(CONSOLE))
+    assert card is not None
+    content = card["attachments"][0]["content"]
+    texts = [content["body"][0]["text"], *(f["value"] for f in content["body"][1]["facts"])]
+    assert all("](" not in t and "[Approve" not in t.replace("\\[", "") for t in texts)
+    slack = chat_message(audit, "slack", ChatOptions(CONSOLE))
+    assert slack is not None
+    mrkdwn = [slack["text"], slack["blocks"][1]["text"]["text"]]  # the header is plain_text: never parsed
+    assert all("<!channel>" not in t and "&lt;!channel&gt;" in t for t in mrkdwn)
+    template = tmp_path / "bad.tmpl"
+    template.write_text('{"text": "$text" }')  # quoted twice once filled: not JSON
+    with pytest.raises(ValueError, match="does not yield JSON"):
+        ChatOptions.take({"template_file": str(template)}, "template")
