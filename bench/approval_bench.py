@@ -49,7 +49,19 @@ class Run:
     def __init__(self, pythonpath: Path, workdir: Path, before: bool) -> None:
         self.workdir, self.env = workdir, {**os.environ, "PYTHONPATH": str(pythonpath)}
         self.key = workdir / "ops.key"
-        self.key.write_bytes(b"bench-ops-key-" + b"o" * 32)
+        self.before = before
+        # The tree before issue 31 knows only HMAC decision keys and no --decision-key on its agent.
+        if before:
+            self.key.write_bytes(b"bench-ops-key-" + b"o" * 32)
+            verify_key, agent_keys = self.key, []
+        else:
+            from bridge.decisions import generate_key_pair
+
+            private, public = generate_key_pair()
+            self.key.write_bytes(private)
+            verify_key = workdir / "ops.pub"
+            verify_key.write_bytes(public)
+            agent_keys = ["--decision-key", f"ops={verify_key}"]
         relay_key = workdir / "relay.key"
         relay_key.write_bytes(b"bench-relay-key-" + b"r" * 32)
         self.decisions = workdir / "decisions.jsonl"
@@ -68,7 +80,7 @@ class Run:
         self.agent = subprocess.Popen(
             [sys.executable, "-m", "bridge", "agent", "--imds-url", url, "--sink", f"file://{workdir}/records.jsonl",
              "--state-dir", str(workdir / "agent"), "--listen", f"127.0.0.1:{port}",
-             "--relay-key", f"relay={relay_key}"],
+             "--relay-key", f"relay={relay_key}", *agent_keys],
             env=self.env, stderr=log, cwd=workdir,
         )  # fmt: skip
         self._wait_ready(port)
@@ -76,7 +88,7 @@ class Run:
         self.approver = subprocess.Popen(
             [sys.executable, "-m", "bridge", "approver", "--source", f"file://{self.decisions}",
              "--sink", f"file://{workdir}/audit.jsonl", "--relay", f"http://127.0.0.1:{port}",
-             "--key", f"ops={self.key}", "--relay-key", f"relay={relay_key}",
+             "--key", f"ops={verify_key}", "--relay-key", f"relay={relay_key}",
              "--state-dir", str(workdir / "approver"), *listen],
             env=self.env, stderr=log, cwd=workdir,
         )  # fmt: skip
@@ -112,9 +124,9 @@ class Run:
         raise RuntimeError("the agent did not see the events")
 
     def decide(self, event_ids: list[str]) -> None:
-        from bridge.decisions import new_decision, sign
+        from bridge.decisions import load_signing_key, new_decision, sign
 
-        key = self.key.read_bytes()
+        key = load_signing_key(self.key)
         lines = [
             orjson.dumps(sign(new_decision(e, "vm-bridge-0", "bench", 600), "ops", key)) for e in event_ids
         ]

@@ -73,9 +73,11 @@ sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py)
 from benchkit import emulator_control, percentile, stop_process  # noqa: E402
 from brokers import TansuBroker  # noqa: E402
 
-from bridge.decisions import new_decision, sign  # noqa: E402
+from bridge.decisions import generate_key_pair, new_decision, parse_key, sign  # noqa: E402
 
-OPS_KEY = b"fleet-bench-ops-key-" + b"o" * 32
+# The decision key: Ed25519 (issue 31), the approvers and every agent hold its public half.
+OPS_KEY_PEM, OPS_PUB_PEM = generate_key_pair()
+OPS_KEY = parse_key(OPS_KEY_PEM, "the bench's ops key")
 RELAY_KEY = b"fleet-bench-relay-key-" + b"r" * 32
 TARGET_P99_MS = 300.0
 TARGET_PER_S = 200.0
@@ -102,7 +104,8 @@ class Fleet:
     def __init__(self, workdir: Path, args: argparse.Namespace) -> None:
         self.workdir, self.args = workdir, args
         self.env = {**os.environ, "PYTHONPATH": str(REPO)}
-        (workdir / "ops.key").write_bytes(OPS_KEY)
+        (workdir / "ops.key").write_bytes(OPS_KEY_PEM)
+        (workdir / "ops.pub").write_bytes(OPS_PUB_PEM)
         (workdir / "relay.key").write_bytes(RELAY_KEY)
         self.log = open(workdir / "services.log", "ab")  # noqa: SIM115 - closed in close()
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -138,7 +141,8 @@ class Fleet:
         self.agents[vm["name"]] = self._spawn(
             [sys.executable, "-m", "bridge", "agent", "--imds-url", vm["url"],
              "--sink", f"kafka://{self.broker.bootstrap}/events", "--state-dir", str(state),
-             "--listen", f"{vm['privateIp']}:8710", "--relay-key", f"relay={self.workdir / 'relay.key'}"],
+             "--listen", f"{vm['privateIp']}:8710", "--relay-key", f"relay={self.workdir / 'relay.key'}",
+             "--decision-key", f"ops={self.workdir / 'ops.pub'}"],
         )  # fmt: skip
 
     def start_approver(self, index: int) -> None:
@@ -148,7 +152,7 @@ class Fleet:
             [sys.executable, "-m", "bridge", "approver", "--mode", "fleet", "--group", "fleet-approvers",
              "--source", f"kafka://{bootstrap}/decisions", "--events-source", f"kafka://{bootstrap}/events",
              "--relay-url-template", "http://{privateIp}:8710", "--relay-timeout", "3",
-             "--key", f"ops={self.workdir / 'ops.key'}", "--relay-key", f"relay={self.workdir / 'relay.key'}",
+             "--key", f"ops={self.workdir / 'ops.pub'}", "--relay-key", f"relay={self.workdir / 'relay.key'}",
              "--sink", f"file://{state}/audit.jsonl", "--state-dir", str(state / "state"),
              "--listen", f"127.0.0.1:{self.approver_ports[index]}",
              "--standby-after", str(self.args.standby_after)],

@@ -48,9 +48,11 @@ sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py)
 from benchkit import stop_process  # noqa: E402
 from brokers import TansuBroker  # noqa: E402
 
-from bridge.decisions import new_decision, sign  # noqa: E402
+from bridge.decisions import generate_key_pair, new_decision, parse_key, sign  # noqa: E402
 
-OPS_KEY = b"fleet-scale-ops-key-" + b"o" * 32
+# The decision key: Ed25519 (issue 31), what a fleet's approvers verify in production.
+OPS_KEY_PEM, OPS_PUB_PEM = generate_key_pair()
+OPS_KEY = parse_key(OPS_KEY_PEM, "the bench's ops key")
 RELAY_KEY = b"fleet-scale-relay-key-" + b"r" * 32
 SUB = "8d10da13-8125-4ba9-a717-bf7490507b3d"
 TARGETS = {"rss_mb_10k": 200.0, "decisions_per_s_10k": 200.0}
@@ -134,7 +136,7 @@ class Scale:
                                   "queue.buffering.max.messages": 1_000_000})  # fmt: skip
         self.agents = StandInAgents()
         threading.Thread(target=self.agents.serve_forever, daemon=True).start()
-        (workdir / "ops.key").write_bytes(OPS_KEY)
+        (workdir / "ops.pub").write_bytes(OPS_PUB_PEM)
         (workdir / "relay.key").write_bytes(RELAY_KEY)
         self.port = _free_port()
         self.log = open(workdir / "approver.log", "wb")  # noqa: SIM115 - closed in close()
@@ -143,7 +145,7 @@ class Scale:
             [sys.executable, "-m", "bridge", "approver", "--mode", "fleet", "--group", "scale",
              "--source", f"kafka://{bootstrap}/decisions", "--events-source", f"kafka://{bootstrap}/events",
              "--relay-url-template", f"http://{{privateIp}}:{self.agents.server_address[1]}",
-             "--key", f"ops={workdir / 'ops.key'}", "--relay-key", f"relay={workdir / 'relay.key'}",
+             "--key", f"ops={workdir / 'ops.pub'}", "--relay-key", f"relay={workdir / 'relay.key'}",
              "--sink", f"file://{workdir}/audit.jsonl", "--state-dir", str(workdir / "state"),
              "--listen", f"127.0.0.1:{self.port}", "--standby-after", "0"],
             env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=self.log, cwd=workdir,

@@ -87,6 +87,41 @@ class ConsoleConfig(ConfigBase):
         "Where the pages and the API are served, HOST:PORT (behind the front door that signs people in).",
         metavar="HOST:PORT",
     )
+    public_host: tuple[str, ...] = setting(
+        (),
+        text,
+        "The name(s) people reach the console by (its front door's host name, e.g. "
+        "console.contoso.com): a request with another Host is refused (DNS rebinding). Required with "
+        "--auth entra or oauth2-proxy; lab mode allows the listen address and localhost. Repeat for several.",
+        metavar="NAME",
+        multiple=True,
+    )
+    oidc_issuer: str | None = setting(
+        None,
+        optional_text,
+        "The issuer of the ID tokens the front door passes, e.g. https://login.microsoftonline.com/"
+        "<tenant id>/v2.0: the console proves each person from that token (required unless --auth lab).",
+        metavar="URL",
+    )
+    oidc_audience: str | None = setting(
+        None,
+        optional_text,
+        "The console's app registration (client id): the ID tokens' aud (required unless --auth lab).",
+        metavar="CLIENT_ID",
+    )
+    oidc_jwks_url: str | None = setting(
+        None,
+        optional_text,
+        "Where the issuer's signing keys are (default: jwks_uri of "
+        "<issuer>/.well-known/openid-configuration).",
+        metavar="URL",
+    )
+    oidc_ca_file: str | None = setting(
+        None,
+        optional_text,
+        "CA bundle for the identity provider's TLS (default: the system CAs).",
+        metavar="PATH",
+    )
     state_dir: Path = setting(  # noqa: RUF009 - setting() returns a dataclasses.field
         Path("/var/lib/se-bridge/console"),
         path,

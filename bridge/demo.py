@@ -64,6 +64,7 @@ def run_demo(output: Path, *, speed: float = 60.0, scenario: str = "tour") -> in
         listen="127.0.0.1:0",
         shutdown_timeout=5.0,
         relay_key=(f"relay={keys['relay']}",),
+        decision_key=(f"ops={keys['ops.pub']}",),
     )
     agent = Agent(config)
     poller = threading.Thread(target=agent.poller.run, args=(agent.stop_event,), name="poller", daemon=True)
@@ -123,12 +124,16 @@ def forwarding_act(
 
 
 def _make_keys(directory: Path) -> dict[str, Path]:
-    """The decision signing key (``ops``) and the relay key the approver and the agent share."""
+    """The decision key pair (``ops``: the private key signs, the public one proves, at the approver
+    and again at the agent) and the relay key the approver and the agent share."""
+    from bridge.decisions import generate_key_pair
+
     ensure_private_dir(directory)
-    out = {}
-    for name in ("ops", "relay"):
-        out[name] = directory / f"{name}.key"
-        write_atomic(out[name], secrets.token_hex(32).encode())
+    private, public = generate_key_pair()
+    out = {"ops": directory / "ops.key", "ops.pub": directory / "ops.pub", "relay": directory / "relay.key"}
+    write_atomic(out["ops"], private)
+    write_atomic(out["ops.pub"], public)
+    write_atomic(out["relay"], secrets.token_hex(32).encode())
     return out
 
 
@@ -147,7 +152,7 @@ def approval_act(
             sink=(f"file://{audit}",),
             relay=f"http://{host}:{port}",
             state_dir=output / "approver-state",
-            key=(f"ops={keys['ops']}",),
+            key=(f"ops={keys['ops.pub']}",),
             relay_key=(f"relay={keys['relay']}",),
             listen="127.0.0.1:0",
         )

@@ -56,9 +56,14 @@ class ConsoleDemo:
         ensure_private_dir(self.logs)
         keys = self.output / "keys"
         ensure_private_dir(keys)
-        for name in ("relay", "console"):
-            (keys / f"{name}.key").write_bytes(secrets.token_bytes(32))
-            (keys / f"{name}.key").chmod(0o600)
+        from bridge.decisions import generate_key_pair
+
+        (keys / "relay.key").write_bytes(secrets.token_bytes(32))
+        private, public = generate_key_pair()  # the console signs; the approver and agents prove
+        (keys / "console.key").write_bytes(private)
+        (keys / "console.pub").write_bytes(public)
+        for name in ("relay.key", "console.key"):
+            (keys / name).chmod(0o600)
         first_ip = f"127.{random.randint(20, 250)}.{random.randint(0, 250)}.1"
         emulator = self._spawn(
             "emulator", "bridge.imds.emulator", "--port", "0", "--fleet", str(VMS),
@@ -77,7 +82,7 @@ class ConsoleDemo:
                 f"agent-{vm['name']}", "bridge", "agent", "--imds-url", vm["url"],
                 "--sink", streams[-1], "--state-dir", str(state / "state"),
                 "--listen", f"{vm['privateIp']}:8710", "--relay-key", f"relay={keys / 'relay.key'}",
-                "--heartbeat-interval", "20",
+                "--decision-key", f"console={keys / 'console.pub'}", "--heartbeat-interval", "20",
             )  # fmt: skip
         decisions, audit = self.output / "decisions.jsonl", self.output / "audit.jsonl"
         decisions.touch()
@@ -86,7 +91,7 @@ class ConsoleDemo:
         self._spawn(
             "approver", "bridge", "approver", "--mode", "fleet", "--source", f"file://{decisions}",
             "--sink", f"file://{audit}", "--relay-url-template", "http://{privateIp}:8710",
-            "--key", f"console={keys / 'console.key'}",
+            "--key", f"console={keys / 'console.pub'}",
             "--relay-key", f"relay={keys / 'relay.key'}", "--state-dir", str(self.output / "approver"),
             "--listen", "127.0.0.1:0", *sources,
         )  # fmt: skip

@@ -1,22 +1,22 @@
 """Who is looking at the console, and who may approve: an approval reboots production VMs.
 
-The console never signs anyone in itself. It runs behind Microsoft Entra ID and reads who the
-front door says the person is:
+The console never signs anyone in itself. It runs behind Microsoft Entra ID and proves who the
+person is from the **ID token** the front door passes (:mod:`bridge.console.identity`: verified
+against the issuer's keys; issue 31 found that headers such as ``X-Forwarded-Email`` or
+``X-MS-CLIENT-PRINCIPAL`` were believed from any client that reached the console another way):
 
-* ``entra``: Azure Container Apps / App Service authentication ("Easy Auth"), which puts the signed-in
-  principal in ``X-MS-CLIENT-PRINCIPAL`` (base64 JSON: ``claims`` of ``typ``/``val``) after it
-  validated the token, and strips any such header a client sent. App roles (``roles``) and group
-  object ids (``groups``) are read from it.
-* ``oauth2-proxy``: ``X-Forwarded-Email`` (or ``X-Forwarded-User``) and ``X-Forwarded-Groups``
-  (comma separated), set by oauth2-proxy in front of the console.
+* ``entra``: Azure Container Apps / App Service authentication ("Easy Auth") with its token store,
+  which passes ``X-MS-TOKEN-AAD-ID-TOKEN``;
+* ``oauth2-proxy``: ``Authorization: Bearer <id token>`` (``--pass-authorization-header``);
 * ``lab``: no front door (a laptop, the demo, the tests). A random token is printed at start; the
   browser presents it once (``/?token=...``) and gets a session cookie. Anyone with the token may
   approve.
 
-Headers are only proof when the console cannot be reached *except* through that front door
-(Container Apps ingress with authentication on; oauth2-proxy as the only way in): docs/console.md.
 A signed-in person may look; only one holding a configured app role (``--approver-role``) or group
-(``--approver-group``) may approve.
+(``--approver-group``) *in the token* may approve. Identity headers without a token are ignored.
+
+Every request but the probes must also name this console in ``Host`` (``--public-host``; a
+DNS-rebinding page sends its own name), as the agent's API requires.
 
 Every state change also needs (:meth:`Access.check_change`): the request's ``Origin`` to be this
 console's (a cross-site form or script is refused), ``Content-Type: application/json`` (a form
@@ -26,16 +26,13 @@ of the session in ``X-CSRF-Token`` (an HMAC of the person's name under a key mad
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import hmac
 import secrets
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
+from bridge.console.identity import IdentityUnproven, TokenVerifier
 
 AUTH_MODES = ("entra", "oauth2-proxy", "lab")
 SESSION_COOKIE = "se_console_session"
@@ -57,6 +54,8 @@ class Access:
         approver_roles: Collection[str] = (),
         approver_groups: Collection[str] = (),
         lab_token: str | None = None,
+        verifier: TokenVerifier | None = None,
+        hosts: Collection[str] = (),
     ) -> None:
         if mode not in AUTH_MODES:
             raise ValueError(f"auth must be one of {', '.join(AUTH_MODES)}")
@@ -64,6 +63,13 @@ class Access:
             raise ValueError(
                 "name who may approve: --approver-role or --approver-group (everyone else only looks)"
             )
+        if mode != "lab" and verifier is None:
+            raise ValueError(
+                "oidc_issuer and oidc_audience are required: the console proves who a person is from "
+                "the ID token the front door passes (docs/console.md)"
+            )
+        self.verifier = verifier
+        self.hosts = frozenset(h.lower() for h in hosts)
         self.mode = mode
         self.roles = frozenset(approver_roles)
         self.groups = frozenset(g.lower() for g in approver_groups)
@@ -74,48 +80,35 @@ class Access:
 
     def person(self, headers: Mapping[str, str], cookies: Mapping[str, str]) -> Person | None:
         """The signed-in person, or None (the page answers 401)."""
-        if self.mode == "entra":
-            return self._entra(headers.get("x-ms-client-principal"))
-        if self.mode == "oauth2-proxy":
-            name = headers.get("x-forwarded-email") or headers.get("x-forwarded-user")
-            if not name:
+        if self.verifier is not None:
+            try:
+                who = self.verifier.verify(self._token(headers))
+            except IdentityUnproven:
                 return None
-            groups = {
-                g.strip().lower() for g in (headers.get("x-forwarded-groups") or "").split(",") if g.strip()
-            }
-            return Person(name[:256], bool(groups & self.groups), self.mode)
+            groups = {g.lower() for g in who.groups}
+            return Person(who.name, bool(who.roles & self.roles or groups & self.groups), self.mode)
         session = cookies.get(SESSION_COOKIE)
         if session and hmac.compare_digest(session, self.session_cookie()):
             return Person("lab user", True, self.mode)
         return None
 
-    def _entra(self, principal: str | None) -> Person | None:
-        if not principal:
-            return None
-        try:
-            data: Any = orjson.loads(base64.b64decode(principal, validate=True))
-        except (binascii.Error, ValueError):
-            return None
-        claims = data.get("claims") if isinstance(data, dict) else None
-        if not isinstance(claims, list):
-            return None
-        values: dict[str, list[str]] = {}
-        for claim in claims:
-            if (
-                isinstance(claim, dict)
-                and isinstance(claim.get("typ"), str)
-                and isinstance(claim.get("val"), str)
-            ):
-                values.setdefault(claim["typ"], []).append(claim["val"])
-        role_type = data.get("role_typ") if isinstance(data.get("role_typ"), str) else "roles"
-        roles = set(values.get(role_type, [])) | set(values.get("roles", []))
-        groups = {g.lower() for g in values.get("groups", [])}
-        name = next(
-            (values[k][0] for k in ("preferred_username", "name", "email", "upn") if values.get(k)), None
-        )
-        if name is None:
-            return None
-        return Person(name[:256], bool(roles & self.roles or groups & self.groups), self.mode)
+    def _token(self, headers: Mapping[str, str]) -> str:
+        """The ID token the front door passed (Easy Auth's token store header, or a bearer token)."""
+        if self.mode == "entra" and headers.get("x-ms-token-aad-id-token"):
+            return headers["x-ms-token-aad-id-token"].strip()
+        auth = headers.get("authorization") or ""
+        return auth[len("bearer ") :].strip() if auth[:7].lower() == "bearer " else ""
+
+    def host_allowed(self, host: str | None) -> bool:
+        """Whether ``Host`` names this console (a name of ``--public-host``, any port)."""
+        if not host:
+            return False
+        name = host.strip().lower()
+        if name.startswith("["):
+            name = name[: name.find("]") + 1] if "]" in name else name
+        elif name.count(":") == 1:
+            name = name.rpartition(":")[0]
+        return name in self.hosts
 
     def lab_login(self, token: str | None) -> bool:
         return bool(self.lab_token and token and hmac.compare_digest(token, self.lab_token))

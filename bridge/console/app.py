@@ -141,7 +141,8 @@ class Console:
             Route("/api/stream", self.follow),
             Route("/api/decisions", self.decide, methods=["POST"]),
         ]
-        return Starlette(routes=routes, middleware=[Middleware(_SecurityHeaders)], lifespan=self._lifespan)
+        middleware = [Middleware(_HostCheck, access=self.access), Middleware(_SecurityHeaders)]
+        return Starlette(routes=routes, middleware=middleware, lifespan=self._lifespan)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -284,6 +285,24 @@ class Console:
         )
         draft["decisionId"] = f"console-{uuid.uuid4()}"
         return sign(draft, self._key_id, self._key)
+
+
+#: Paths any Host may ask: the platform's probes name the pod's address, and they reveal nothing.
+PROBES = frozenset({"/healthz", "/readyz"})
+
+
+class _HostCheck(BaseHTTPMiddleware):
+    """A request must name this console in ``Host`` (issue 31: ``Host: evil.example``, what a
+    DNS-rebinding page sends, was served); the probes are exempt."""
+
+    def __init__(self, app: Any, access: Access) -> None:
+        super().__init__(app)
+        self.access = access
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        if request.url.path not in PROBES and not self.access.host_allowed(request.headers.get("host")):
+            return JSONResponse({"error": "this console is not served under that name"}, status_code=421)
+        return await call_next(request)
 
 
 class _SecurityHeaders(BaseHTTPMiddleware):

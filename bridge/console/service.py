@@ -26,6 +26,7 @@ from bridge.approver.sources.follow import follow
 from bridge.console.access import Access
 from bridge.console.app import Console
 from bridge.console.board import Board
+from bridge.console.identity import TokenVerifier
 from bridge.decisions import load_signing_key
 from bridge.fsutil import ensure_private_dir
 from bridge.netaddr import parse_listen
@@ -45,13 +46,17 @@ class ConsoleService:
         try:
             key = load_signing_key(where)
             azure_keys = KeyRing.from_specs(config.azure_key)  # Azure's channel shown only when signed
+            self.host, self.port = parse_listen(config.listen)
             self.access = Access(
-                config.auth, approver_roles=config.approver_role, approver_groups=config.approver_group
+                config.auth,
+                approver_roles=config.approver_role,
+                approver_groups=config.approver_group,
+                verifier=_verifier(config),
+                hosts=_hosts(config, self.host),
             )
             self.publisher = DecisionPublisher(config.sink)
             ensure_private_dir(Path(config.state_dir))
             self.sources = [self._source(spec) for spec in config.events_source]
-            self.host, self.port = parse_listen(config.listen)
         except (ValueError, SinkError, SourceError, OSError) as exc:
             raise ConfigError(str(exc)) from None
         self.board = Board(
@@ -143,3 +148,28 @@ def main(config: Any) -> int:
         return 130
     finally:
         sys.stdout.flush()
+
+
+def _verifier(config: Any) -> TokenVerifier | None:
+    """What proves a person (bridge.console.identity); None in lab mode."""
+    if config.auth == "lab":
+        return None
+    if not (config.oidc_issuer and config.oidc_audience):
+        raise ValueError(
+            "oidc_issuer and oidc_audience are required with --auth entra or oauth2-proxy: the console "
+            "proves each person from the ID token the front door passes (docs/console.md)"
+        )
+    return TokenVerifier(config.oidc_issuer, config.oidc_audience, config.oidc_jwks_url, config.oidc_ca_file)
+
+
+def _hosts(config: Any, listen_host: str) -> set[str]:
+    """The names a request's Host may give: --public-host; in lab mode also the listen address."""
+    hosts = {h.strip().lower() for h in config.public_host if h.strip()}
+    if config.auth == "lab":
+        hosts |= {listen_host.lower().strip("[]"), "localhost", "127.0.0.1", "::1", "[::1]"}
+    elif not hosts:
+        raise ValueError(
+            "public_host is required with --auth entra or oauth2-proxy: the name people reach the console "
+            "by (a request naming another Host is refused: DNS rebinding)"
+        )
+    return hosts

@@ -18,6 +18,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,29 @@ import orjson
 import pytest
 import requests
 from brokers import free_port
-from procs import RELAY_KEY, Agent, Emulator, approver_api, scrape, start_approver, wait_until
+from peers.identity_provider import IdentityProvider
+from procs import (
+    DECISION_KEY,
+    RELAY_KEY,
+    Agent,
+    Emulator,
+    approver_api,
+    pem_files,
+    scrape,
+    start_approver,
+    wait_until,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 VMS = ["fleet-vm-000", "fleet-vm-001", "fleet-vm-002"]
-APPROVER = {"X-Forwarded-Email": "alice@contoso.example", "X-Forwarded-Groups": "ops,maintenance-approvers"}
-LOOKER = {"X-Forwarded-Email": "bob@contoso.example", "X-Forwarded-Groups": "ops"}
-CONSOLE_KEY = b"console-signing-key-of-the-tests-0123456789"
+# Entra ID's token side, stood in for (tests/peers/identity_provider.py): what oauth2-proxy passes
+# to the console is the ID token (--pass-authorization-header), which the console verifies.
+IDP = IdentityProvider(Path(tempfile.mkdtemp(prefix="se-idp-")))
+APPROVER = {
+    "Authorization": "Bearer " + IDP.token("alice@contoso.example", groups=("ops", "maintenance-approvers"))
+}
+LOOKER = {"Authorization": "Bearer " + IDP.token("bob@contoso.example", groups=("ops",))}
+CONSOLE_KEY = DECISION_KEY  # the console signs with it; the approver and the agents hold its public half
 AZURE_KEY = b"z" * 40  # se-bridge azure-channel --sign-key
 
 if not Path(CHROMIUM).exists() and os.environ.get("SE_BRIDGE_BROWSER_TESTS") == "required":
@@ -76,7 +93,7 @@ class Stack:
             *fleet,
         )
         approver_api(workdir)
-        (workdir / "console.key").write_bytes(CONSOLE_KEY)
+        pem_files(workdir, "console", CONSOLE_KEY)
         (workdir / "azure.key").write_bytes(AZURE_KEY)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -93,7 +110,8 @@ class Stack:
              "--approver-group", "maintenance-approvers", *sources, "--sink", f"file://{self.decisions}",
              "--key", f"ops={workdir / 'console.key'}", "--state-dir", str(workdir / "console-state"),
              "--listen", f"127.0.0.1:{self.port}", "--silent-after", "4",
-             "--azure-key", f"azure={workdir / 'azure.key'}"],
+             "--azure-key", f"azure={workdir / 'azure.key'}", "--public-host", "127.0.0.1",
+             *IDP.console_args()],
             stdout=self.console_log, stderr=self.console_log,
         )  # fmt: skip
         wait_until(lambda: _ready(self.url), 30, what="the console ready")
