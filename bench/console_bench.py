@@ -58,9 +58,12 @@ sys.path.insert(0, str(REPO / "bench"))
 from benchkit import percentile, stop_process  # noqa: E402
 from brokers import TansuBroker  # noqa: E402
 from fleet_scale_bench import vm  # noqa: E402
+from peers.identity_provider import IdentityProvider  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
-PERSON = {"X-Forwarded-Email": "bench@contoso.example", "X-Forwarded-Groups": "maintenance-approvers"}
+# The console proves who a person is from an ID token (issue 31): a stand-in for Entra ID's token side.
+IDP = IdentityProvider(Path(tempfile.mkdtemp(prefix="se-bench-idp-")))
+PERSON = {"Authorization": "Bearer " + IDP.token("bench@contoso.example", groups=("maintenance-approvers",))}
 TARGETS = {"rss_mb_10k": 250.0, "fleet_ms_10k": 300.0, "update_s": 2.0}
 SET_SIZE = 5
 
@@ -115,7 +118,8 @@ class Run:
             [sys.executable, "-m", "bridge", "console", "--auth", "oauth2-proxy",
              "--approver-group", "maintenance-approvers", "--events-source", f"kafka://{bootstrap}/events",
              "--sink", f"kafka://{bootstrap}/decisions", "--key", f"console={workdir / 'console.key'}",
-             "--state-dir", str(workdir / "state"), "--listen", f"127.0.0.1:{self.port}"],
+             "--state-dir", str(workdir / "state"), "--listen", f"127.0.0.1:{self.port}",
+             "--public-host", "127.0.0.1", *IDP.console_args()],
             env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=self.log, stderr=self.log, cwd=workdir,
         )  # fmt: skip
 

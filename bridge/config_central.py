@@ -96,6 +96,13 @@ class ConsoleConfig(ConfigBase):
         metavar="NAME",
         multiple=True,
     )
+    read_token_file: str | None = setting(
+        None,
+        optional_text,
+        "File holding a token (at least 32 bytes) Prometheus sends as 'Authorization: Bearer <token>' "
+        "for /metrics (without it, only a signed-in person reads /metrics).",
+        metavar="PATH",
+    )
     oidc_issuer: str | None = setting(
         None,
         optional_text,

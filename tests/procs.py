@@ -58,6 +58,16 @@ def pem_files(workdir: Path, name: str, private: Any) -> tuple[Path, Path]:
     return key_file, pub_file
 
 
+def decision_public_pem() -> str:
+    from cryptography.hazmat.primitives import serialization
+
+    return (
+        DECISION_KEY.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+
+
 def decision_public_file(workdir: Path) -> Path:
     path = workdir / "decisions-of-the-suite.pub"
     if not path.exists():

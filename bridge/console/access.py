@@ -56,6 +56,7 @@ class Access:
         lab_token: str | None = None,
         verifier: TokenVerifier | None = None,
         hosts: Collection[str] = (),
+        read_token: bytes | None = None,
     ) -> None:
         if mode not in AUTH_MODES:
             raise ValueError(f"auth must be one of {', '.join(AUTH_MODES)}")
@@ -69,6 +70,7 @@ class Access:
                 "the ID token the front door passes (docs/console.md)"
             )
         self.verifier = verifier
+        self.read_token = read_token
         self.hosts = frozenset(h.lower() for h in hosts)
         self.mode = mode
         self.roles = frozenset(approver_roles)
@@ -98,6 +100,13 @@ class Access:
             return headers["x-ms-token-aad-id-token"].strip()
         auth = headers.get("authorization") or ""
         return auth[len("bearer ") :].strip() if auth[:7].lower() == "bearer " else ""
+
+    def metrics_reader(self, headers: Mapping[str, str]) -> bool:
+        """Whether the request carries the read token Prometheus sends (``credentials_file``)."""
+        auth = headers.get("authorization") or ""
+        if self.read_token is None or auth[:7].lower() != "bearer ":
+            return False
+        return hmac.compare_digest(auth[7:].strip().encode("utf-8", "replace"), self.read_token)
 
     def host_allowed(self, host: str | None) -> bool:
         """Whether ``Host`` names this console (a name of ``--public-host``, any port)."""

@@ -159,6 +159,10 @@ class Console:
         return JSONResponse({"ready": ok, "reason": reason}, status_code=200 if ok else 503)
 
     async def metrics(self, request: Request) -> Response:
+        """Prometheus with the read token (``--read-token-file``), or a signed-in person: the figures
+        name the fleet's size and the console's activity (issue 31: they needed no sign-in)."""
+        if not self.access.metrics_reader(request.headers) and self._person(request) is None:
+            return _unauthorized()
         return Response(self._metrics(), media_type="text/plain; version=0.0.4")
 
     # -- pages -----------------------------------------------------------------------------------
@@ -239,8 +243,11 @@ class Console:
             self._on_decision("forbidden")
             return JSONResponse({"error": refused}, status_code=403)
         try:
-            body = orjson.loads(await request.body())
+            body = orjson.loads(await _bounded_body(request))
             decision = self._decision(body, person)
+        except BodyTooLarge:
+            self._on_decision("invalid")
+            return JSONResponse({"error": f"a decision request is at most {MAX_BODY} bytes"}, status_code=413)
         except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
             self._on_decision("invalid")
             return JSONResponse({"error": str(exc)[:300]}, status_code=400)
@@ -311,6 +318,31 @@ class _SecurityHeaders(BaseHTTPMiddleware):
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)
         return response
+
+
+#: A decision request's body, at most (a reason of MAX_REASON characters and a few VM names).
+MAX_BODY = 64 * 1024
+
+
+class BodyTooLarge(ValueError):
+    pass
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """The body, refused before it is read when its declared length is over :data:`MAX_BODY`, and
+    while it is read when it grows past it (issue 31: a 300 MB body was read whole, RSS +900 MB)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (
+        not declared.isascii() or not declared.isdigit() or int(declared) > MAX_BODY
+    ):
+        raise BodyTooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _origin(request: Request) -> str:

@@ -30,7 +30,7 @@ from bridge.console.identity import TokenVerifier
 from bridge.decisions import load_signing_key
 from bridge.fsutil import ensure_private_dir
 from bridge.netaddr import parse_listen
-from bridge.signing import KeyRing
+from bridge.signing import KeyRing, load_key
 from bridge.sinks import SinkError
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class ConsoleService:
                 approver_groups=config.approver_group,
                 verifier=_verifier(config),
                 hosts=_hosts(config, self.host),
+                read_token=load_key(Path(config.read_token_file)) if config.read_token_file else None,
             )
             self.publisher = DecisionPublisher(config.sink)
             ensure_private_dir(Path(config.state_dir))
@@ -108,6 +109,8 @@ class ConsoleService:
     def run(self) -> int:
         import uvicorn
 
+        from bridge.console.protocol import MAX_HEADER_BYTES, BoundedH11Protocol
+
         for index, source in enumerate(self.sources):
             caught_up = lambda i=index: self._caught_up.add(i)  # noqa: E731
             reader = threading.Thread(
@@ -130,6 +133,9 @@ class ConsoleService:
                 access_log=False,
                 timeout_graceful_shutdown=5,
                 lifespan="on",
+                # bounded connections: a request deadline and a budget (bridge.console.protocol)
+                http=BoundedH11Protocol,
+                h11_max_incomplete_event_size=MAX_HEADER_BYTES,
             )
         )
         try:

@@ -78,6 +78,10 @@ var keyVaultSecretsUser = subscriptionResourceId('Microsoft.Authorization/roleDe
 var eventHubsDataReceiver = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', 'a638d3c7-ab3a-418d-83e6-5f17a39d4fde')
 var eventHubsDataSender = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '2b629674-e913-4c01-ae53-ef4638d8f975')
 var namespaceFqdn = '${namespaceName}.servicebus.windows.net'
+// Entra ID's v2.0 issuer of this tenant: who signs people in, and whose ID tokens the console proves.
+var oidcIssuer = '${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0'
+// The app's own name (Container Apps: <app>.<environment's default domain>): the only Host served.
+var publicHost = '${appName}.${containerEnv.properties.defaultDomain}'
 var credential = 'credential=managed&client_id=${identity.properties.clientId}'
 
 resource identity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
@@ -253,6 +257,9 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
           command: [
             'se-bridge'
           ]
+          // Who a person is comes from the ID token Container Apps authentication passes
+          // (X-MS-TOKEN-AAD-ID-TOKEN), verified against Entra ID's keys (--oidc-*, issue 31); a request
+          // naming another Host than the app's own name is refused (--public-host).
           args: [
             'console'
             '--auth'
@@ -269,6 +276,12 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
             '0.0.0.0:${port}'
             '--state-dir'
             '/tmp/se-bridge-console'
+            '--oidc-issuer'
+            oidcIssuer
+            '--oidc-audience'
+            entraClientId
+            '--public-host'
+            publicHost
           ]
           resources: {
             cpu: json('0.5')
@@ -346,7 +359,7 @@ resource signIn 'Microsoft.App/containerApps/authConfigs@2024-03-01' = {
         registration: {
           clientId: entraClientId
           clientSecretSettingName: signInRefName
-          openIdIssuer: '${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0'
+          openIdIssuer: oidcIssuer
         }
         validation: {
           allowedAudiences: [

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import requests
-from procs import PY, Emulator, scrape, wait_until
+from procs import PY, Emulator, decision_public_pem, scrape, wait_until
 from test_infra import tools_python
 from test_keyvault import FakeAzure
 
@@ -43,7 +43,11 @@ EXTENSION_PARAMS = {
     "eventHubsNamespaceFqdn": "contoso.servicebus.windows.net",
     "agentIdentityClientId": CLIENT_ID,
 }
-SECRETS = {"approverKeys": {"ops-2026": "o" * 40}, "files": {"relay-fleet.key": "f" * 40}}
+# The fleet agents of docs/deploy.md hold the decision key's public half (issue 31), as a file.
+SECRETS = {
+    "approverKeys": {"ops-2026": "o" * 40},
+    "files": {"relay-fleet.key": "f" * 40, "ops-2026.pub": decision_public_pem()},
+}
 #: Where cloud-init's Key Vault reference points in the rendered config until a test's fake vault
 #: (tests/integration/test_keyvault.py) stands in for it.
 VAULT_PLACEHOLDER = "https://127.0.0.1:1"

@@ -738,6 +738,9 @@ def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: P
         "credential": "credential=managed&client_id=00000000-0000-0000-0000-000000000001",
         "decisionKeyId": "console", "keyRefName": "console-key", "port": "8720",
         "approverRole": "Maintenance.Approve",
+        "oidcIssuer": "https://login.microsoftonline.com/00000000-0000-0000-0000-0000000000aa/v2.0",
+        "entraClientId": "11111111-2222-3333-4444-555555555555",
+        "publicHost": "se-console.calmwave-1a2b3c.westeurope.azurecontainerapps.io",
     }  # fmt: skip
     argv = []
     for line in (raw.strip() for raw in block.group(1).splitlines()):
@@ -749,6 +752,9 @@ def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: P
     args = build_parser("console").parse_args(argv)
     config = load_console_config(args, environ={})
     assert config.auth == "entra" and config.approver_role == ("Maintenance.Approve",)
+    # issue 31: the person is proven from the ID token, and only the app's own name is served
+    assert config.oidc_issuer == deployment["oidcIssuer"] and config.oidc_audience == deployment["entraClientId"]
+    assert config.public_host == (deployment["publicHost"],)
     (events,) = config.events_source
     hub, _own = parse_source_spec(events)
     assert hub.credential == "managed" and hub.hub == "se-records"

@@ -154,3 +154,60 @@ def test_a_console_without_a_token_issuer_or_public_name_refuses_to_start(tmp_pa
     ):  # fmt: skip
         proc = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=60, check=False)
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+
+
+def test_idle_and_slow_connections_are_cut_and_the_probes_still_answer(
+    console, idp: IdentityProvider
+) -> None:
+    """Finding 9: 1 200 slowloris or idle connections were never closed; /healthz failed. Now each
+    has 10 s for a whole request (1 s beyond 256 open), and the probe answers during the flood."""
+    import socket
+    import time
+
+    running, _mode = console
+    held: list[socket.socket] = []
+    try:
+        for n in range(600):
+            s = socket.create_connection(("127.0.0.1", running.port), timeout=5)
+            if n % 2:  # half of them trickle a request that never ends
+                s.sendall(b"GET /api/me HTTP/1.1\r\nHost: console.contoso.example\r\nX-Slow: ")
+            held.append(s)
+        during = running.get("/healthz", {}, host="10.0.0.7")
+        assert during.status_code == 200  # answered while 600 sockets sit there
+        started, still_open = time.monotonic(), 0
+        for s in held:
+            s.settimeout(max(0.1, 15 - (time.monotonic() - started)))
+            try:
+                while s.recv(4096):  # the server closes it (an error answer may come first)
+                    pass
+            except TimeoutError:
+                still_open += 1
+            except OSError:
+                pass  # reset by the server: cut too
+        assert still_open == 0, f"{still_open} idle or slow connections were never cut"
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_large_body_is_refused_before_it_is_read_and_metrics_need_a_reader(
+    console, idp: IdentityProvider
+) -> None:
+    """Finding 9: a signed-in person's 300 MB body was read before any size check; /metrics needed
+    no sign-in."""
+    import socket
+
+    running, mode = console
+    token = _bearer(idp.token("alice@contoso.example", groups=(GROUP,)), mode)
+    csrf = running.get("/api/me", token).json()["csrf"]
+    head = "".join(f"{k}: {v}\r\n" for k, v in token.items())
+    with socket.create_connection(("127.0.0.1", running.port), timeout=10) as s:
+        s.sendall(  # everything a signed-in approver's request has, and a 300 MB body announced
+            f"POST /api/decisions HTTP/1.1\r\nHost: console.contoso.example\r\n{head}"
+            f"Content-Type: application/json\r\nOrigin: http://console.contoso.example\r\n"
+            f"X-CSRF-Token: {csrf}\r\nContent-Length: {300 * 1024 * 1024}\r\n\r\n{{".encode()
+        )
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]  # refused before the body is read
+    assert running.get("/metrics", {}).status_code == 401
+    assert running.get("/metrics", token).status_code == 200
