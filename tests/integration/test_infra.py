@@ -753,7 +753,8 @@ def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: P
     config = load_console_config(args, environ={})
     assert config.auth == "entra" and config.approver_role == ("Maintenance.Approve",)
     # issue 31: the person is proven from the ID token, and only the app's own name is served
-    assert config.oidc_issuer == deployment["oidcIssuer"] and config.oidc_audience == deployment["entraClientId"]
+    assert config.oidc_issuer == deployment["oidcIssuer"]
+    assert config.oidc_audience == deployment["entraClientId"]
     assert config.public_host == (deployment["publicHost"],)
     (events,) = config.events_source
     hub, _own = parse_source_spec(events)
