@@ -379,6 +379,14 @@ class ApproverConfig(ConfigBase):
         metavar="SPEC",
         multiple=True,
     )
+    sign_key: str | None = setting(
+        None,
+        optional_key_spec,
+        "KEYID=PATH: sign every audit record (HMAC-SHA256, bridge.signing.sign_record), so that the ops "
+        "console given the same key (--approver-key) shows approvals only from the approvers: any agent "
+        "can write the events stream.",
+        metavar="KEYID=PATH",
+    )
     azure_key: tuple[str, ...] = setting(
         (),
         key_spec,

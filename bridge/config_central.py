@@ -154,6 +154,14 @@ class ConsoleConfig(ConfigBase):
         metavar="KEYID=PATH",
         multiple=True,
     )
+    approver_key: tuple[str, ...] = setting(
+        (),
+        key_spec,
+        "KEYID=PATH of the approvers' --sign-key: their audit records (approved, refused) are shown only "
+        "when they verify (any agent can write the stream). None: no approver's audit is shown. Repeat.",
+        metavar="KEYID=PATH",
+        multiple=True,
+    )
     decision_ttl: float = setting(
         900.0, number(30, 86400), "Seconds a decision made in the console stays valid.", metavar="SECONDS"
     )

@@ -62,7 +62,8 @@ class ConsoleDemo:
         private, public = generate_key_pair()  # the console signs; the approver and agents prove
         (keys / "console.key").write_bytes(private)
         (keys / "console.pub").write_bytes(public)
-        for name in ("relay.key", "console.key"):
+        (keys / "approvers-sign.key").write_bytes(secrets.token_bytes(32).hex().encode())
+        for name in ("relay.key", "console.key", "approvers-sign.key"):
             (keys / name).chmod(0o600)
         first_ip = f"127.{random.randint(20, 250)}.{random.randint(0, 250)}.1"
         emulator = self._spawn(
@@ -92,12 +93,14 @@ class ConsoleDemo:
             "approver", "bridge", "approver", "--mode", "fleet", "--source", f"file://{decisions}",
             "--sink", f"file://{audit}", "--relay-url-template", "http://{privateIp}:8710",
             "--key", f"console={keys / 'console.pub'}",
+            "--sign-key", f"approvers={keys / 'approvers-sign.key'}",
             "--relay-key", f"relay={keys / 'relay.key'}", "--state-dir", str(self.output / "approver"),
             "--listen", "127.0.0.1:0", *sources,
         )  # fmt: skip
         console = self._spawn(
             "console", "bridge", "console", "--auth", "lab", "--sink", f"file://{decisions}",
             "--key", f"console={keys / 'console.key'}", "--state-dir", str(self.output / "console"),
+            "--approver-key", f"approvers={keys / 'approvers-sign.key'}",
             "--listen", f"127.0.0.1:{self.port}", "--silent-after", "60",
             *sources, "--events-source", f"file://{audit}", stdout=subprocess.PIPE,
         )  # fmt: skip

@@ -380,10 +380,12 @@ def docker_available() -> str | None:
     return None
 
 
-def scrape(base_url: str, name: str, **labels: str) -> float:
+def scrape(base_url: str, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
     """The sum of the ``name`` samples matching ``labels`` on a service's ``/metrics`` (scraped over
     HTTP, as Prometheus does: tests never read the client library's internals)."""
-    text = requests.get(base_url + "/metrics", timeout=5, proxies={"http": "", "https": ""}).text
+    text = requests.get(
+        base_url + "/metrics", headers=headers, timeout=5, proxies={"http": "", "https": ""}
+    ).text
     total = 0.0
     for line in text.splitlines():
         if line.startswith("#"):

@@ -26,6 +26,7 @@ from bridge.pipeline import Outbox, OutboxWriteError, RecordMeta
 from bridge.pipeline.storing import until_stored
 from bridge.relay_api import Outcome, fits
 from bridge.retry import Backoff
+from bridge.signing import sign_record
 
 log = logging.getLogger("bridge.approver.service")  # one logger name for the approver's decisions
 T = TypeVar("T")
@@ -65,8 +66,15 @@ class AuditWriter:
     """Writes audit records and final outcomes, and waits for the disk when it refuses them."""
 
     def __init__(
-        self, outbox: Outbox, store: DecisionStore, metrics: ApproverMetrics, stop_event: threading.Event
+        self,
+        outbox: Outbox,
+        store: DecisionStore,
+        metrics: ApproverMetrics,
+        stop_event: threading.Event,
+        signer: tuple[str, bytes] | None = None,
     ) -> None:
+        # Signs each audit record (--sign-key): the console shows approvals only from proven approvers.
+        self.signer = signer
         self.outbox = outbox
         self.store = store
         self.metrics = metrics
@@ -89,6 +97,8 @@ class AuditWriter:
         after its signature was proven (its bounded fields are its own), or None."""
         claims: dict[str, Any] = decision.claims() if isinstance(decision, Decision) else (decision or {})
         audit = _audit_record(claims, message, ending, record_final, coordination, unverified)
+        if self.signer is not None:
+            audit = sign_record(*self.signer, audit)
         # Durable first, then the store, then (in the caller) the source commit: a crash anywhere
         # re-reads the message and ends with the same outcome. ``sync=False`` (a lane's chunk): the
         # caller syncs the outbox, then the store, before committing.

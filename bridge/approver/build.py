@@ -32,6 +32,10 @@ def build_approver(config: Any) -> Approver:
         keys = DecisionKeys.from_specs(config.key)
         relay_keys = KeyRing.from_specs(config.relay_key)
         coordinator_key = _coordinator_key(config)
+        audit_signer = None
+        if config.sign_key:
+            key_id, _, where = config.sign_key.partition("=")
+            audit_signer = (key_id, KeyRing.from_specs([f"{key_id}={where}"]).get(key_id) or b"")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if not keys and not config.allow_unsigned:
@@ -75,6 +79,7 @@ def build_approver(config: Any) -> Approver:
         ),
         instance=topology.instance_id(state_dir),
         coordinator_key=coordinator_key,
+        audit_signer=audit_signer,
         standby_after=config.standby_after if config.mode == "fleet" else 0.0,
     )
     if config.listen:

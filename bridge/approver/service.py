@@ -86,6 +86,7 @@ class Approver:
         instance: str = "",
         standby_after: float = 0.0,
         coordinator_key: tuple[str, SigningKey] | None = None,
+        audit_signer: tuple[str, bytes] | None = None,
     ) -> None:
         self.source = source
         self.router = router
@@ -114,7 +115,7 @@ class Approver:
             router, relay, attempts=relay_attempts, stop_event=self.stop_event, arm=arm, arm_mode=arm_mode
         )
         self.commits = OrderedCommits(self._commit)
-        self.audit = AuditWriter(self.outbox, self.store, self.metrics, self.stop_event)
+        self.audit = AuditWriter(self.outbox, self.store, self.metrics, self.stop_event, audit_signer)
         self.life = DecisionLife(
             policy=policy, router=router, relayer=self.relayer, store=self.store, audit=self.audit,
             commits=self.commits, metrics=self.metrics, stop_event=self.stop_event,

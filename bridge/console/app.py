@@ -283,9 +283,12 @@ class Console:
         if event is None:
             raise ValueError("no such Scheduled event: only a Scheduled event is approved or declined")
         target, confirmed = body.get("target"), body.get("confirm")
-        if not isinstance(target, str) or target.lower() not in {r.lower() for r in event.resources}:
+        if not isinstance(target, str) or target.lower() not in event.names():
             raise ValueError("target must be one of the VMs the event names")
-        if not isinstance(confirmed, list) or sorted(map(str, confirmed)) != sorted(event.resources):
+        # What approving through the target releases, as the target's own agent reported the event
+        # (issue 31: another VM's record rewrote Resources and a confirm of one VM released three).
+        released = event.released(target)
+        if not isinstance(confirmed, list) or sorted(map(str, confirmed)) != sorted(released):
             raise ValueError("confirm must list exactly the VMs the decision releases")
         draft = new_decision(
             event.event_id, target, person.name, self.decision_ttl, reason.strip(), action=action

@@ -9,6 +9,18 @@ the open set when no VM shows it any more, its summary goes to the history (at m
 its agent (a heartbeat included) for ``silent_after`` seconds: a VM whose agent is dead is the one
 that will be surprised.
 
+What a person sees must not be steerable by whoever can write the stream (every agent can; issue 31):
+
+* a VM's identity is pinned at first sight (its ``vmId``): a later record naming that VM with another
+  vmId changes nothing (counted ``changedClaim``), as the fleet approver does;
+* an event's facts (Resources, status, NotBefore, description) are taken only from the VMs the event
+  names: a record from a VM the event does not name is ignored for it (``notNamed``), and each
+  reporting VM's own Resources are kept, so the approve dialog lists what *the target's own agent*
+  reported;
+* approvals come only from audit records an approver signed (``--approver-key``, the approvers'
+  ``--sign-key``), or from the agent of a VM the event names; preparations only from the preparing
+  VM's own records, for an event naming it.
+
 Every change is announced to ``listeners`` as a small typed message (``vm``, ``event``, ``audit``),
 which the web layer pushes to the open pages (server-sent events).
 """
@@ -36,6 +48,8 @@ HISTORY_LIMIT = 50_000
 MAX_RESOURCES = 1000
 
 Message = dict[str, Any]
+#: Why the board did not believe a record or a part of it (the se_bridge_console_refused_total labels).
+REFUSALS = ("changedClaim", "notNamed", "unprovenApproval")
 
 
 @dataclass(slots=True)
@@ -91,6 +105,22 @@ class EventRow:
     approved_at: float | None = None
     approved_by: str | None = None
     azure_outcome: str | None = None  # Completed | Canceled, as Azure's own channel said
+    #: Each reporting VM's own Resources (lower-cased VM -> names): what approving through it releases.
+    reports: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def names(self) -> set[str]:
+        return {r.lower() for r in self.resources}
+
+    def target(self) -> str | None:
+        """The VM an approval goes through: the first the event names whose agent reported it."""
+        named = [r for r in self.resources if r.lower() in self.reports]
+        if named:
+            return named[0]
+        return self.resources[0] if self.resources else None
+
+    def released(self, target: str) -> tuple[str, ...]:
+        """What approving through ``target`` releases, as its own agent reported the event."""
+        return self.reports.get(target.lower(), self.resources)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -107,6 +137,8 @@ class EventRow:
             "approved": self.approved_at is not None,
             "approvedBy": self.approved_by,
             "preparations": {vm: p["result"] for vm, p in self.preparations.items()},
+            "target": (target := self.target()),
+            "releases": list(self.released(target)) if target else [],
         }
 
     def detail(self) -> dict[str, Any]:
@@ -125,11 +157,20 @@ class EventRow:
 
 class Board:
     def __init__(
-        self, *, silent_after: float = 900.0, history_days: float = 30.0, azure_keys: KeyRing | None = None
+        self,
+        *,
+        silent_after: float = 900.0,
+        history_days: float = 30.0,
+        azure_keys: KeyRing | None = None,
+        approver_keys: KeyRing | None = None,
     ) -> None:
         #: Azure's channel is shown only when its records verify (every agent writes to the stream, and a
         #: forged "unwatched" or "Completed" would mislead the person about to approve); empty: not shown.
         self.azure_keys = azure_keys or KeyRing()
+        #: The approvers' --sign-key: their audit records count only when they verify (issue 31).
+        self.approver_keys = approver_keys or KeyRing()
+        #: Records (or parts of them) the board refused, by reason: a metric (bounded labels).
+        self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
         self.silent_after = silent_after
         self.history_days = history_days
         self._lock = threading.Lock()
@@ -170,11 +211,15 @@ class Board:
         if not isinstance(vm, dict) or not isinstance(vm.get("name"), str) or len(vm["name"]) > 128:
             return None
         key = vm["name"].lower()
+        claimed = _text(vm.get("vmId"))
         with self._lock:
             row = self._vms.get(key)
+            if row is not None and row.vm_id and claimed and claimed.lower() != row.vm_id.lower():
+                self.refused["changedClaim"] += 1  # another VM speaking in this one's name
+                return None
             if row is None:
                 row = self._vms[key] = VmRow(vm["name"])
-            row.vm_id = _text(vm.get("vmId")) or row.vm_id
+            row.vm_id = row.vm_id or claimed
             row.resource_group = _text(vm.get("resourceGroup")) or row.resource_group
             row.scale_set = _text(vm.get("vmScaleSetName")) or row.scale_set
             row.location = _text(vm.get("location")) or row.location
@@ -194,7 +239,7 @@ class Board:
         changed: list[EventRow] = []
         with self._lock:
             for item in record.get("events") or []:
-                event = self._event_from(item, at)
+                event = self._event_from(item, at, row.name.lower())
                 if event is None:
                     continue
                 shown.append(event.event_id)
@@ -211,10 +256,23 @@ class Board:
         for event in changed:
             self._announce({"type": "event", "event": event.summary()})
 
-    def _event_from(self, item: Any, at: float) -> EventRow | None:
+    def _event_from(self, item: Any, at: float, reporter: str | None = None) -> EventRow | None:
+        """The event ``item`` describes, updated from it. ``reporter``: the (pinned) VM whose agent
+        reported it, which must be named by the event (None: Azure's channel, proven already)."""
         if not isinstance(item, dict) or not isinstance(item.get("eventId"), str):
             return None
         event_id = item["eventId"].upper()
+        raw = item.get("resources")
+        if not isinstance(raw, list) or len(raw) > MAX_RESOURCES:
+            return None
+        resources = tuple(dict.fromkeys(_text(r) for r in raw if _text(r)))
+        known = self._events.get(event_id) or self._closed.get(event_id)
+        if reporter is not None and (
+            reporter not in {r.lower() for r in resources}
+            or (known is not None and known.reports and reporter not in known.names())
+        ):
+            self.refused["notNamed"] += 1  # a VM speaks only for the events that name it
+            return None
         event = self._events.get(event_id)
         if event is None:
             event = self._closed.pop(event_id, None) or EventRow(event_id, first_seen=at)
@@ -232,9 +290,12 @@ class Board:
         event.duration = (
             item.get("durationInSeconds") if isinstance(item.get("durationInSeconds"), int) else None
         )
-        resources = item.get("resources")
-        if isinstance(resources, list) and len(resources) <= MAX_RESOURCES:
-            event.resources = tuple(_text(r) for r in resources if _text(r))
+        if reporter is None:
+            event.resources = event.resources or resources  # Azure's word, until an agent reports
+        else:
+            event.reports[reporter] = resources if resources != event.resources else event.resources
+            union = dict.fromkeys(r for names in event.reports.values() for r in names)
+            event.resources = tuple(union) if tuple(union) != event.resources else event.resources
         if event.status == "Scheduled" and event.scheduled_at is None:
             event.scheduled_at = at
         if event.status == "Started" and event.started_at is None:
@@ -354,11 +415,31 @@ class Board:
             event = self._events.get(event_id.upper())
             if event is None:
                 return
+            if row.name.lower() not in event.names():
+                self.refused["notNamed"] += 1  # a VM reports its own preparation, for its own events
+                return
             event.preparations[row.name.lower()] = {
                 "vm": row.name, "result": _text(record.get("result")), "at": _stamp(record, now),
                 "hook": record.get("hook") if isinstance(record.get("hook"), dict) else None,
             }  # fmt: skip
         self._announce({"type": "event", "event": event.summary()})
+
+    def _approval_proven(self, record: dict[str, Any], event: EventRow) -> bool:
+        """An approver's audit counts when an approver signed it; an agent's (its relay, its local
+        policy, its coordinator) when that VM's pinned agent wrote it and the event names the VM."""
+        if record.get("component") == "approver":
+            try:
+                verify_record(self.approver_keys, record)
+                return True
+            except PermissionError:
+                return False
+        vm = record.get("vm")
+        name = vm.get("name") if isinstance(vm, dict) else None
+        if not isinstance(name, str) or name.lower() not in event.names():
+            return False
+        row = self._vms.get(name.lower())
+        claimed = _text(vm.get("vmId")) if isinstance(vm, dict) else ""
+        return row is not None and (not row.vm_id or not claimed or row.vm_id.lower() == claimed.lower())
 
     def _approval(self, record: dict[str, Any]) -> None:
         decision_id = record.get("decisionId")
@@ -378,15 +459,21 @@ class Board:
             "vm": (record.get("vm") or {}).get("name") if isinstance(record.get("vm"), dict) else None,
         }
         events = [e.upper() for e in record.get("eventIds") or [] if isinstance(e, str)]
+        shown = []
         with self._lock:
             for event_id in events:
                 event = self._events.get(event_id) or self._closed.get(event_id)  # the audit came late
                 if event is None:
                     continue
+                if not self._approval_proven(record, event):
+                    self.refused["unprovenApproval"] += 1
+                    continue
+                shown.append(event_id)
                 event.audits.append(audit)
                 if audit["outcome"] == "approved" and event.approved_at is None:
                     event.approved_at, event.approved_by = audit["at"], audit["issuedBy"]
-        self._announce({"type": "audit", "audit": audit, "eventIds": events})
+        if shown:
+            self._announce({"type": "audit", "audit": audit, "eventIds": shown})
 
     def _announce(self, message: Message) -> None:
         for listener in self.listeners:

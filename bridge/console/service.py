@@ -46,6 +46,7 @@ class ConsoleService:
         try:
             key = load_signing_key(where)
             azure_keys = KeyRing.from_specs(config.azure_key)  # Azure's channel shown only when signed
+            approver_keys = KeyRing.from_specs(config.approver_key)  # approvals only when signed
             self.host, self.port = parse_listen(config.listen)
             self.access = Access(
                 config.auth,
@@ -64,6 +65,7 @@ class ConsoleService:
             silent_after=config.silent_after,
             history_days=config.history_days,
             azure_keys=azure_keys,
+            approver_keys=approver_keys,
         )
         self.registry = CollectorRegistry()
         self._caught_up: set[int] = set()
@@ -98,6 +100,7 @@ class ConsoleService:
             ("se_bridge_console_open_events", "Events some VM still shows."),
         ]):  # fmt: skip
             Gauge(name, text, registry=self.registry).set_function(functools.partial(count, index))
+        self.registry.register(_RefusedCollector(self.board))
         pages = Gauge("se_bridge_console_pages", "Pages following the live stream.", registry=self.registry)
         pages.set_function(lambda: len(self.console.stream.queues) if hasattr(self, "console") else 0)
 
@@ -179,3 +182,24 @@ def _hosts(config: Any, listen_host: str) -> set[str]:
             "by (a request naming another Host is refused: DNS rebinding)"
         )
     return hosts
+
+
+class _RefusedCollector:
+    """``se_bridge_console_refused_total{reason}``: the parts of records the board did not believe
+    (bridge.console.board.REFUSALS: another VM speaking in a pinned VM's name, a VM speaking for an
+    event that does not name it, an approval no approver signed)."""
+
+    def __init__(self, board: Board) -> None:
+        self.board = board
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(
+            "se_bridge_console_refused",
+            "Record parts the console did not believe, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in self.board.refused.items():
+            family.add_metric([reason], count)
+        yield family

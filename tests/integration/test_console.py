@@ -51,6 +51,7 @@ APPROVER = {
 LOOKER = {"Authorization": "Bearer " + IDP.token("bob@contoso.example", groups=("ops",))}
 CONSOLE_KEY = DECISION_KEY  # the console signs with it; the approver and the agents hold its public half
 AZURE_KEY = b"z" * 40  # se-bridge azure-channel --sign-key
+APPROVERS_SIGN_KEY = b"y" * 40  # the approvers' --sign-key: the console shows their audits when they verify
 
 if not Path(CHROMIUM).exists() and os.environ.get("SE_BRIDGE_BROWSER_TESTS") == "required":
     raise RuntimeError(
@@ -80,8 +81,10 @@ class Stack:
         self.audit = workdir / "audit.jsonl"
         self.audit.touch()
         (workdir / "relay.key").write_bytes(RELAY_KEY)
+        (workdir / "approvers-sign.key").write_bytes(APPROVERS_SIGN_KEY)
         streams = [f"file://{a.sink_path}" for a in self.agents.values()]
-        fleet = ["--mode", "fleet", "--relay-url-template", "http://{privateIp}:8710"]
+        fleet = ["--mode", "fleet", "--relay-url-template", "http://{privateIp}:8710",
+                 "--sign-key", f"approvers={workdir / 'approvers-sign.key'}"]  # fmt: skip
         for stream in streams:
             fleet += ["--events-source", stream]
         self.approver = start_approver(
@@ -111,6 +114,7 @@ class Stack:
              "--key", f"ops={workdir / 'console.key'}", "--state-dir", str(workdir / "console-state"),
              "--listen", f"127.0.0.1:{self.port}", "--silent-after", "4",
              "--azure-key", f"azure={workdir / 'azure.key'}", "--public-host", "127.0.0.1",
+             "--approver-key", f"approvers={workdir / 'approvers-sign.key'}",
              *IDP.console_args()],
             stdout=self.console_log, stderr=self.console_log,
         )  # fmt: skip
@@ -267,7 +271,7 @@ def test_a_look_only_person_cannot_approve_and_a_cross_site_post_is_refused(
                                headers={**APPROVER, **headers}, timeout=10)  # fmt: skip
         assert answer.status_code == 403, answer.text
     assert stack.decisions_published() == [] and stack.ledger(event_id)["startRequests"] == 0
-    assert scrape(stack.url, "se_bridge_console_decisions_total", outcome="forbidden") >= 3
+    assert scrape(stack.url, "se_bridge_console_decisions_total", LOOKER, outcome="forbidden") >= 3
 
 
 def test_a_dead_agent_is_flagged(stack: Stack, browser: Any, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.console.board import Board
+from bridge.signing import KeyRing, sign_record
 
 SET = ["vm-a", "vm-b", "vm-c"]
 EVENT = "8D10DA13-8125-4BA9-A717-BF7490507B3D"
@@ -57,14 +58,22 @@ def test_a_late_vm_reopens_the_event_without_undoing_its_status() -> None:
     assert event is not None and event["eventStatus"] == "Started" and event["open"]
 
 
+APPROVER_KEY = b"approvers-sign-key-of-the-tests-0123456789"
+
+
+def approver_audit(**more: Any) -> dict[str, Any]:
+    audit = {"recordType": "approval", "decisionId": "d-1", "component": "approver", "outcome": "approved",
+             "issuedBy": "alice@contoso.example", "eventIds": [EVENT], "observedAt": "2026-11-20T10:14:00Z",
+             **more}  # fmt: skip
+    return sign_record("approvers", APPROVER_KEY, audit)
+
+
 def test_an_audit_that_comes_after_the_event_closed_is_kept_with_it() -> None:
-    board = Board(history_days=366)
+    board = Board(history_days=366, approver_keys=KeyRing({"approvers": APPROVER_KEY}))
     for vm in SET:
         for rec in lifetime(vm):
             board.take(rec, now=1795000000.0)
-    board.take({"recordType": "approval", "decisionId": "d-1", "component": "approver", "outcome": "approved",
-                "issuedBy": "alice@contoso.example", "eventIds": [EVENT],
-                "observedAt": "2026-11-20T10:14:00Z"}, now=1795000000.0)  # fmt: skip
+    board.take(approver_audit(), now=1795000000.0)
     closed = board.event(EVENT)
     assert closed is not None
     assert [a["outcome"] for a in closed["audits"]] == ["approved"]
@@ -124,3 +133,87 @@ def test_azures_channel_shows_the_vms_nobody_watches_and_how_events_ended() -> N
     azure("Completed", now + 14)
     event = board.event(EVENT)
     assert event is not None and event["open"] is False and event["azureOutcome"] == "Completed"
+
+
+# -- issue 31, finding 4: whoever can publish on the events stream must not steer what a person sees --
+
+
+def scheduled(vm: str, resources: list[str], vm_id: str = "", **fields: Any) -> dict[str, Any]:
+    event = {"eventId": EVENT, "eventType": "Redeploy", "eventStatus": "Scheduled", "resources": resources,
+             "notBefore": "2026-11-20T10:15:00Z", "description": "Host maintenance", **fields}  # fmt: skip
+    identity = {"name": vm, **({"vmId": vm_id} if vm_id else {})}
+    return {"recordType": "scheduledEvents", "vm": identity, "events": [event], "changes": [],
+            "observedAt": "2026-11-20T10:00:00Z"}  # fmt: skip
+
+
+def test_a_vm_the_event_does_not_name_cannot_rewrite_it() -> None:
+    """vm-x rewrote E7's Resources from three VMs to one and its description to "routine, one VM";
+    moved NotBefore 30 days; forced it Started. None of it is believed now."""
+    board = Board()
+    board.take(scheduled("vm-a", SET, "id-a"))
+    for lie in (
+        scheduled("vm-x", ["vm-x", "vm-a"], description="routine, one VM"),
+        scheduled("vm-x", ["vm-x"], eventStatus="Started"),
+        scheduled("vm-x", ["vm-x"], notBefore="2026-12-20T10:15:00Z"),
+    ):
+        board.take(lie)
+    event = board.event(EVENT)
+    assert event is not None
+    assert (event["resources"], event["eventStatus"]) == (SET, "Scheduled")
+    assert (event["description"], event["notBefore"]) == ("Host maintenance", "2026-11-20T10:15:00Z")
+    assert board.refused["notNamed"] == 3
+    assert board.scheduled(EVENT) is not None  # still approvable
+
+
+def test_another_vm_in_a_pinned_vms_name_changes_nothing() -> None:
+    """Records in vm-b's name from another identity closed the event or forced it Started."""
+    board = Board()
+    board.take(scheduled("vm-a", SET, "id-a"))
+    board.take(scheduled("vm-b", SET, "id-b"))
+    impostor = scheduled("vm-b", SET, "id-mallory", eventStatus="Started")
+    board.take(impostor)
+    board.take({**impostor, "events": [], "changes": [{"eventId": EVENT, "change": "completed"}]})
+    event = board.event(EVENT)
+    assert event is not None and event["open"] and event["eventStatus"] == "Scheduled"
+    assert board.refused["changedClaim"] == 2
+
+
+def test_the_dialog_releases_what_the_targets_own_agent_reported() -> None:
+    """A record rewrote Resources so that confirm ["vm-a"] signed a decision that releases three: the
+    target's own report decides what the dialog lists and what confirm must name."""
+    board = Board()
+    board.take(scheduled("vm-a", SET, "id-a"))
+    board.take(scheduled("vm-b", ["vm-b", "vm-a"], "id-b"))  # a named VM's own (narrower) report
+    row = board.scheduled(EVENT)
+    assert row is not None
+    summary = row.summary()
+    assert summary["target"] == "vm-a" and summary["releases"] == SET
+    assert row.released("vm-a") == tuple(SET) and row.released("vm-b") == ("vm-b", "vm-a")
+
+
+def test_approvals_and_preparations_only_from_proven_origins() -> None:
+    """Unsigned records made the console show "approved by alice@corp" and "3/3 prepared"."""
+    board = Board(approver_keys=KeyRing({"approvers": APPROVER_KEY}))
+    board.take(scheduled("vm-a", SET, "id-a"))
+    unsigned = {"recordType": "approval", "decisionId": "d-2", "component": "approver",
+                "outcome": "approved", "issuedBy": "alice@corp", "eventIds": [EVENT],
+                "observedAt": "2026-11-20T10:01:00Z"}  # fmt: skip
+    forged = {**approver_audit(), "issuedBy": "mallory@corp"}  # a real signature over other words
+    other_key = sign_record("approvers", b"m" * 40, unsigned)
+    agent_x = {**unsigned, "component": "agent", "vm": {"name": "vm-x"}}  # an agent the event does not name
+    for lie in (unsigned, forged, other_key, agent_x):
+        board.take(lie)
+    for vm in SET:  # vm-x reports everyone's preparation
+        board.take({"recordType": "preparation", "vm": {"name": "vm-x"}, "eventId": EVENT,
+                    "result": "prepared", "observedAt": "2026-11-20T10:02:00Z",
+                    "preparedFor": vm})  # fmt: skip
+    event = board.event(EVENT)
+    assert event is not None and event["approved"] is False and event["audits"] == []
+    assert event["preparations"] == {}
+    assert board.refused["unprovenApproval"] == 4
+    board.take({"recordType": "preparation", "vm": {"name": "vm-a", "vmId": "id-a"}, "eventId": EVENT,
+                "result": "prepared", "observedAt": "2026-11-20T10:03:00Z"})  # fmt: skip
+    board.take(approver_audit())
+    event = board.event(EVENT)
+    assert event is not None and event["preparations"] == {"vm-a": "prepared"}
+    assert event["approved"] and event["approvedBy"] == "alice@contoso.example"

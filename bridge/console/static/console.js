@@ -199,8 +199,9 @@ function openApprove(event, action) {
   document.getElementById("approve-error").textContent = "";
   document.getElementById("approve-step1").hidden = false;
   document.getElementById("approve-step2").hidden = true;
-  document.getElementById("approve-vms").replaceChildren(...event.resources.map((name) => el("li", { text: name })));
-  document.getElementById("approve-confirm").textContent = action === "approve" ? `Approve now: release ${event.resources.length} VM(s)` : "Decline";
+  // The VMs as the target's own agent reported the event: what approving through it releases.
+  document.getElementById("approve-vms").replaceChildren(...event.releases.map((name) => el("li", { text: name })));
+  document.getElementById("approve-confirm").textContent = action === "approve" ? `Approve now: release ${event.releases.length} VM(s)` : "Decline";
   dialog.showModal();
 }
 
@@ -226,12 +227,12 @@ function wireDialog() {
 
 async function submitDecision() {
   const { event, action } = approving;
-  const target = event.resources[0];
+  const target = event.target;
   try {
     const answer = await api("/api/decisions", {
       method: "POST",
       headers: { "Content-Type": "application/json", "X-CSRF-Token": state.me.csrf },
-      body: JSON.stringify({ eventId: event.eventId, target, action, reason: document.getElementById("approve-reason").value, confirm: event.resources }),
+      body: JSON.stringify({ eventId: event.eventId, target, action, reason: document.getElementById("approve-reason").value, confirm: event.releases }),
     });
     state.pending.set(event.eventId, `${action} sent (decision ${answer.decisionId.slice(8, 16)}), waiting for the approver`);
     document.getElementById("approve").close();
