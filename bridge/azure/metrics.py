@@ -12,8 +12,11 @@ from bridge.pipeline.metrics import PipelineMetrics, counter
 class ReconcilerCollector:
     """``se_bridge_azure_events_known`` and ``se_bridge_azure_unwatched_vms``, read when scraped."""
 
-    def __init__(self, counts: Callable[[], tuple[int, int]]) -> None:
+    def __init__(
+        self, counts: Callable[[], tuple[int, int]], refused: Callable[[], dict[str, int]] | None = None
+    ) -> None:
         self.counts = counts
+        self.refused = refused
 
     def describe(self) -> list[Any]:
         return []
@@ -30,6 +33,17 @@ class ReconcilerCollector:
             "VMs with an open event Azure published and no agent reported in the grace (GET /v1/unwatched).",
             value=unwatched,
         )
+        if self.refused is not None:
+            from prometheus_client.core import CounterMetricFamily
+
+            family = CounterMetricFamily(
+                "se_bridge_azure_agent_claims_refused",
+                "Agent records that may not speak for their VM, by reason (noResourceId, changedClaim).",
+                labels=["reason"],
+            )
+            for reason, count in self.refused().items():
+                family.add_metric([reason], count)
+            yield family
 
 
 class AzureChannelMetrics(PipelineMetrics):
@@ -57,5 +71,7 @@ class AzureChannelMetrics(PipelineMetrics):
         "kind",
     )
 
-    def reconciler_counts(self, counts: Callable[[], tuple[int, int]]) -> None:
-        self.registry.register(ReconcilerCollector(counts))
+    def reconciler_counts(
+        self, counts: Callable[[], tuple[int, int]], refused: Callable[[], dict[str, int]] | None = None
+    ) -> None:
+        self.registry.register(ReconcilerCollector(counts, refused))

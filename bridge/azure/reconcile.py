@@ -13,10 +13,15 @@ Findings, each published once as a ``reconciliation`` record:
   while the VM's (or its scale set's, availability set's) policy does not publish to Event Grid and
   Resource Graph (preview, off by default), so the finding says so.
 
-The join key is the VM's subscription, resource group and name (``bridge.azure.events.vm_key``); an
-agent record without a subscription or group (its identity came from no IMDS answer yet) is matched
-on the name alone. Memory is bounded: an event is forgotten ``retention`` seconds after Azure said
-it ended, and at most ``max_events`` are kept (the oldest first).
+The join key is the VM's subscription, resource group and name (``bridge.azure.events.vm_key``). A VM
+counts as watched only from its **proven identity** (issue 31: a record in a dead VM's name, from any
+agent credential, hid it): the agent's record must carry the VM's ARM resource id exactly as Azure's
+own event names it, and the vmId it claims is pinned at the first record for that VM, so another
+identity speaking in its name later is refused (``se_bridge_azure_agent_claims_refused_total``). A
+record without a resource id (an identity no IMDS answer filled yet) watches nothing. Heartbeats pin
+too, so a VM whose agent ever spoke keeps its own vmId. Memory is bounded: an event is forgotten
+``retention`` seconds after Azure said it ended, and at most ``max_events`` are kept (the oldest
+first); at most ``max_vms`` pins.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bridge.azure.events import AzureEvent, VmRef, vm_key
+from bridge.azure.events import AzureEvent, VmRef
 from bridge.azure.records import finding_record
 from bridge.azure.tracker import News
 
@@ -47,8 +52,20 @@ class _Event:
 
 
 class Reconciler:
-    def __init__(self, grace: float = 120.0, *, retention: float = 3600.0, max_events: int = 100_000) -> None:
+    def __init__(
+        self,
+        grace: float = 120.0,
+        *,
+        retention: float = 3600.0,
+        max_events: int = 100_000,
+        max_vms: int = 200_000,
+    ) -> None:
         self.grace = grace
+        self.max_vms = max_vms
+        #: vm key -> the vmId its first record claimed (the oldest pin is forgotten past ``max_vms``).
+        self._pins: OrderedDict[str, str] = OrderedDict()
+        #: agent records refused, by reason (a metric: bounded labels)
+        self.refused: dict[str, int] = {"noResourceId": 0, "changedClaim": 0}
         self.retention = retention
         self.max_events = max_events
         self._lock = threading.Lock()
@@ -87,7 +104,8 @@ class Reconciler:
     def agent(self, record: dict[str, Any], now: float) -> None:
         """An agent's ``scheduledEvents`` record: which events this VM's agent saw (present, or gone
         in this change: a vanished event was seen too)."""
-        if record.get("recordType") != "scheduledEvents" or not isinstance(record.get("vm"), dict):
+        kind = record.get("recordType")
+        if kind not in ("scheduledEvents", "heartbeat") or not isinstance(record.get("vm"), dict):
             return
         vm = record["vm"]
         name = vm.get("name") if isinstance(vm.get("name"), str) else None
@@ -100,14 +118,17 @@ class Reconciler:
         ids = {e.get("eventId") for e in record.get("events") or [] if isinstance(e, dict)}
         ids |= {c.get("eventId") for c in record.get("changes") or [] if isinstance(c, dict)}
         with self._lock:
+            if not self._pinned(key, ref, _text(vm.get("vmId"))) or kind != "scheduledEvents":
+                return
             for event_id in ids:
                 if not isinstance(event_id, str) or not event_id:
                     continue
                 state = self._event(event_id)
                 if key not in state.agent_vms:
                     state.agent_vms[key] = ref
-                    state.flagged.discard(key)
-                    state.flagged.discard(vm_key(None, None, name))
+                    azure_vm = state.azure_vms.get(key)
+                    if azure_vm is None or _same_vm(azure_vm, ref):
+                        state.flagged.discard(key)
                     if state.azure_state is None:
                         self._check(now + self.grace, "agentOnly", event_id.lower(), key)
 
@@ -134,8 +155,9 @@ class Reconciler:
         agents = sorted(state.agent_vms)
         if kind == "unwatched":
             vm = state.azure_vms[key]
-            if key in state.agent_vms or vm_key(None, None, vm.name) in state.agent_vms:
-                return None
+            watcher = state.agent_vms.get(key)
+            if watcher is not None and _same_vm(vm, watcher):
+                return None  # its own agent, by the resource id Azure itself names
             state.flagged.add(key)
             detail = f"no agent record of this event from {vm.name} within {self.grace:g} s of Azure's"
             return finding_record(
@@ -179,6 +201,22 @@ class Reconciler:
 
     # -- bookkeeping ----------------------------------------------------------------------------------
 
+    def _pinned(self, key: str, ref: VmRef, vm_id: str) -> bool:
+        """Whether the record may speak for its VM: it names a resource id, and the VM's pinned vmId."""
+        if not ref.resource_id:
+            self.refused["noResourceId"] += 1
+            return False
+        pinned = self._pins.get(key)
+        if pinned is None:
+            self._pins[key] = vm_id.lower()
+            if len(self._pins) > self.max_vms:
+                self._pins.popitem(last=False)
+            return True
+        if vm_id and pinned and vm_id.lower() != pinned:
+            self.refused["changedClaim"] += 1
+            return False
+        return True
+
     def _event(self, event_id: str) -> _Event:
         state = self._events.get(event_id.lower())
         if state is None:
@@ -197,6 +235,11 @@ class Reconciler:
         ]
         for event_id in ended:
             del self._events[event_id]
+
+
+def _same_vm(azure: VmRef, agent: VmRef) -> bool:
+    """The agent's resource id is the one Azure's event names for the VM (ARM ids: case-insensitive)."""
+    return bool(agent.resource_id) and agent.resource_id.lower() == azure.resource_id.lower()
 
 
 def _text(value: Any) -> str:

@@ -90,7 +90,7 @@ class AzureChannel:
         ]
         self.tracker = EventTracker()
         self.reconciler = Reconciler(grace)
-        self.metrics.reconciler_counts(self.reconciler.counts)
+        self.metrics.reconciler_counts(self.reconciler.counts, lambda: dict(self.reconciler.refused))
         self.api: Listener | None = None
         self._open: set[int] = set()
         self._caught_up: set[int] = set()

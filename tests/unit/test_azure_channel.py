@@ -136,13 +136,25 @@ def test_records_are_valid_and_their_ids_do_not_depend_on_the_channel_or_the_del
 # -- reconciliation ------------------------------------------------------------------------------------
 
 
-def agent_record(name: str, *event_ids: str, sub: str | None = SUB, rg: str | None = RG) -> dict:
+def agent_record(
+    name: str,
+    *event_ids: str,
+    sub: str | None = SUB,
+    rg: str | None = RG,
+    vm_id: str = "",
+    kind: str = "scheduledEvents",
+) -> dict:
+    """An agent's record as IMDS fills its identity (compute.resourceId with the subscription and group)."""
+    resource_id = (
+        f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}"
+    )
     return {
-        "recordType": "scheduledEvents",
-        "vm": {"name": name, "subscriptionId": sub, "resourceGroup": rg, "resourceId": None},
+        "recordType": kind,
+        "vm": {"name": name, "subscriptionId": sub, "resourceGroup": rg, "vmId": vm_id or f"id-{name}",
+               "resourceId": resource_id if sub and rg else None},
         "events": [{"eventId": e} for e in event_ids],
         "changes": [],
-    }
+    }  # fmt: skip
 
 
 def observe(reconciler: Reconciler, tracker: EventTracker, grid: dict, now: float) -> list[dict]:
@@ -157,7 +169,7 @@ def test_a_vm_whose_agent_never_reported_is_unwatched_after_the_grace_and_only_t
     observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a", "vm-b", "vm-c"], parent="avset",
                                             kind="availabilitySets"), now=0)  # fmt: skip
     reconciler.agent(agent_record("vm-a", E1), now=5)
-    reconciler.agent(agent_record("vm-b", E1, sub=None, rg=None), now=6)  # identity not known: name only
+    reconciler.agent(agent_record("vm-b", E1), now=6)
     assert reconciler.due(59) == []
     (finding,) = reconciler.due(61)
     assert (finding["finding"], finding["vm"]["name"]) == ("unwatched", "vm-c")
@@ -242,3 +254,21 @@ def test_an_observation_whose_records_were_not_stored_is_news_again() -> None:
     assert tracker.observe(event) is not None and tracker.observe(event) is None
     tracker.forget(event)
     assert tracker.observe(event) == News("Scheduled", late=False)
+
+
+def test_only_a_vms_own_identity_counts_as_watching_it() -> None:
+    """Issue 31, finding 5: a record in the dead VM's name, from any agent credential, made Azure's
+    channel report no unwatched finding for it. vm-c's agent spoke once (a heartbeat pinned its vmId),
+    then died; the event comes; the forgeries are refused and vm-c is found unwatched."""
+    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    reconciler.agent(agent_record("vm-c", kind="heartbeat", vm_id="id-of-the-real-vm-c"), now=0)
+    observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-c", "vm-d"], parent="avset",
+                                            kind="availabilitySets"), now=1)  # fmt: skip
+    reconciler.agent(agent_record("vm-c", E1, vm_id="id-of-mallory"), now=2)  # another identity
+    reconciler.agent(agent_record("vm-c", E1, sub=None, rg=None), now=3)  # no resource id: name only
+    reconciler.agent(agent_record("vm-d", E1, rg="another-group"), now=4)  # not the VM Azure names
+    findings = reconciler.due(61)
+    assert sorted(f["vm"]["name"] for f in findings if f["finding"] == "unwatched") == ["vm-c", "vm-d"]
+    assert reconciler.refused == {"noResourceId": 1, "changedClaim": 1}
+    reconciler.agent(agent_record("vm-c", E1, vm_id="id-of-the-real-vm-c"), now=70)  # its own agent, back
+    assert [u["vm"] for u in reconciler.unwatched()] == ["vm-d"]
