@@ -12,9 +12,17 @@ credential) can put any record on it. So what a record *claims* is treated as a 
   a poisoned ``privateIp`` would send signed relay requests elsewhere, a poisoned ``resourceId``
   would move the ARM acknowledgement to another scope. An operator who really moved a VM removes its
   line from the file (docs/security.md).
-* **Bounded per publisher.** A record names at most ``MAX_EVENTS_PER_RECORD`` events and an event at
-  most ``MAX_RESOURCES`` VMs (an availability set holds at most 200); names longer than Azure allows
-  are refused. The fleet holds at most ``max_vms`` VMs.
+* **Bounded per publisher and fleet-wide** (issue 31, finding 7). A record names at most
+  ``MAX_EVENTS_PER_RECORD`` events and an event at most ``MAX_RESOURCES`` VMs (an availability set
+  holds at most 200); names longer than Azure allows are refused. A VM speaks only for the events
+  that name it (``notNamed``), and all events together name at most ``RESOURCE_BUDGET`` VMs
+  (``overBudget``): one pinned name re-publishing 32 events of 500 made-up names cost 2.3 MB a record
+  before. A first-sight ``resourceId`` must end with the claimed VM's name (``nameMismatch``).
+* **Pins expire, the fleet never stays full.** The fleet holds at most ``max_vms`` VMs. When it is
+  full, the pin of a VM that has shown nothing for ``IDLE_PIN`` seconds and no open event makes room
+  (the oldest pins first): 200 000 made-up names no longer lock real VMs out for good, restart
+  included. Above ``HIGH_WATER`` of ``max_vms`` an error is logged (alert on
+  ``se_bridge_approver_fleet_vms``); ``fleetFull`` is refused only while every pin is live.
 * **Forgotten when over.** An event is kept while some VM's latest record still shows it; once
   none does, or a day past its ``NotBefore`` (``FORGET_AFTER``), it is dropped. Memory therefore
   follows the fleet and its open events, not the history of the stream (issue 23: it used to keep
@@ -58,6 +66,14 @@ FORGET_AFTER = 86400.0
 #: How often the forgetting sweep runs (seconds).
 SWEEP_EVERY = 60.0
 PINS_FILE = "fleet-pins.jsonl"
+#: All events together name at most this many VMs (references; about 8 bytes each, names interned).
+RESOURCE_BUDGET = 2_000_000
+#: A pin silent this long, with no open event, may make room for a new VM when the fleet is full.
+IDLE_PIN = 3600.0
+#: Of max_vms: above it, the fleet's size is logged as an error (a flood of made-up names?).
+HIGH_WATER = 0.9
+#: Pins looked at, oldest first, for one that may make room (a bounded scan, not the whole fleet).
+EVICTION_SCAN = 10_000
 
 
 class Vm:
@@ -65,7 +81,7 @@ class Vm:
     vmId as 16 bytes, the address packed, the resource id as an interned prefix (the subscription
     and group most VMs share) and its own tail. The properties give the usual text back."""
 
-    __slots__ = ("_id", "_ip", "_prefix", "_tail", "events", "name")
+    __slots__ = ("_id", "_ip", "_prefix", "_tail", "events", "name", "seen")
 
     def __init__(self, name: str, vm_id: str = "", resource_id: str = "", private_ip: str = "") -> None:
         self.name = sys.intern(name)
@@ -75,6 +91,7 @@ class Vm:
         self._prefix = sys.intern(prefix + sep) if sep else ""
         self._tail = tail if sep else resource_id
         self.events: tuple[str, ...] = ()  # the event ids of its latest record
+        self.seen = 0.0  # when its latest record was learned (pins loaded at start: the start)
 
     @property
     def vm_id(self) -> str:
@@ -162,6 +179,9 @@ class FleetView:
         self.on_refused = on_refused  # reason -> None (a metric)
         self._refusals = RateLimitedLog(log, every=60.0, level=logging.ERROR)
         self._swept = time.monotonic()
+        self._refs = 0  # VM names all events together name (RESOURCE_BUDGET)
+        self._pins_dirty = False  # a pin was forgotten: the file is rewritten at the next sweep
+        self._high_water_logged = False
         self._load_pins()
 
     # -- what the router and the coordinator ask -------------------------------------------------
@@ -262,8 +282,8 @@ class FleetView:
             vm = self._claimed_vm(record)
             events = _events_of(record, now)
             with self._lock:
-                entry = self._pinned(vm)
-                self._replace_events(entry, events, now)
+                entry = self._pinned(vm, now)
+                self._replace_events(entry, _named(entry, events), now)
         except ClaimRefused as refused:
             self._refused(refused, record)
             return None
@@ -285,7 +305,7 @@ class FleetView:
                 raise ClaimRefused("malformed", "privateIp is not an IP address") from None
         return Vm(name, _text(block.get("vmId")), _text(block.get("resourceId"), 512), private_ip)
 
-    def _pinned(self, claim: Vm) -> Vm:
+    def _pinned(self, claim: Vm, now: float) -> Vm:
         """The VM as pinned, after checking ``claim`` against it (lock held)."""
         key = claim.name.lower()
         known = self._vms.get(key)
@@ -293,8 +313,12 @@ class FleetView:
             owner = self._by_id.get(claim._id) if claim._id else None
             if owner is not None and owner != key and self.pin:
                 raise ClaimRefused("changedClaim", f"vmId {claim.vm_id} already belongs to {owner}")
-            if len(self._vms) >= self.max_vms:
-                raise ClaimRefused("fleetFull", f"the fleet already holds {self.max_vms} VMs")
+            if claim.resource_id and not _names_itself(claim):
+                raise ClaimRefused("nameMismatch", f"resourceId does not end with {claim.name}")
+            if len(self._vms) >= self.max_vms and not self._make_room(now):
+                raise ClaimRefused("fleetFull", f"the fleet holds {self.max_vms} VMs, none idle")
+            self._high_water()
+            claim.seen = now
             self._vms[key] = claim
             if claim._id:
                 self._by_id[claim._id] = key
@@ -305,20 +329,53 @@ class FleetView:
         if changed and self.pin:
             raise ClaimRefused("changedClaim", f"{claim.name}: {', '.join(changed)} differ from the pin")
         known.fill(claim)
+        known.seen = now
         return known
+
+    def _make_room(self, now: float) -> bool:
+        """Forget the oldest pin silent for IDLE_PIN with no open event (lock held); False if none."""
+        for scanned, (key, vm) in enumerate(self._vms.items()):
+            if scanned >= EVICTION_SCAN:
+                break
+            if not vm.events and now - vm.seen >= IDLE_PIN:
+                del self._vms[key]
+                if vm._id and self._by_id.get(vm._id) == key:
+                    del self._by_id[vm._id]
+                self._pins_dirty = True
+                log.warning("fleet: an idle pin forgotten to make room", extra={"vmName": vm.name})
+                return True
+        return False
+
+    def _high_water(self) -> None:
+        if len(self._vms) + 1 >= HIGH_WATER * self.max_vms and not self._high_water_logged:
+            self._high_water_logged = True
+            log.error(
+                "fleet: the fleet view is nearly full (a flood of made-up VM names?); idle pins make room",
+                extra={"vms": len(self._vms) + 1, "maxVms": self.max_vms},
+            )
 
     def _replace_events(self, vm: Vm, events: list[tuple[str, Event]], now: float) -> None:
         """The VM's latest record shows ``events``: update them, and drop the VM from the events
         it no longer shows (an event no VM shows any more is over)."""
         shown = tuple(event_id for event_id, _ in events)
         before = set(vm.events)
+        added = sum(
+            len(fresh.resources) - len(self._events[e].resources)
+            if e in self._events
+            else len(fresh.resources)
+            for e, fresh in events
+        )
+        if added > 0 and self._refs + added > RESOURCE_BUDGET:
+            raise ClaimRefused("overBudget", f"the fleet's events already name {self._refs} VMs")
         for event_id in before - set(shown):
             self._unreport(event_id)
         for event_id, fresh in events:
             known = self._events.get(event_id)
             if known is None:
                 self._events[event_id] = known = fresh
+                self._refs += len(fresh.resources)
             else:
+                self._refs += len(fresh.resources) - len(known.resources)
                 known.status, known.resources = fresh.status, fresh.resources
                 known.not_before = fresh.not_before if fresh.not_before is not None else known.not_before
             if event_id not in before:
@@ -332,6 +389,7 @@ class FleetView:
         event.reporters -= 1
         if event.reporters <= 0:
             del self._events[event_id]
+            self._refs -= len(event.resources)
 
     def _sweep(self, now: float) -> None:
         """Drop events a day past their NotBefore (or first sight): a VM that went silent while
@@ -339,6 +397,8 @@ class FleetView:
         if time.monotonic() - self._swept < SWEEP_EVERY:
             return
         self._swept = time.monotonic()
+        if self._pins_dirty:
+            self._rewrite_pins()
         with self._lock:
             stale = [
                 event_id for event_id, e in self._events.items()
@@ -347,7 +407,7 @@ class FleetView:
             if not stale:
                 return
             for event_id in stale:
-                del self._events[event_id]
+                self._refs -= len(self._events.pop(event_id).resources)
             gone = set(stale)
             for vm in self._vms.values():  # once per sweep that found stale events: cheap enough
                 if vm.events and gone.intersection(vm.events):
@@ -370,11 +430,18 @@ class FleetView:
             self.on_refused(refused.reason)
         vm = record.get("vm") if isinstance(record.get("vm"), dict) else {}
         name = (vm or {}).get("name")
+        shown = name[:MAX_NAME] if isinstance(name, str) else None
+        if refused.reason == "changedClaim":  # each one: another party speaking in a pinned VM's name
+            log.error(
+                "fleet: a record claims another identity for a pinned VM (refused)",
+                extra={"detail": str(refused)[:300], "vmName": shown},
+            )
+            return
         self._refusals.log(
             "fleet: a record's claim refused (not learned)",
             reason=refused.reason,
             detail=str(refused)[:300],
-            vmName=name[:MAX_NAME] if isinstance(name, str) else None,
+            vmName=shown,
         )
 
     # -- pins -------------------------------------------------------------------------------------
@@ -395,8 +462,21 @@ class FleetView:
             self._vms[vm.name.lower()] = vm
             if vm._id:
                 self._by_id[vm._id] = vm.name.lower()
-        # Compacted: one line per VM, whatever the file went through.
-        write_atomic(self._pins_path, b"".join(_pin_line(v) for v in self._vms.values()))
+        now = time.time()
+        for vm in self._vms.values():
+            vm.seen = now  # a loaded pin is idle from this start on, not from before it
+        self._rewrite_pins()  # compacted: one line per VM, whatever the file went through
+
+    def _rewrite_pins(self) -> None:
+        if self._pins_path is None or not self.pin:
+            return
+        with self._lock:
+            data = b"".join(_pin_line(v) for v in self._vms.values())
+            self._pins_dirty = False
+        try:
+            write_atomic(self._pins_path, data)
+        except OSError as exc:  # the forgotten pins come back at a restart, and idle out again
+            log.error("fleet: pins not rewritten", extra={"error": str(exc)})
 
     def _append_pin(self, vm: Vm) -> None:
         if self._pins_path is None or not self.pin:
@@ -406,6 +486,29 @@ class FleetView:
                 pins.write(_pin_line(vm))
         except OSError as exc:  # kept in memory; pinned again from its next record after a restart
             log.error("fleet: pin not saved", extra={"error": str(exc), "vmName": vm.name})
+
+
+def _names_itself(vm: Vm) -> bool:
+    """Whether a resource id's last segment is the VM's name: a VM's own (``.../virtualMachines/vm1``),
+    or a Uniform scale-set instance's (``.../virtualMachineScaleSets/ss/virtualMachines/3`` for ``ss_3``)."""
+    parts = vm.resource_id.rstrip("/").split("/")
+    last, name = parts[-1].lower(), vm.name.lower()
+    if last == name:
+        return True
+    return (
+        len(parts) >= 4
+        and parts[-4].lower() == "virtualmachinescalesets"
+        and name == f"{parts[-3]}_{last}".lower()
+    )
+
+
+def _named(vm: Vm, events: list[tuple[str, Event]]) -> list[tuple[str, Event]]:
+    """The events of a VM's record that name it: a VM speaks only for its own events."""
+    mine = vm.name.lower()
+    named = [(e, fresh) for e, fresh in events if any(r.lower() == mine for r in fresh.resources)]
+    if len(named) != len(events):
+        raise ClaimRefused("notNamed", f"{vm.name} reports an event that does not name it")
+    return named
 
 
 def _pin_line(vm: Vm) -> bytes:

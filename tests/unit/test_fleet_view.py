@@ -76,3 +76,44 @@ def test_an_event_a_silent_vm_still_shows_is_forgotten_a_day_past_its_not_before
     assert view.event("E1") is not None
     view.learn(record("vm2"), now=1_767_225_600 + fleet_module.FORGET_AFTER + 1)
     assert view.event("E1") is None and view.vm("vm1").events == ()  # type: ignore[union-attr]
+
+
+# -- issue 31, finding 7 --------------------------------------------------------------------------
+
+
+def test_made_up_names_never_lock_real_vms_out_restart_included(tmp_path: Path, caplog: Any) -> None:
+    """200 000 made-up names filled the fleet for good (fleetFull, fleet-pins.jsonl kept them). Now a
+    pin idle for IDLE_PIN with no open event makes room, before and after a restart; nearly full is
+    logged as an error."""
+    refused: list[str] = []
+    view = FleetView(tmp_path, max_vms=100, on_refused=refused.append)
+    for n in range(100):
+        assert view.learn(record(f"fake-{n}", ip=f"10.1.0.{n + 1}"), now=1000.0) is not None
+    assert any("nearly full" in r.getMessage() for r in caplog.records)
+    assert view.learn(record("real-vm", ip="10.0.0.7"), now=1100.0) is None  # every pin is live
+    assert refused == ["fleetFull"]
+    later = 1000.0 + fleet_module.IDLE_PIN + 1
+    assert view.learn(record("real-vm", ip="10.0.0.7"), now=later) is not None  # an idle pin made room
+    assert view.vm("fake-0") is None and view.vm("real-vm") is not None
+    restarted = FleetView(tmp_path, max_vms=100)  # the file kept 100 pins; loaded ones idle from now
+    assert restarted.learn(record("real-vm-2", ip="10.0.0.8")) is None
+    import time as _time
+
+    assert restarted.learn(record("real-vm-2", ip="10.0.0.8"), now=_time.time() + fleet_module.IDLE_PIN + 1)
+
+
+def test_a_vm_speaks_only_for_itself_and_the_events_that_name_it(tmp_path: Path, monkeypatch: Any) -> None:
+    """A first-sight resourceId whose last segment is not the VM's name is refused; an event that does
+    not name the reporter is refused; all events together name at most RESOURCE_BUDGET VMs."""
+    refused: list[str] = []
+    view = FleetView(tmp_path, on_refused=refused.append)
+    assert view.learn(record("vm1", rid=f"{SUB}/virtualMachines/vm-other")) is None
+    assert view.learn(record("ss_3", rid=f"{SUB}/virtualMachineScaleSets/ss/virtualMachines/3")) is not None
+    assert view.learn(record("vm2", event("E1", "vm9", "vm8"))) is None
+    monkeypatch.setattr(fleet_module, "RESOURCE_BUDGET", 1000)
+    made_up = [f"fake-{i}" for i in range(499)]
+    for n in range(2):  # two events of 500 names from one pinned VM: the budget's worth
+        assert view.learn(record("vm3", *(event(f"E{10 + k}", "vm3", *made_up) for k in range(n + 1))))
+    assert view.learn(record("vm3", *(event(f"E{10 + k}", "vm3", *made_up) for k in range(3)))) is None
+    assert refused == ["nameMismatch", "notNamed", "overBudget"]
+    assert view.counts() == (3, 2)
