@@ -175,20 +175,41 @@ def sign_request(
     }
 
 
-def sign_answer(
-    key_id: str, key: bytes, nonce: str, answer: dict[str, Any], now: float | None = None
+def sign_peer_answer(
+    private: Any, nonce: str, answer: dict[str, Any], now: float | None = None
 ) -> dict[str, Any]:
-    """``answer`` signed for the request whose nonce was ``nonce`` (a peer's ``/v1/preparations``):
-    the signature covers the answer and that nonce, so it answers that request and no other, and a
-    forged or replayed answer is no answer (issue 23: a forged ``prepared`` released a whole set)."""
-    body = {**answer, "answeredAt": int(time.time() if now is None else now), "nonce": nonce}
-    return _sign_object(key_id, key, b"answer", body)
+    """``answer`` signed by this agent's own Ed25519 key (:mod:`bridge.agent.peerkeys`) for the request
+    whose nonce was ``nonce``; the public key rides along for the asker to pin (issue 31: the relay key,
+    which every agent holds, let any of them answer in another peer's name)."""
+    from cryptography.hazmat.primitives import serialization
+
+    public = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    body = {**answer, "answeredAt": int(time.time() if now is None else now), "nonce": nonce,
+            "answerKey": public.hex()}  # fmt: skip
+    signed = b"peer-answer." + orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    return {**body, "signature": {"alg": "Ed25519", "value": private.sign(signed).hex()}}
 
 
-def verify_answer(keys: KeyRing, nonce: str, answer: Any, now: float | None = None) -> dict[str, Any]:
-    """The answer to the request sent with ``nonce`` once its signature is proven (a known key, that
-    nonce, answered within the replay window); ``PermissionError`` with the reason otherwise."""
-    body = _proven_object(keys, b"answer", answer)
+def verify_peer_answer(nonce: str, answer: Any, now: float | None = None) -> dict[str, Any]:
+    """The answer (with its ``answerKey``) once its Ed25519 signature under the key it carries is
+    proven, for that nonce, within the replay window; ``PermissionError`` otherwise. Whose key it is
+    the caller decides (a pin: :class:`bridge.agent.peerkeys.PeerPins`)."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    if not isinstance(answer, dict) or not isinstance(answer.get("signature"), dict):
+        raise PermissionError("unsigned answer")
+    signature = answer["signature"]
+    body = {k: v for k, v in answer.items() if k != "signature"}
+    key, value = body.get("answerKey"), signature.get("value")
+    if signature.get("alg") != "Ed25519" or not isinstance(key, str) or not isinstance(value, str):
+        raise PermissionError("answer not signed with a peer's own key")
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(key)).verify(
+            bytes.fromhex(value), b"peer-answer." + orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        )
+    except (InvalidSignature, ValueError):
+        raise PermissionError("bad answer signature") from None
     if body.get("nonce") != nonce:
         raise PermissionError("answer to another request")
     answered = body.get("answeredAt")

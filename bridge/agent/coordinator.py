@@ -11,7 +11,8 @@ and the coordinator asks every VM of the event, so it knows:
   never answered (down, partitioned, starting) is waited for until the deadline like an unprepared
   one, and named ``silent`` in the audit, never dropped from the vote;
 * that an answer is real: it is signed with the relay key for the request's own nonce
-  (:func:`bridge.signing.verify_answer`); anything else is no answer;
+  (:func:`bridge.signing.verify_peer_answer`: signed with that peer's own key, pinned at its first
+  answer, :mod:`bridge.agent.peerkeys`); anything else is no answer;
 * who is live: answered within the last ``takeover`` seconds. Every peer counts as live when the
   wait starts, so an agent that is still starting is not skipped: a VM takes over only after the
   VMs before it stayed silent for ``takeover`` seconds.
@@ -39,11 +40,12 @@ from typing import Any
 import orjson
 
 from bridge import coordination
+from bridge.agent.peerkeys import PeerPins
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.imds.document import SCHEDULED, ScheduledEvent
 from bridge.observability import RateLimitedLog
 from bridge.relay_api import PREPARATIONS_PATH
-from bridge.signing import H_NONCE, KeyRing, sign_request, verify_answer
+from bridge.signing import H_NONCE, KeyRing, sign_request, verify_peer_answer
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class PeerCoordinator:
         takeover: float = 10.0,
         timeout: float = 2.0,
         asked: Callable[[str], None] = lambda result: None,
+        pins: PeerPins | None = None,
     ) -> None:
         import requests
 
@@ -78,6 +81,7 @@ class PeerCoordinator:
         self._approve = approve  # relay.handle(body, requester, component="coordinator")
         self._leave = leave  # (event id, verdict, coordinator): audit "left to the platform"
         self._keys = keys
+        self._pins = pins or PeerPins(None)  # each peer's own answer key, pinned (bridge.agent.peerkeys)
         self._peers = peers
         self._template = template
         self._stop = stop
@@ -201,11 +205,21 @@ class PeerCoordinator:
             log.debug("peer did not answer", extra={"peer": name, "error": type(exc).__name__})
             self._asked("unanswered")
             return
-        try:  # signed by a holder of the relay key, for this very request
-            answer = verify_answer(self._keys, headers[H_NONCE], answer)
+        try:  # signed by that peer's own key, for this very request (bridge.agent.peerkeys)
+            answer = verify_peer_answer(headers[H_NONCE], answer)
+            if str(answer.get("vm", "")).lower() != name.lower():
+                raise PermissionError(f"an answer in the name of {str(answer.get('vm'))[:64]!r}")
         except PermissionError as exc:
             self._forged.log(
                 "peer answer refused: not proven (no answer this round)", peer=name, error=str(exc)
+            )
+            self._asked("unproven")
+            return
+        if not self._pins.check(name, str(answer["answerKey"])):
+            log.error(
+                "peer answer refused: signed with another key than the one pinned for this peer "
+                "(another VM in its name, or a reimaged VM: docs/security.md)",
+                extra={"peer": name},
             )
             self._asked("unproven")
             return

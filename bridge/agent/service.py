@@ -33,6 +33,7 @@ from bridge.agent.coordinator import PeerCoordinator
 from bridge.agent.identity import IdentityResolver
 from bridge.agent.impact import ImpactMeter
 from bridge.agent.metrics import AgentMetrics
+from bridge.agent.peerkeys import PeerPins, answer_key
 from bridge.agent.policy import ApprovalRule, LocalPolicy, PolicyConfig
 from bridge.agent.poller import Poller
 from bridge.agent.proof import DecisionProver
@@ -48,7 +49,7 @@ from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked, Record
 from bridge.pipeline.storing import REFUSED, until_stored
 from bridge.relay_api import DOCUMENT_PATH, PREPARATIONS_PATH, START_REQUESTS_PATH
 from bridge.retry import Backoff
-from bridge.signing import H_NONCE, KeyRing, NonceStore, RequestVerifier, sign_answer
+from bridge.signing import H_NONCE, KeyRing, NonceStore, RequestVerifier, sign_peer_answer
 from bridge.sinks import Sink, SinkError, create_sink
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class Agent:
             for s in self.sinks
         ]
         self.relay, self.verifier = self._build_relay(state_dir)
+        self._answer_key_value: Any = None
+        self._answer_key_lock = threading.Lock()
         self.poller.approved = self.relay.approved
         self.poller.first_document.append(self.relay.resolve_interrupted)
         self.impact = ImpactMeter(
@@ -202,6 +205,7 @@ class Agent:
             approve=lambda body, requester: self.relay.handle(body, requester, component="coordinator"),
             leave=self._audit_left_to_platform,
             keys=KeyRing.from_specs(config.relay_key),
+            pins=PeerPins(Path(config.state_dir)),
             peers=dict(p.split("=", 1) for p in config.peer),
             template=config.peer_url_template,
             stop=self.stop_event,
@@ -344,14 +348,22 @@ class Agent:
 
     def _preparations(self, request: Request) -> Response:
         """``GET /v1/preparations``: this VM's reports per event (what peer coordinators ask). A
-        signed request gets a signed answer bound to its nonce (bridge.signing.sign_answer): a peer
-        believes no answer it cannot prove came from an agent holding the relay key."""
+        signed request gets an answer signed with this VM's own key (bridge.agent.peerkeys), bound to
+        its nonce: a peer believes no answer it cannot prove came from this VM's agent."""
         reports = self.policy.preparations() if self.policy is not None else {}
         answer: dict[str, Any] = {"vm": self.identity.current.name, "preparations": reports}
-        nonce, signer = request.headers.get(H_NONCE), self.verifier.keys.first()
-        if nonce and signer is not None:
-            answer = sign_answer(signer[0], signer[1], nonce, answer)
+        nonce = request.headers.get(H_NONCE)
+        if nonce:  # this VM's own key: no other VM can sign for it
+            answer = sign_peer_answer(self._answer_key(), nonce, answer)
         return json_response(200, answer)
+
+    def _answer_key(self) -> Any:
+        """This VM's own Ed25519 answer key, read (or made) at the first peer question: an agent no
+        peer asks never imports the crypto library for it."""
+        with self._answer_key_lock:
+            if self._answer_key_value is None:
+                self._answer_key_value = answer_key(Path(self.config.state_dir))
+            return self._answer_key_value
 
     def _start_requests(self, request: Request) -> Response:
         """``POST /v1/start-requests``; the access policy authenticated the caller already."""

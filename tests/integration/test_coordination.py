@@ -96,10 +96,14 @@ def test_a_peer_is_asked_with_a_bounded_answer_and_only_until_the_coordinator_an
     """A hostile or broken peer cannot make an agent buffer an unbounded answer (10 MB here: not an
     answer, so not live); a VM asks the VMs before it only until one answers, and only the coordinator
     asks everyone. Each peer is a real HTTP server of its own."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from bridge.agent.coordinator import MAX_ANSWER, PeerCoordinator
-    from bridge.signing import KeyRing, sign_answer
+    from bridge.agent.peerkeys import PeerPins
+    from bridge.signing import KeyRing, _sign_object, sign_peer_answer
 
     KEY = b"r" * 40
+    own = {}  # each peer's own answer key (bridge.agent.peerkeys)
 
     asked: list[str] = []
     servers = []
@@ -113,16 +117,20 @@ def test_a_peer_is_asked_with_a_bounded_answer_and_only_until_the_coordinator_an
                 asked.append(name)
                 answer = {"vm": name, "preparations": {"E1": {"result": "prepared"}}}
                 nonce = self.headers.get("X-SE-Bridge-Nonce") or ""
+                key = own.setdefault(name, Ed25519PrivateKey.generate())
                 if name == "vm-huge":
                     body = b'{"preparations": {}, "pad": "' + b"x" * (10 << 20) + b'"}'
                 elif name == "vm-forged":  # unsigned: anyone on the network could say it
                     body = orjson.dumps(answer)
                 elif name == "vm-replayed":  # signed, but for another request
-                    body = orjson.dumps(sign_answer("relay", KEY, "n" * 32, answer))
-                elif name == "vm-otherkey":
-                    body = orjson.dumps(sign_answer("relay", b"x" * 40, nonce, answer))
+                    body = orjson.dumps(sign_peer_answer(key, "n" * 32, answer))
+                elif name == "vm-relaykey":  # issue 31: the relay key every agent holds signs nothing
+                    signed = {**answer, "answeredAt": int(time.time()), "nonce": nonce}
+                    body = orjson.dumps(_sign_object("relay", KEY, b"answer", signed))
+                elif name == "vm-impostor":  # another VM's own key, in vm-a's name
+                    body = orjson.dumps(sign_peer_answer(key, nonce, {**answer, "vm": "vm-a"}))
                 else:
-                    body = orjson.dumps(sign_answer("relay", KEY, nonce, answer))
+                    body = orjson.dumps(sign_peer_answer(key, nonce, answer))
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -135,14 +143,19 @@ def test_a_peer_is_asked_with_a_bounded_answer_and_only_until_the_coordinator_an
 
     try:
         names = ["vm-a", "vm-huge", "vm-m", "vm-z"]
-        peers = {n: peer_server(n) for n in [*names, "vm-forged", "vm-replayed", "vm-otherkey"]}
+        peers = {
+            n: peer_server(n) for n in [*names, "vm-forged", "vm-replayed", "vm-relaykey", "vm-impostor"]
+        }
 
         def coordinator(me: str) -> PeerCoordinator:
             return PeerCoordinator(
                 CoordinationPolicy(), this_vm=lambda: me, event=lambda _: None, own_report=lambda _: None,
                 approve=lambda *_: None, leave=lambda *_: None, keys=KeyRing({"relay": KEY}),
                 peers=peers, template="http://{name}:1", stop=threading.Event(), takeover=10,
+                pins=pins,
             )  # fmt: skip
+
+        pins = PeerPins(None)
 
         assert MAX_ANSWER < 10 << 20
         reports: dict[str, str | None] = {}
@@ -150,14 +163,18 @@ def test_a_peer_is_asked_with_a_bounded_answer_and_only_until_the_coordinator_an
         middle = coordinator("vm-m")
         middle._ask("vm-huge", "E1", seen, reports)
         assert "vm-huge" not in seen and "vm-huge" not in reports  # oversized: not an answer
-        # Issue 23: only an answer signed with the relay key, for this request, is an answer.
-        for forged in ("vm-forged", "vm-replayed", "vm-otherkey"):
+        # Issues 23 and 31: only an answer signed with the peer's own key, for this request, is one.
+        for forged in ("vm-forged", "vm-replayed", "vm-relaykey", "vm-impostor"):
             middle._ask(forged, "E1", seen, reports)
             assert forged not in seen and forged not in reports, forged
         asked.clear()
         started = time.monotonic()
         assert middle._round(names, "vm-m", "E1", seen, reports, started) == "vm-a"
         assert asked == ["vm-a"] and reports["vm-a"] == "prepared"  # stopped at the first live VM
+        own["vm-a"] = Ed25519PrivateKey.generate()  # another key in vm-a's name after its pin
+        again: dict[str, str | None] = {}
+        middle._ask("vm-a", "E1", {}, again)
+        assert "vm-a" not in again
         asked.clear()
         assert coordinator("vm-a")._round(names, "vm-a", "E1", {}, {}, started) == "vm-a"
         assert asked == ["vm-huge", "vm-m", "vm-z"]  # the coordinator asks everyone after it
