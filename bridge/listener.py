@@ -58,6 +58,9 @@ import orjson
 
 from bridge.netaddr import is_loopback
 
+#: Triage connections: socket -> (bytes read so far, deadline, peer address).
+_Heads = dict[socket.socket, tuple[bytearray, float, Any]]
+
 log = logging.getLogger(__name__)
 
 Response = tuple[int, bytes, str]  # status, body, content type
@@ -336,7 +339,7 @@ class _Triage:
     def _run(self) -> None:
         selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ)
-        heads: dict[socket.socket, tuple[bytearray, float, Any]] = {}
+        heads: _Heads = {}
         while True:
             timeout = None if not heads else max(0.0, min(d for _, d, _ in heads.values()) - time.monotonic())
             for key, _ in selector.select(timeout):
@@ -360,7 +363,7 @@ class _Triage:
                 if deadline <= now:
                     self._finish(selector, heads, sock, buf, address)
 
-    def _take_pending(self, selector: selectors.BaseSelector, heads: dict) -> None:
+    def _take_pending(self, selector: selectors.BaseSelector, heads: _Heads) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
         deadline = time.monotonic() + self._server.limits.triage_seconds
@@ -373,7 +376,12 @@ class _Triage:
             self._finish(selector, heads, oldest, bytearray(), heads[oldest][2])
 
     def _finish(
-        self, selector: selectors.BaseSelector, heads: dict, sock: socket.socket, buf: bytearray, address: Any
+        self,
+        selector: selectors.BaseSelector,
+        heads: _Heads,
+        sock: socket.socket,
+        buf: bytearray,
+        address: Any,
     ) -> None:
         selector.unregister(sock)
         del heads[sock]

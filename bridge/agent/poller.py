@@ -243,7 +243,7 @@ class Poller:
         return "changed"
 
     def _count(
-        self, previous: EventsDocument | None, doc: EventsDocument, changes: list, record_id: str
+        self, previous: EventsDocument | None, doc: EventsDocument, changes: list[Change], record_id: str
     ) -> None:
         m = self.metrics
         m.records.inc()

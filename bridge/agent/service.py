@@ -34,7 +34,7 @@ from bridge.agent.identity import IdentityResolver
 from bridge.agent.impact import ImpactMeter
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.peerkeys import PeerPins, answer_key
-from bridge.agent.policy import ApprovalRule, LocalPolicy, PolicyConfig
+from bridge.agent.policy import LocalPolicy, PolicyConfig
 from bridge.agent.poller import Poller
 from bridge.agent.proof import DecisionProver
 from bridge.agent.relay import Relay
@@ -49,6 +49,7 @@ from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked, Record
 from bridge.pipeline.storing import REFUSED, until_stored
 from bridge.relay_api import DOCUMENT_PATH, PREPARATIONS_PATH, START_REQUESTS_PATH
 from bridge.retry import Backoff
+from bridge.rules import ApprovalRule
 from bridge.signing import H_NONCE, KeyRing, NonceStore, RequestVerifier, sign_peer_answer
 from bridge.sinks import Sink, SinkError, create_sink
 
