@@ -81,7 +81,7 @@ OPS_KEY = parse_key(OPS_KEY_PEM, "the bench's ops key")
 RELAY_KEY = b"fleet-bench-relay-key-" + b"r" * 32
 TARGET_P99_MS = 300.0
 TARGET_PER_S = 200.0
-SESSION_TIMEOUT_S = 10.0  # the approver's Kafka session timeout (bridge/approver/sources/kafka.py)
+SESSION_TIMEOUT_S = 10.0  # the approver's Kafka session timeout (bridge/streams/kafka.py)
 
 
 @dataclass

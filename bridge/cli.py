@@ -239,7 +239,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _decide(args: argparse.Namespace) -> int:
-    from bridge.approver.decide import decide
+    from bridge.decide import decide
 
     return decide(args)
 

@@ -16,7 +16,7 @@ checks that none is missing::
     BridgeError                    talking to the outside failed: kind + retryable
       ImdsError                      IMDS (imds/client)
       SinkError                      a sink's destination (pipeline/sink)
-      SourceError                    a decision source (approver/sources/base)
+      SourceError                    a decision source (streams/base)
       SecretError                    a secret named by *_env / *_file (transports/secrets)
       GraphUnavailable               a Resource Graph poll that could not finish (azure/graph)
     refusals: the caller answers, audits or counts them (a reason word, never retried as they are)
@@ -30,7 +30,7 @@ checks that none is missing::
       BodyTooLarge (ValueError)      a console request body over its cap: 413 (console/app)
     configuration refused at start (one line, exit 2)
       ConfigError (ValueError)       a setting (settings)
-      TopologyRefused (ValueError)   a source/group layout that would lose decisions (approver/topology)
+      TopologyRefused (ValueError)   a source/group layout that would lose decisions (streams/topology)
       KeyVaultError                  a key that cannot be read from Key Vault (transports/keyvault)
     the disk and the state directory
       OutboxFull                     the outbox holds its limit (pipeline/outbox; policies: pipeline/storing)

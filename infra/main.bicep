@@ -201,7 +201,7 @@ var compactPrefix = toLower(replace(namePrefix, '-', ''))
 var namespaceName = '${namePrefix}-ehns-${suffix}'
 var storageAccountName = take('${compactPrefix}st${suffix}', 24)
 // The records hub: se-bridge-approver-fleet is where every fleet approver instance reads every
-// partition (its events reader, --events-source: <group>-fleet, bridge/approver/topology.py). On the
+// partition (its events reader, --events-source: <group>-fleet, bridge/streams/topology.py). On the
 // decisions hub, se-bridge-approver is the approver's default consumer group (--group), shared by the
 // fleet instances through the checkpoint store; se-bridge-approver-standby is where each instance's
 // standby reads every partition (bridge/approver/standby.py: an epoch reader in the shared group would

@@ -18,7 +18,6 @@ from typing import Any, TypeVar, get_args
 from bridge import records
 from bridge.approver.dispatch import Slot
 from bridge.approver.metrics import ApproverMetrics
-from bridge.approver.sources import Message
 from bridge.approver.store import DecisionStore
 from bridge.decisions import Decision
 from bridge.observability import ErrorStreak
@@ -27,6 +26,7 @@ from bridge.pipeline.storing import until_stored
 from bridge.relay_api import Outcome, fits
 from bridge.retry import Backoff
 from bridge.signing import sign_record
+from bridge.streams import Message
 
 log = logging.getLogger("bridge.approver.service")  # one logger name for the approver's decisions
 T = TypeVar("T")

@@ -10,15 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bridge.approver import topology
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.fleet import FleetView
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient
 from bridge.approver.service import Approver
-from bridge.approver.sources import SourceError, create_source
-from bridge.approver.store import lock_state_dir
 from bridge.coordination import CoordinationPolicy
 from bridge.decisions import DecisionKeys, SigningKey, ValidationPolicy, load_signing_key
+from bridge.shell.statedir import lock_state_dir
+from bridge.streams import SourceError, create_source, topology
 
 
 def build_approver(config: Any) -> Approver:

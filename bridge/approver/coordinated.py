@@ -16,11 +16,11 @@ from bridge import coordination
 from bridge.approver.auditing import AuditWriter, Ending
 from bridge.approver.lifecycle import DecisionLife
 from bridge.approver.metrics import ApproverMetrics
-from bridge.approver.sources import Message, Position
 from bridge.approver.store import DecisionStore
 from bridge.coordination import Verdict
 from bridge.decisions import Decision, SigningKey, new_decision, sign
 from bridge.relay_api import RelayDecision
+from bridge.streams import Message, Position
 
 log = logging.getLogger("bridge.approver.service")
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.approver.messages import MAX_MESSAGE_BYTES, loads_object
-from bridge.approver.sources import Message
 from bridge.decisions import Decision
+from bridge.streams import Message
 
 log = logging.getLogger(__name__)
 

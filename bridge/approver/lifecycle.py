@@ -41,13 +41,13 @@ from bridge.approver.messages import MAX_MESSAGE_BYTES, lane_of, peek
 from bridge.approver.metrics import ApproverMetrics
 from bridge.approver.relaying import Relayer, Unreached
 from bridge.approver.routing import FleetRouter, LocalRouter
-from bridge.approver.sources import Message
 from bridge.approver.store import DecisionStore
 from bridge.decisions import Decision, DecisionRefused, ValidationPolicy, loads_strict, validate
 from bridge.observability import RateLimitedLog
 from bridge.pipeline import OutboxFull, OutboxWriteError
 from bridge.relay_api import RelayDecision
 from bridge.retry import Backoff
+from bridge.streams import Message
 
 log = logging.getLogger("bridge.approver.service")  # one logger name for the approver's decisions
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge.approver.sources import DecisionSource
 from bridge.pipeline.metrics import PipelineMetrics, counter, gauge
+from bridge.streams import DecisionSource
 
 
 class OwnershipCollector:

@@ -27,13 +27,13 @@ from typing import Any
 import orjson
 
 from bridge.approver.fleet import FleetView, Vm
-from bridge.approver.sources import DecisionSource
-from bridge.approver.sources.follow import follow
 from bridge.decisions import Decision
 from bridge.eligibility import EventFacts
 from bridge.netaddr import UnixHTTPConnection
 from bridge.relay_api import DOCUMENT_PATH, START_REQUESTS_PATH, request_body
 from bridge.signing import KeyRing, sign_request
+from bridge.streams import DecisionSource
+from bridge.streams.follow import follow
 
 log = logging.getLogger(__name__)
 

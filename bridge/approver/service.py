@@ -39,9 +39,8 @@ from bridge.approver.lifecycle import DecisionLife
 from bridge.approver.metrics import ApproverMetrics
 from bridge.approver.relaying import Relayer
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient
-from bridge.approver.sources import DecisionSource, Message, SourceError
 from bridge.approver.standby import Standby
-from bridge.approver.store import DecisionStore, lock_state_dir
+from bridge.approver.store import DecisionStore
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.decisions import SigningKey, ValidationPolicy
 from bridge.errors import BridgeError
@@ -50,7 +49,9 @@ from bridge.listener import Listener, probe_routes
 from bridge.observability import ErrorStreak
 from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked
 from bridge.retry import Backoff
+from bridge.shell.statedir import lock_state_dir
 from bridge.sinks import Sink
+from bridge.streams import DecisionSource, Message, SourceError
 
 __all__ = ["AUDIT_OUTCOMES", "EXIT_COMPONENT_FAILED", "Approver"]
 

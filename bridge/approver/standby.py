@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from bridge.approver.sources import DecisionSource, Message
+from bridge.streams import DecisionSource, Message
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 
-from bridge.approver.sources.base import Position
-from bridge.fsutil import DirectoryLocked, datasync, ensure_private_dir, lock_directory, write_atomic
+from bridge.fsutil import datasync, write_atomic
+from bridge.streams.base import Position
 
 COMPACT_AT = 20_000
 KEEP_SECONDS = 7 * 24 * 3600.0
@@ -95,17 +95,3 @@ class DecisionStore:
         keep = [e for e in self._entries.values() if e.get("at", 0) >= cutoff]
         self._entries = {e["decisionId"]: e for e in keep}
         write_atomic(self.path, b"".join(orjson.dumps(e) + b"\n" for e in keep))
-
-
-def lock_state_dir(state_dir: Path) -> int | None:
-    """Create the state directory (0700) and take its lock, or refuse to start (exit 2): a second
-    approver on the same directory must stop before it touches the first one's files."""
-    from bridge.config import ConfigError
-
-    try:
-        ensure_private_dir(state_dir)
-        return lock_directory(state_dir)
-    except DirectoryLocked as exc:
-        raise ConfigError(f"state_dir: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None

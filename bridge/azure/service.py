@@ -31,10 +31,6 @@ import orjson
 
 from bridge import __version__
 from bridge.apiguard import guarded_listener
-from bridge.approver import topology
-from bridge.approver.sources import DecisionSource, Message, create_source
-from bridge.approver.sources.follow import follow
-from bridge.approver.store import lock_state_dir
 from bridge.azure.events import AzureEvent, AzureEventRefused, deliveries, from_event_grid, from_graph_row
 from bridge.azure.graph import ResourceGraphReader
 from bridge.azure.metrics import AzureChannelMetrics
@@ -49,8 +45,11 @@ from bridge.pipeline import DeliveryWorker, Health, Outbox, RecordMeta
 from bridge.pipeline.storing import until_stored
 from bridge.records import encode
 from bridge.retry import Backoff
+from bridge.shell.statedir import lock_state_dir
 from bridge.signing import load_key_from, sign_record
 from bridge.sinks import Sink, create_sink
+from bridge.streams import DecisionSource, Message, create_source, topology
+from bridge.streams.follow import follow
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """``se-bridge console``: the ops console as a service (issue 20).
 
 Wiring: the events stream readers (every instance reads everything, like the fleet approver's
-events reader: :func:`bridge.approver.sources.follow.follow`) feed the :class:`~bridge.console.board.Board`;
+events reader: :func:`bridge.streams.follow.follow`) feed the :class:`~bridge.console.board.Board`;
 the web app (:mod:`bridge.console.app`) serves it with uvicorn; decisions go out through a
-:class:`~bridge.approver.decide.DecisionPublisher`. ``/healthz``, ``/readyz`` (ready once every
+:class:`~bridge.decide.DecisionPublisher`. ``/healthz``, ``/readyz`` (ready once every
 stream was read to its end) and ``/metrics`` like every service; SIGTERM stops serving, then the
 readers. Nothing here is imported by the agent (the ``console`` extra).
 """
@@ -19,19 +19,18 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from bridge.approver import topology
-from bridge.approver.decide import DecisionPublisher
-from bridge.approver.sources import DecisionSource, SourceError, create_source
-from bridge.approver.sources.follow import follow
 from bridge.console.access import Access
 from bridge.console.app import Console
 from bridge.console.board import Board
 from bridge.console.identity import TokenVerifier
+from bridge.decide import DecisionPublisher
 from bridge.decisions import load_signing_key
 from bridge.fsutil import ensure_private_dir
 from bridge.netaddr import parse_listen
 from bridge.signing import KeyRing, load_key
 from bridge.sinks import SinkError
+from bridge.streams import DecisionSource, SourceError, create_source, topology
+from bridge.streams.follow import follow
 
 log = logging.getLogger(__name__)
 

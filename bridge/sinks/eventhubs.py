@@ -39,7 +39,7 @@ Why it is built this way:
 * **One spec syntax with the approver's Event Hubs source.** The spec's options, the connection
   string or Entra ID credential, building SDK clients, abandoning a hung call and classifying SDK
   failures are :mod:`bridge.transports.eventhubs`'s, shared with
-  :mod:`bridge.approver.sources.eventhubs`; this module adds the producer, its batches and its
+  :mod:`bridge.streams.eventhubs`; this module adds the producer, its batches and its
   watchdog. The connection string is never in the spec (``connection_string_env`` /
   ``connection_string_file``, read each time a client is built); Entra ID needs no secret at all and
   is the default. A connection string with ``UseDevelopmentEmulator=true`` (local emulators and test

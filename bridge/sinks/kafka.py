@@ -33,7 +33,7 @@ Why it is built this way:
 * **One spec syntax with the approver's Kafka source.** The spec's options, the SASL password and
   Entra ID tokens, the connection settings (Event Hubs' Kafka endpoint included) and the meaning of a
   librdkafka error are :mod:`bridge.transports.kafka`'s, shared with
-  :mod:`bridge.approver.sources.kafka`; this module adds the producer. The SASL password is never in
+  :mod:`bridge.streams.kafka`; this module adds the producer. The SASL password is never in
   the spec (``sasl_password_env`` / ``sasl_password_file``, read when a producer is built);
   librdkafka's own log lines go through the ``bridge.sinks.kafka.librdkafka`` logger at debug level;
   errors reach the operator through the worker's once-per-streak log.

@@ -2,7 +2,7 @@
 between its Kafka source and sink).
 
 A ``kafka://`` or ``eventhubs://`` spec means the same thing whether the agent writes to it (a sink,
-:mod:`bridge.sinks`) or the approver reads from it (a decision source, :mod:`bridge.approver.sources`):
+:mod:`bridge.sinks`) or the approver reads from it (a decision source, :mod:`bridge.streams`):
 the same options, the same validation, the same credentials, the same classification of the client
 library's errors. That knowledge lives here, once, so the two directions cannot drift apart and neither
 has to build the other to read its settings. Each side adds only its own part (a producer or a

@@ -8,7 +8,7 @@ ever being shown, how an SDK client is built with Entra ID or a connection strin
 (:class:`HubConnection`), how a call the SDK can hang for ever is abandoned, and what an SDK failure
 means (:func:`classify_error`) therefore live here, once. The sink (:mod:`bridge.sinks.eventhubs`)
 adds a producer and its delivery options (``send_timeout``, ``max_in_flight``: part of the one spec
-syntax, a source checks and ignores them); the source (:mod:`bridge.approver.sources.eventhubs`) a
+syntax, a source checks and ignores them); the source (:mod:`bridge.streams.eventhubs`) a
 consumer, its consumer group and its checkpoint store. Each passes its
 :class:`~bridge.transports.base.Owner`, so a refusal reads "eventhubs sink: ..." or "eventhubs
 source: ...".

@@ -6,7 +6,7 @@ Why one module for both directions: ``se-bridge decide --sink X`` writes decisio
 options and their validation (:func:`parse_spec`), the secrets and tokens a connection needs and the
 librdkafka settings built from them (:class:`KafkaConnection`), and what a librdkafka error means
 (:func:`classify`) therefore live here, once. The sink (:mod:`bridge.sinks.kafka`) adds its producer
-settings, the source (:mod:`bridge.approver.sources.kafka`) its consumer-group settings; each passes
+settings, the source (:mod:`bridge.streams.kafka`) its consumer-group settings; each passes
 its :class:`~bridge.transports.base.Owner`, so a refusal reads "kafka sink: ..." or "kafka source:
 ...". The producer options (``message_timeout_ms``, ``linger_ms``, ``compression``, ``idempotence``)
 are part of the one spec syntax: a source checks and ignores them, so one spec serves both.

@@ -299,11 +299,11 @@ def test_approver_killed_after_relaying_does_not_post_twice(
     """Relay done, offset not committed (crash): the re-read decision gets the agent's ledger answer."""
     from bridge.approver.routing import LocalRouter, RelayClient
     from bridge.approver.service import Approver as ApproverService
-    from bridge.approver.sources import Message, Position
-    from bridge.approver.sources.file import FileSource
     from bridge.decisions import ValidationPolicy
     from bridge.signing import KeyRing
     from bridge.sinks import create_sink
+    from bridge.streams import Message, Position
+    from bridge.streams.file import FileSource
 
     agent = make_agent(emulator.url).start()
     eid = emulator.add_event(eventType="Freeze")
@@ -350,12 +350,12 @@ def test_a_lane_batch_costs_one_audit_fsync_and_a_failed_one_writes_the_audits_a
 
     from bridge.approver.routing import LocalRouter, RelayClient
     from bridge.approver.service import Approver as ApproverService
-    from bridge.approver.sources import Message, Position
-    from bridge.approver.sources.file import FileSource
     from bridge.decisions import ValidationPolicy
     from bridge.pipeline import Outbox
     from bridge.signing import KeyRing
     from bridge.sinks import create_sink
+    from bridge.streams import Message, Position
+    from bridge.streams.file import FileSource
 
     agent = make_agent(emulator.url).start()
     events = [emulator.add_event(eventType="Freeze") for _ in range(4)]

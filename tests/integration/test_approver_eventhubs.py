@@ -43,8 +43,8 @@ from procs import (
     wait_until,
 )
 
-from bridge.approver.sources import SourceError
-from bridge.approver.sources.eventhubs import parse_source_spec
+from bridge.streams import SourceError
+from bridge.streams.eventhubs import parse_source_spec
 
 KEY = DECISION_KEY  # Ed25519 (the agents prove each decision with its public half)
 EH_KEY = secrets.token_urlsafe(32)  # the hub's SAS key: must never reach a log line

@@ -446,10 +446,10 @@ def test_a_coordinated_approval_that_reached_no_agent_is_tried_again(
     from bridge.approver.coordinator import FleetCoordinator
     from bridge.approver.routing import FleetRouter, RelayClient
     from bridge.approver.service import Approver
-    from bridge.approver.sources.file import FileSource
     from bridge.decisions import ValidationPolicy
     from bridge.signing import KeyRing
     from bridge.sinks import create_sink
+    from bridge.streams.file import FileSource
 
     # The coordinator's own bookkeeping, with an act that fails once.
     acts: list[float] = []

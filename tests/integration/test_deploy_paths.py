@@ -34,8 +34,8 @@ from procs import PY, Emulator, decision_public_pem, scrape, wait_until
 from test_infra import tools_python
 from test_keyvault import FakeAzure
 
-from bridge.approver import topology
 from bridge.config import load_agent_config, load_approver_config
+from bridge.streams import topology
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_ID = "00000000-0000-0000-0000-0000000000a1"

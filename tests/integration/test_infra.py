@@ -632,7 +632,7 @@ def test_the_decisions_hub_has_the_consumer_groups_the_fleet_approvers_read_with
     """Issue 19: the owners share ``se-bridge-approver`` (the fleet approver's --source spec), and each
     instance's standby reads every partition in the group the source derives from it; a group the hub
     lacks would fail every standby read. Standard allows 20 consumer groups per hub."""
-    from bridge.approver.sources.eventhubs import standby_group
+    from bridge.streams.eventhubs import standby_group
 
     main = (ROOT / "infra" / "main.bicep").read_text()
     block = re.search(r"decisionsConsumerGroups: \[(.*?)\]", main, re.S)
@@ -649,9 +649,9 @@ def test_azures_channel_reaches_the_hub_the_azure_channel_service_reads(lint_rep
     identity (Event Hubs Data Sender on that hub alone, granted before the subscription is created);
     the service's --source spec names that hub and a consumer group the module creates, and parses
     as a source spec without a secret; the reconciliation's events reader has its group on the records
-    hub (bridge.approver.topology: <group>-fleet)."""
-    from bridge.approver import topology
-    from bridge.approver.sources.eventhubs import parse_source_spec
+    hub (bridge.streams.topology: <group>-fleet)."""
+    from bridge.streams import topology
+    from bridge.streams.eventhubs import parse_source_spec
 
     module = (ROOT / "infra" / "modules" / "azure-channel.bicep").read_text()
     assert lint_report["files"]["infra/modules/azure-channel.bicep"]["errors"] == []
@@ -723,11 +723,11 @@ def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: P
     identity, no secret), the events reader has its consumer group and no checkpoint store (every
     replica reads everything), the key is a file (the Key Vault secret volume), and main.bicep creates
     that consumer group on the records hub."""
-    from bridge.approver import topology
-    from bridge.approver.sources.eventhubs import parse_source_spec
     from bridge.cli import build_parser
     from bridge.config import load_console_config
     from bridge.sinks.eventhubs import parse_eventhubs_spec
+    from bridge.streams import topology
+    from bridge.streams.eventhubs import parse_source_spec
 
     module = (ROOT / "infra" / "modules" / "console.bicep").read_text()
     block = re.search(r"\n          args: \[\n(.*?)\n          \]", module, re.S)

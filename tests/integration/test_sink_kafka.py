@@ -221,7 +221,7 @@ def test_event_hubs_settings_follow_microsofts_kafka_guidance(monkeypatch: pytes
     """Issue 13: the Event Hubs Kafka endpoint stores only gzip (another codec is refused at start,
     naming the option), wants request.timeout.ms 60000 from every client and 30 s consumer sessions;
     other brokers keep every codec and the approver's 10 s session."""
-    from bridge.approver.sources.kafka import KafkaSource
+    from bridge.streams.kafka import KafkaSource
 
     monkeypatch.setenv("EVENTHUBS_CONNECTION_STRING", EH_CONNECTION_STRING)
     base = (

@@ -18,8 +18,8 @@ from bridge.approver import auditing
 from bridge.approver.auditing import AuditWriter
 from bridge.approver.dispatch import Slot
 from bridge.approver.metrics import ApproverMetrics
-from bridge.approver.sources.base import Message, Position
 from bridge.pipeline.outbox import OutboxWriteError
+from bridge.streams.base import Message, Position
 
 
 class FailingOutbox:

@@ -24,11 +24,11 @@ from bridge.approver.lifecycle import DecisionLife
 from bridge.approver.metrics import ApproverMetrics
 from bridge.approver.relaying import Relayer
 from bridge.approver.routing import LocalRouter, RelayUnavailable
-from bridge.approver.sources import Message, Position
 from bridge.approver.store import DecisionStore
 from bridge.decisions import ValidationPolicy, new_decision, sign
 from bridge.pipeline import Outbox
 from bridge.signing import KeyRing
+from bridge.streams import Message, Position
 
 KEY = b"k" * 40
 EVENTS = [f"00000000-0000-0000-0000-00000000000{n}" for n in range(1, 5)]

@@ -1,5 +1,5 @@
 """The ``file://`` decision source: lines as they are written, woken by inotify (issue 19 item 4,
-bridge/approver/sources/filewatch.py).
+bridge/streams/filewatch.py).
 
 A waiting poll used to check the file every 50 ms, a fifth of an approval's budget spent on
 noticing it. These tests write from another thread while a poll waits with a long timeout and a
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from bridge.approver.sources import filewatch
-from bridge.approver.sources.file import FileSource
+from bridge.streams import filewatch
+from bridge.streams.file import FileSource
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="inotify is Linux's")
 
@@ -216,8 +216,8 @@ def test_no_descriptor_left_for_inotify_the_source_still_reads(tmp_path: Path) -
     script = f"""
 import logging, os, resource, threading
 logging.basicConfig(level=logging.WARNING)
-from bridge.approver.sources.file import FileSource
-from bridge.approver.sources.filewatch import FileWrites
+from bridge.streams.file import FileSource
+from bridge.streams.filewatch import FileWrites
 source = FileSource("file://{decisions}", __import__("pathlib").Path("{tmp_path}/state"))
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))

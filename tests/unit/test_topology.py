@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.approver import topology
+from bridge.streams import topology
 
 EH = "eventhubs://ns.servicebus.windows.net/se-decisions?credential=managed"
 STORE = "&checkpoint_url=https://acct.blob.core.windows.net/checkpoints"

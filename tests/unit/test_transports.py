@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge.approver.sources import SourceError, create_source
 from bridge.errors import BridgeError
 from bridge.sinks import SinkError, create_sink
+from bridge.streams import SourceError, create_source
 from bridge.transports.base import Owner
 from bridge.transports.secrets import SecretError, SecretRef
 
@@ -201,7 +201,7 @@ def test_one_spec_serves_both_directions(tmp_path: Path) -> None:
 def test_a_file_agent_loads_no_transport_sdk() -> None:
     """Cloud SDKs and librdkafka are imported only when a spec names them."""
     code = (
-        "import sys, bridge.sinks, bridge.sinks.file, bridge.approver.sources, bridge.approver.sources.file, "
+        "import sys, bridge.sinks, bridge.sinks.file, bridge.streams, bridge.streams.file, "
         "bridge.transports.secrets, bridge.transports.azure, bridge.transports.eventhubs; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('confluent_kafka', 'azure')))"
     )

@@ -22,7 +22,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from bridge.approver.sources.base import DecisionSource, Message, Position, SourceError, owner
+from bridge.streams.base import DecisionSource, Message, Position, SourceError, owner
 from bridge.transports import kafka
 from bridge.transports.kafka import KafkaConnection, TokenUnavailable
 

@@ -1,17 +1,17 @@
-"""Decision sources: one module per transport, one interface (:mod:`bridge.approver.sources.base`).
+"""Decision sources: one module per transport, one interface (:mod:`bridge.streams.base`).
 
 Mirrors :mod:`bridge.sinks`: the registry below names each source's module, imported only when a
 spec uses it, so an approver reading a file never loads librdkafka or an Azure SDK. What a source
 shares with the sink of the same transport (spec options, credentials, error classification) is in
 :mod:`bridge.transports`, not in the sink: sources and sinks never import each other. Transports:
 
-* ``file:///path.jsonl`` (:mod:`~bridge.approver.sources.file`): follows a JSON Lines file as it
+* ``file:///path.jsonl`` (:mod:`~bridge.streams.file`): follows a JSON Lines file as it
   grows; the committed line is kept in the state directory.
-* ``stdin:`` (:mod:`~bridge.approver.sources.stdin`): reads standard input (no resume: for pipes
+* ``stdin:`` (:mod:`~bridge.streams.stdin`): reads standard input (no resume: for pipes
   and labs); exhausted at its end.
-* ``kafka://host:port/topic?...`` (:mod:`~bridge.approver.sources.kafka`): a consumer group, offsets
+* ``kafka://host:port/topic?...`` (:mod:`~bridge.streams.kafka`): a consumer group, offsets
   committed after each final outcome.
-* ``eventhubs://<namespace>/<hub>?...`` (:mod:`~bridge.approver.sources.eventhubs`):
+* ``eventhubs://<namespace>/<hub>?...`` (:mod:`~bridge.streams.eventhubs`):
   ``EventHubConsumerClient`` with the Blob checkpoint store.
 """
 
@@ -20,17 +20,17 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from bridge.approver.sources.base import DecisionSource, Message, Position, SourceError
 from bridge.redaction import redact
+from bridge.streams.base import DecisionSource, Message, Position, SourceError
 
 __all__ = ["DecisionSource", "Message", "Position", "SourceError", "create_source"]
 
 # scheme -> (module, class); imported on first use so an unused transport costs nothing.
 _REGISTRY = {
-    "file": ("bridge.approver.sources.file", "FileSource"),
-    "stdin": ("bridge.approver.sources.stdin", "StdinSource"),
-    "kafka": ("bridge.approver.sources.kafka", "KafkaSource"),
-    "eventhubs": ("bridge.approver.sources.eventhubs", "EventHubsSource"),
+    "file": ("bridge.streams.file", "FileSource"),
+    "stdin": ("bridge.streams.stdin", "StdinSource"),
+    "kafka": ("bridge.streams.kafka", "KafkaSource"),
+    "eventhubs": ("bridge.streams.eventhubs", "EventHubsSource"),
 }
 _EXTRAS = {"kafka": "kafka", "eventhubs": "eventhubs"}
 

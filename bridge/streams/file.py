@@ -5,7 +5,7 @@ message is its line number; the last committed line is kept in the state directo
 atomically), so a restarted approver resumes after it. A last line without its newline is a writer
 caught mid-line and is read once complete.
 
-A waiting poll sleeps until the file is written (:mod:`bridge.approver.sources.filewatch`: inotify,
+A waiting poll sleeps until the file is written (:mod:`bridge.streams.filewatch`: inotify,
 or a check every 50 ms where there is none), so a decision is read the moment it is written.
 """
 
@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from bridge.approver.sources.base import DecisionSource, Message, Position
-from bridge.approver.sources.filewatch import FileWrites
 from bridge.fsutil import ensure_private_dir, write_atomic
+from bridge.streams.base import DecisionSource, Message, Position
+from bridge.streams.filewatch import FileWrites
 
 
 class FileSource(DecisionSource):

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from bridge.approver.sources.base import DecisionSource
+from bridge.streams.base import DecisionSource
 
 log = logging.getLogger(__name__)
 

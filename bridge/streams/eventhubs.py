@@ -55,14 +55,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from bridge.approver.sources.base import DecisionSource, Message, Position, SourceError
-from bridge.approver.sources.eventhubs_options import (
+from bridge.fsutil import ensure_private_dir, write_atomic
+from bridge.redaction import redact
+from bridge.streams.base import DecisionSource, Message, Position, SourceError
+from bridge.streams.eventhubs_options import (
     OWNER,
     parse_source_spec,
 )
-from bridge.approver.sources.eventhubs_store import STORE_OPTIONS, StoreHealth, stable_owner_store
-from bridge.fsutil import ensure_private_dir, write_atomic
-from bridge.redaction import redact
+from bridge.streams.eventhubs_store import STORE_OPTIONS, StoreHealth, stable_owner_store
 from bridge.transports.azure import EXTRA_HINT
 from bridge.transports.eventhubs import (
     Abandoned,
@@ -575,7 +575,7 @@ class EventHubsStandbyReader(EventHubsSource):
 def _receive_error(name: str, error: str) -> SourceError:
     """A receive error for :meth:`EventHubsSource.poll`. Event Hubs admits 5 readers per partition and
     consumer group: the 6th local approver of a scale set is refused with ``QuotaExceeded``, which is
-    reported with what to do about it (bridge.approver.topology)."""
+    reported with what to do about it (bridge.streams.topology)."""
     if "quotaexceeded" in error.lower() or "maximum number of allowed receivers" in error.lower():
         return SourceError(
             f"eventhubs source {name}: {error}: more than 5 readers of this consumer group; local mode "

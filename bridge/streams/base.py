@@ -72,7 +72,7 @@ class DecisionSource(ABC):
 
     @classmethod
     def create(cls, spec: str, state_dir: Path, group: str) -> DecisionSource:
-        """Build the source ``spec`` names (what :func:`bridge.approver.sources.create_source` calls).
+        """Build the source ``spec`` names (what :func:`bridge.streams.create_source` calls).
         ``state_dir`` keeps what the source must remember locally, ``group`` is the consumer group of
         sources that have one; a source that needs neither ignores them."""
         return cls(spec)

@@ -3,7 +3,7 @@
 A source spec is the hub's (:func:`bridge.transports.eventhubs.parse_spec`, shared with the sink)
 plus the consumer group and the checkpoint store (Blob Storage: a URL with the hub's Entra ID
 credential, or a connection string named by ``*_env`` / ``*_file``, never in the spec). Every
-mistake is a :class:`~bridge.approver.sources.base.SourceError` naming the option, never a value.
+mistake is a :class:`~bridge.streams.base.SourceError` naming the option, never a value.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-from bridge.approver.sources.base import owner
+from bridge.streams.base import owner
 from bridge.transports import eventhubs
 from bridge.transports.base import numeric_option
 from bridge.transports.eventhubs import EventHubsOptions

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from bridge.approver.sources.base import DecisionSource, Message, Position
+from bridge.streams.base import DecisionSource, Message, Position
 
 
 class StdinSource(DecisionSource):
