@@ -381,6 +381,7 @@ module console 'modules/console.bicep' = if (deployConsole) {
     entraClientId: consoleEntraClientId
     entraClientSecret: consoleEntraClientSecret
     approverRole: consoleApproverRole
+    tokenStoreAccountName: storage.outputs.accountName
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
     tags: tags
   }

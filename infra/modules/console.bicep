@@ -63,6 +63,9 @@ param entraClientSecret string
 @description('App role of that registration whose holders may approve (everyone else signed in may look).')
 param approverRole string
 
+@description('Storage account (the deployment\'s own) whose container `console-tokens` is the sign-in token store.')
+param tokenStoreAccountName string
+
 @description('Log Analytics workspace (resource id) the environment sends its logs to; empty: none.')
 param logAnalyticsWorkspaceId string
 
@@ -76,6 +79,7 @@ var keyRefName = 'console-key'
 var signInRefName = 'microsoft-provider-authentication-secret'
 var keyVaultSecretsUser = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '4633458b-17de-408a-b874-0445c86b69e6')
 var eventHubsDataReceiver = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', 'a638d3c7-ab3a-418d-83e6-5f17a39d4fde')
+var storageBlobDataContributor = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', 'ba92f5b4-2d11-453d-a403-e96b0029c9fe')
 var eventHubsDataSender = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '2b629674-e913-4c01-ae53-ef4638d8f975')
 var namespaceFqdn = '${namespaceName}.servicebus.windows.net'
 // Entra ID's v2.0 issuer of this tenant: who signs people in, and whose ID tokens the console proves.
@@ -339,12 +343,58 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
   ]
 }
 
-resource signIn 'Microsoft.App/containerApps/authConfigs@2024-03-01' = {
+// The sign-in token store (issue 31): with it, Container Apps authentication passes each request's ID
+// token (X-MS-TOKEN-AAD-ID-TOKEN), which the console verifies against Entra ID's keys; without it the
+// console could only believe a header, and it believes none. A container of the deployment's storage
+// account (shared keys off), read and written by the console's identity only.
+resource tokenAccount 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: tokenStoreAccountName
+}
+
+resource tokenBlobs 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' existing = {
+  parent: tokenAccount
+  name: 'default'
+}
+
+resource tokenContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: tokenBlobs
+  name: 'console-tokens'
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
+resource keepsTokens 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(tokenContainer.id, identity.id, storageBlobDataContributor)
+  scope: tokenContainer
+  properties: {
+    principalId: identity.properties.principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: storageBlobDataContributor
+    description: 'The se-bridge console\'s sign-in token store'
+  }
+}
+
+// 2024-10-02-preview: the first version whose token store takes a managed identity instead of a SAS
+// URL (a SAS needs shared keys, which the account keeps off).
+resource signIn 'Microsoft.App/containerApps/authConfigs@2024-10-02-preview' = {
   parent: app
   name: 'current'
+  dependsOn: [
+    keepsTokens
+  ]
   properties: {
     platform: {
       enabled: true
+    }
+    login: {
+      tokenStore: {
+        enabled: true
+        azureBlobStorage: {
+          blobContainerUri: '${tokenAccount.properties.primaryEndpoints.blob}${tokenContainer.name}'
+          managedIdentityResourceId: identity.id
+        }
+      }
     }
     globalValidation: {
       unauthenticatedClientAction: 'RedirectToLoginPage'

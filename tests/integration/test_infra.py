@@ -75,7 +75,8 @@ API_VERSIONS = {
     # references (keyVaultUrl + identity) and Secret volumes the module uses.
     "Microsoft.App/managedEnvironments": "2024-03-01",
     "Microsoft.App/containerApps": "2024-03-01",
-    "Microsoft.App/containerApps/authConfigs": "2024-03-01",
+    # the token store with a managed identity (no SAS, shared keys stay off): preview only (issue 31)
+    "Microsoft.App/containerApps/authConfigs": "2024-10-02-preview",
     # Azure's own channel: the newest GA Event Grid version (azure-rest-api-specs, stable/2025-02-15).
     "Microsoft.EventGrid/systemTopics": "2025-02-15",
     "Microsoft.EventGrid/systemTopics/eventSubscriptions": "2025-02-15",
@@ -100,7 +101,9 @@ PUBLISHED = {
     "Microsoft.Compute/galleries/applications/versions": GALLERY_RP,
     "Microsoft.App/managedEnvironments": {"2023-05-01", "2024-03-01", "2025-01-01"},
     "Microsoft.App/containerApps": {"2023-05-01", "2024-03-01", "2025-01-01"},
-    "Microsoft.App/containerApps/authConfigs": {"2023-05-01", "2024-03-01", "2025-01-01"},
+    "Microsoft.App/containerApps/authConfigs": {
+        "2023-05-01", "2024-03-01", "2024-10-02-preview", "2025-01-01"
+    },
     "Microsoft.Resources/templateSpecs": {"2021-05-01", "2022-02-01"},
     "Microsoft.EventGrid/systemTopics": {"2025-02-15"},  # the stable versions checked so far
     "Microsoft.EventGrid/systemTopics/eventSubscriptions": {"2025-02-15"},
@@ -1206,3 +1209,16 @@ def test_the_logic_app_calls_the_signer_and_holds_no_signing_key() -> None:
     signer_bicep = (ROOT / "infra" / "modules" / "signer.bicep").read_text()
     assert "@Microsoft.KeyVault(SecretUri=${signingKey.properties.secretUri})" in signer_bicep
     assert "enablePurgeProtection: true" in signer_bicep and "enableRbacAuthorization: true" in signer_bicep
+
+
+def test_the_console_gets_id_tokens_from_a_token_store_its_identity_alone_reaches() -> None:
+    """Issue 31: the console proves a person from the ID token Container Apps authentication passes,
+    which needs the token store; a store reached by SAS would need shared keys on the account."""
+    module = (ROOT / "infra" / "modules" / "console.bicep").read_text()
+    auth = module[module.index("resource signIn ") :]
+    assert re.search(r"tokenStore: \{\n\s+enabled: true\n\s+azureBlobStorage: \{\n\s+blobContainerUri:", auth)
+    assert "managedIdentityResourceId: identity.id" in auth and "sasUrlSettingName" not in auth
+    role = module[module.index("resource keepsTokens") : module.index("resource signIn ")]
+    assert "scope: tokenContainer" in role and "ba92f5b4-2d11-453d-a403-e96b0029c9fe" in module
+    main = (ROOT / "infra" / "main.bicep").read_text()
+    assert "tokenStoreAccountName: storage.outputs.accountName" in main
