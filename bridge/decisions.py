@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -102,12 +103,46 @@ def loads_strict(payload: bytes) -> Any:
 #: What signs a decision: an Ed25519 private key, or (migration only) an HMAC key's bytes.
 SigningKey = Union[bytes, "Ed25519PrivateKey"]
 #: What proves one: an Ed25519 public key, or (approvers during a migration) an HMAC key's bytes.
-VerifyingKey = Union[bytes, "Ed25519PublicKey"]
+VerifyingKey = Union[bytes, "PublicKey", "Ed25519PublicKey"]
 
 ED25519 = "Ed25519"
 HMAC_SHA256 = "HMAC-SHA256"
 _PRIVATE_PEM = b"-----BEGIN PRIVATE KEY-----"
 _PUBLIC_PEM = b"-----BEGIN PUBLIC KEY-----"
+#: The DER SubjectPublicKeyInfo of every Ed25519 public key (RFC 8410), before its 32 key bytes.
+_ED25519_SPKI_PREFIX = bytes.fromhex("302a300506032b6570032100")
+
+
+@dataclass(frozen=True, slots=True)
+class PublicKey:
+    """An Ed25519 public key, its 32 bytes read from the PEM without the crypto library.
+
+    Why not PyCA's key object at once: every agent holds these keys, and importing ``cryptography``
+    costs an agent some 7 MiB of RSS (29.5 -> 36.8 MiB measured, docs/performance.md) for a check
+    it makes a few times a day. The library (well kept, not hand-written crypto) is imported only
+    when a decision is verified."""
+
+    raw: bytes
+
+    def verify(self, signature: bytes, data: bytes) -> None:
+        """``cryptography.exceptions.InvalidSignature`` when ``signature`` is not over ``data``."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        Ed25519PublicKey.from_public_bytes(self.raw).verify(signature, data)
+
+
+def _public_from_pem(data: bytes, where: str) -> PublicKey:
+    import base64
+    import binascii
+
+    body = b"".join(line for line in data.splitlines() if line and not line.startswith(b"-----"))
+    try:
+        der = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"key file {where} is not a readable PEM key") from None
+    if len(der) != len(_ED25519_SPKI_PREFIX) + 32 or not der.startswith(_ED25519_SPKI_PREFIX):
+        raise ValueError(f"key file {where} holds a PEM key that is not Ed25519")
+    return PublicKey(der[len(_ED25519_SPKI_PREFIX) :])
 
 
 def sign(decision: dict[str, Any], key_id: str, key: SigningKey) -> dict[str, Any]:
@@ -146,19 +181,17 @@ def parse_key(data: bytes, where: str) -> SigningKey | VerifyingKey:
     """A key file's content: an Ed25519 private or public key (PEM), or an HMAC key (at least 32
     bytes of text). ``ValueError`` naming ``where`` (never the content) otherwise."""
     data = data.strip()
-    if data.startswith((_PRIVATE_PEM, _PUBLIC_PEM)):
+    if data.startswith(_PUBLIC_PEM):
+        return _public_from_pem(data, where)  # no crypto library at start (PublicKey says why)
+    if data.startswith(_PRIVATE_PEM):
         from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
         try:
-            key: Any = (
-                serialization.load_pem_private_key(data, password=None)
-                if data.startswith(_PRIVATE_PEM)
-                else serialization.load_pem_public_key(data)
-            )
+            key: Any = serialization.load_pem_private_key(data, password=None)
         except (ValueError, TypeError):
             raise ValueError(f"key file {where} is not a readable PEM key") from None
-        if not isinstance(key, Ed25519PrivateKey | Ed25519PublicKey):
+        if not isinstance(key, Ed25519PrivateKey):
             raise ValueError(f"key file {where} holds a PEM key that is not Ed25519")
         return key
     if len(data) < MIN_KEY_BYTES:
@@ -222,12 +255,18 @@ class DecisionKeys:
 
 def _verifying(key: SigningKey | VerifyingKey) -> VerifyingKey:
     """What proves what ``key`` signs: itself (HMAC, public), or a private key's public half."""
+    if isinstance(key, bytes | PublicKey):
+        return key
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     return key.public_key() if isinstance(key, Ed25519PrivateKey) else key
 
 
 def _is_public(key: object) -> bool:
+    if isinstance(key, PublicKey):
+        return True
+    if "cryptography" not in sys.modules:
+        return False  # no PyCA key object can exist yet
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     return isinstance(key, Ed25519PublicKey)

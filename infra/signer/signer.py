@@ -22,9 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-from bridge.decisions import SCHEMA_FILE, new_decision, parse_key, sign
+from bridge.decisions import SCHEMA_FILE, PublicKey, new_decision, parse_key, sign
 from bridge.schemas import validate_document
 
 MIN_KEY_BYTES = 32
@@ -45,7 +43,7 @@ def handle(body: bytes, env: Mapping[str, str], now: float | None = None) -> tup
         key = parse_key(key_text, "SE_DECISION_KEY") if len(key_text) >= MIN_KEY_BYTES else None
     except ValueError:
         key = None
-    if key is None or isinstance(key, Ed25519PublicKey) or not key_id:
+    if key is None or isinstance(key, PublicKey) or not key_id:  # a public key cannot sign
         # Never say more: the answer goes back to the workflow's run history.
         return 500, {"error": "the signer has no usable key (SE_DECISION_KEY, SE_DECISION_KEY_ID)"}
     try:

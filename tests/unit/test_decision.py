@@ -97,3 +97,50 @@ def test_a_decision_that_expires_before_it_is_issued_is_refused() -> None:
     with pytest.raises(DecisionRefused) as refused:
         validate(unsigned, POLICY, now)
     assert (refused.value.reason, refused.value.authentic) == ("unsigned", False)
+
+
+def test_public_keys_are_read_without_the_crypto_library_and_only_ed25519(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 31: agents hold public keys only; reading one must not import PyCA (7 MiB of RSS on
+    every VM), and a PEM of another algorithm, or garbage, is refused at start, not at the first
+    decision."""
+    import subprocess
+    import sys
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from bridge.decisions import DecisionKeys, PublicKey, generate_key_pair, parse_key
+
+    _, public = generate_key_pair()
+    (tmp_path / "ops.pub").write_bytes(public)
+    code = (
+        "import sys; from bridge.decisions import DecisionKeys; "
+        f"DecisionKeys.from_specs(['ops={tmp_path / 'ops.pub'}'], public_only=True); "
+        "print('cryptography' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    key = parse_key(public, "ops.pub")
+    assert isinstance(key, PublicKey) and len(key.raw) == 32
+    other = (
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    with pytest.raises(ValueError, match="not Ed25519"):
+        parse_key(other, "ec.pub")
+    with pytest.raises(ValueError, match="not a readable PEM"):
+        parse_key(b"-----BEGIN PUBLIC KEY-----\n%%%\n-----END PUBLIC KEY-----", "bad.pub")
+    private = Ed25519PrivateKey.generate()
+    keys = DecisionKeys(
+        {
+            "ops": parse_key(
+                private.public_key().public_bytes(
+                    serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+                ),
+                "k",
+            )
+        }
+    )  # type: ignore[dict-item]
+    assert keys.ids() == ["ops"]
