@@ -239,3 +239,21 @@ def _sample(s: Setting) -> str:
 def _toml(s: Setting, value: str) -> str:
     quoted = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return f"[{quoted}]" if s.multiple else quoted
+
+
+def test_the_installer_gives_the_agent_the_approvers_public_decision_keys_only(capsys) -> None:  # type: ignore[no-untyped-def]
+    """Issue 31: the agent proves every relayed decision with public keys; an approver key given as
+    a PEM public key goes to the agent too, a shared (HMAC) one never (it could sign for every VM)."""
+    from bridge.decisions import generate_key_pair
+    from bridge.install_config import give_agent_the_public_decision_keys
+
+    _, public = generate_key_pair()
+    secrets = {"approverKeys": {"ops-2027": public.decode(), "ops-2026": "s" * 40}}
+    specs = ["ops-2026=/etc/se-bridge/keys/ops-2026.key", "ops-2027=/etc/se-bridge/keys/ops-2027.key"]
+    agent: dict[str, object] = {}
+    give_agent_the_public_decision_keys(agent, secrets, specs)
+    assert agent["decision_key"] == ["ops-2027=/etc/se-bridge/keys/ops-2027.key"]
+    hmac_only: dict[str, object] = {}
+    give_agent_the_public_decision_keys(hmac_only, {"approverKeys": {"ops-2026": "s" * 40}}, specs[:1])
+    assert "decision_key" not in hmac_only
+    assert "acts only on decisions signed with Ed25519" in capsys.readouterr().err
