@@ -50,13 +50,13 @@ from bridge.pipeline.storing import REFUSED, until_stored
 from bridge.relay_api import DOCUMENT_PATH, PREPARATIONS_PATH, START_REQUESTS_PATH
 from bridge.retry import Backoff
 from bridge.rules import ApprovalRule
+from bridge.shell.statedir import EXIT_COMPONENT_FAILED
 from bridge.signing import H_NONCE, KeyRing, NonceStore, RequestVerifier, sign_peer_answer
 from bridge.sinks import Sink, SinkError, create_sink
 
 log = logging.getLogger(__name__)
 
 #: Exit code when a component failed for good (EX_SOFTWARE): the service manager restarts the agent.
-EXIT_COMPONENT_FAILED = 70
 
 
 class Agent:

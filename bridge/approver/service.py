@@ -44,12 +44,12 @@ from bridge.approver.store import DecisionStore
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.decisions import SigningKey, ValidationPolicy
 from bridge.errors import BridgeError
-from bridge.fsutil import lock_lost, watch_lock
+from bridge.fsutil import lock_lost
 from bridge.listener import Listener, probe_routes
 from bridge.observability import ErrorStreak
 from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked
 from bridge.retry import Backoff
-from bridge.shell.statedir import lock_state_dir
+from bridge.shell.statedir import EXIT_COMPONENT_FAILED, lock_state_dir, watch_state_dir
 from bridge.sinks import Sink
 from bridge.streams import DecisionSource, Message, SourceError
 
@@ -65,7 +65,6 @@ READY_MAX_FAILURE = 30.0
 #: the read token (``/healthz`` and ``/readyz`` stay open for probes).
 READ_PATHS = frozenset({"/metrics"})
 #: Exit code when a component failed for good (EX_SOFTWARE): the service manager restarts the approver.
-EXIT_COMPONENT_FAILED = 70
 
 
 class Approver:
@@ -260,7 +259,9 @@ class Approver:
         ).start()
         # A state directory deleted under a running approver (issue 23): it would go on writing into
         # unlinked files, and a second approver could start on the same path. Stop (exit 70).
-        watch_lock(self.lock_lost, lambda why: self.health.failed("stateDir", why), self.stop_event)
+        watch_state_dir(
+            self._lock_fd, self.state_dir, lambda why: self.health.failed("stateDir", why), self.stop_event
+        )
         if self.coordinator is not None:
             threading.Thread(
                 target=self.coordinator.run, args=(self.stop_event,), name="coordinator", daemon=True

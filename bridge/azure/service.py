@@ -45,7 +45,7 @@ from bridge.pipeline import DeliveryWorker, Health, Outbox, RecordMeta
 from bridge.pipeline.storing import until_stored
 from bridge.records import encode
 from bridge.retry import Backoff
-from bridge.shell.statedir import lock_state_dir
+from bridge.shell.statedir import EXIT_COMPONENT_FAILED, lock_state_dir, watch_state_dir
 from bridge.signing import load_key_from, sign_record
 from bridge.sinks import Sink, create_sink
 from bridge.streams import DecisionSource, Message, create_source, topology
@@ -146,6 +146,11 @@ class AzureChannel:
             )
         for thread in threads:
             thread.start()
+        # A state directory deleted under it: stop (exit 70) as the agent and the approver do, rather
+        # than go on writing into unlinked files (issue 32: Azure's channel never watched it).
+        watch_state_dir(
+            self._lock_fd, self.state_dir, lambda why: self.health.failed("stateDir", why), self.stop_event
+        )
         if self.api is not None:
             self.api.start()
         log.info(
@@ -157,7 +162,7 @@ class AzureChannel:
         for thread in threads:
             thread.join(10.0)
         self.shutdown()
-        return 70 if self.health.fatal is not None else 0
+        return EXIT_COMPONENT_FAILED if self.health.fatal is not None else 0
 
     def _read(self, index: int, source: DecisionSource) -> None:
         """Read one Azure channel source; commit a poll's messages once their records are durable."""

@@ -6,10 +6,17 @@ pins; the second must stop (exit 2, one line) before it touches the first one's 
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
-from bridge.fsutil import DirectoryLocked, ensure_private_dir, lock_directory
+from bridge.fsutil import DirectoryLocked, ensure_private_dir, lock_directory, lock_lost, watch_lock
 from bridge.settings import ConfigError
+
+#: The exit code of a service that stopped because a part of it failed for good (its state directory
+#: deleted under it, a sink's disk gone): the service manager starts it afresh. One value for every
+#: service (issue 32: Azure's channel wrote a literal 70, and never watched its directory).
+EXIT_COMPONENT_FAILED = 70
 
 
 def lock_state_dir(state_dir: Path) -> int | None:
@@ -21,3 +28,12 @@ def lock_state_dir(state_dir: Path) -> int | None:
         raise ConfigError(f"state_dir: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None
+
+
+def watch_state_dir(
+    fd: int | None, state_dir: Path, failed: Callable[[str], None], stop: threading.Event
+) -> threading.Thread:
+    """Check every 5 s that ``fd``'s lock still guards ``state_dir``; ``failed(why)`` once when not (a
+    deleted state directory: the service would go on writing into unlinked files, and a second one
+    could start beside it). Every service stops on it with :data:`EXIT_COMPONENT_FAILED`."""
+    return watch_lock(lambda: lock_lost(fd, state_dir), failed, stop)

@@ -242,3 +242,16 @@ def test_a_full_disk_holds_azures_events_back_and_loses_none(tmp_path: Path) -> 
             )
         finally:
             channel.stop()
+
+
+def test_a_state_directory_deleted_under_azure_channel_stops_it_with_exit_70(tmp_path: Path) -> None:
+    """Issue 32: the agent and the approver stop (exit 70) when their state directory is deleted
+    under them; Azure's channel went on writing into unlinked files. It stops the same way now."""
+    import shutil
+
+    grid = tmp_path / "event-grid.jsonl"
+    grid.touch()
+    channel = Channel(tmp_path, "--source", f"file://{grid}")
+    shutil.rmtree(channel.state)
+    assert channel.proc.wait(30) == 70
+    assert "was deleted" in channel.log.read_text() or ".lock is gone" in channel.log.read_text()
