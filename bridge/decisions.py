@@ -353,13 +353,17 @@ class Decision:
         )
 
     def claims(self) -> dict[str, str]:
-        """Its identity as the audit record names it (the decision schema's member names)."""
-        return {
+        """Its identity as the audit record names it (the decision schema's member names), and the
+        reason its signer gave (issue 33: it never reached the audit trail)."""
+        claims = {
             "decisionId": self.decision_id,
             "eventId": self.event_id,
             "target": self.target,
             "issuedBy": self.issued_by,
         }
+        if self.reason:  # the person's words, signed with the decision: kept in the audit trail
+            claims["reason"] = self.reason
+        return claims
 
 
 @dataclass(frozen=True)

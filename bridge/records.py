@@ -155,6 +155,7 @@ def approval_record(
     coordination: dict[str, Any] | None = None,
     record_id: str | None = None,
     unverified: dict[str, str] | None = None,
+    decision_reason: str | None = None,
 ) -> dict[str, Any]:
     """One approval attempt, by the agent's relay (with its VM and how many StartRequests it posted)
     or by the approver (``vm`` null: the decision may never have reached an agent; ``record_id``
@@ -180,6 +181,8 @@ def approval_record(
             record["armCorrelationId"] = arm_correlation_id
     if coordination is not None:  # a coordinated approval: who waited for whom, and why it ended
         record["coordination"] = coordination
+    if decision_reason is not None:  # why the person decided, as they signed it (issue 33)
+        record["decisionReason"] = decision_reason
     if unverified is not None:  # what a message refused before it was proven claimed to be
         record["unverified"] = unverified
     return record

@@ -152,6 +152,14 @@ class AuditWriter:
         return True
 
 
+#: The decision schema's bound on ``reason``: nothing longer is a decision's own words.
+MAX_REASON = 2048
+
+
+def _reason(value: Any) -> str | None:
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_REASON else None
+
+
 def claims_of(raw: dict[str, Any] | None) -> dict[str, str] | None:
     """What an unproven message says of itself, bounded as the decision schema bounds it: the
     audit's ``unverified`` part (to find the real decision it may imitate), never its identity."""
@@ -202,6 +210,7 @@ def _audit_record(
         arm_correlation_id=ending.arm_correlation_id,
         coordination=coordination,
         unverified=unverified,
+        decision_reason=_reason(claims.get("reason")),
         # One record per decision whichever instance writes it (bridge.approver.standby).
         record_id=records.approver_record_id(
             text("decisionId") if record_final else None, str(message.position), message.payload

@@ -448,6 +448,7 @@ class Board:
             "component": _text(record.get("component")),
             "outcome": _text(record.get("outcome")),
             "reason": _text(record.get("reason")),
+            "decisionReason": _text(record.get("decisionReason"), 2048),
             "detail": _text(record.get("detail"), 500),
             "issuedBy": _text(record.get("issuedBy"), 256),
             "path": _text(record.get("path")),

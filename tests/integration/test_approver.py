@@ -119,6 +119,7 @@ def test_decide_approver_agent_imds_end_to_end(setup) -> None:
     audit = audit_for(approver, published["decisionId"])
     assert audit["outcome"] == "approved" and audit["results"][0]["result"] == "approved"
     assert validate_record(audit) == []
+    assert audit["decisionReason"] == "tests"  # issue 33: decide --reason reaches the audit trail
     agent.wait_for_change(eid, "started", timeout=30)  # the emulator started it after the approval
     assert emulator.state()["startRequests"] == {eid: 1}
     agent_audits = agent.records("approval")

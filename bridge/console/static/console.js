@@ -179,7 +179,7 @@ function renderEvent() {
   decision.hidden = !(e.open && e.eventStatus === "Scheduled" && state.me && state.me.canApprove);
   fill("#timeline tbody", e.timeline, (t) => [when(t.at), t.vm, t.change, t.eventStatus || "(gone)", String(t.incarnation ?? "")]);
   fill("#preparations tbody", e.preparationRecords, (p) => [when(p.at), p.vm, p.result, p.hook ? `${p.hook.result} (exit ${p.hook.exitCode})` : "no hook"]);
-  fill("#audits tbody", e.audits, (a) => [when(a.at), a.issuedBy || "", a.component, a.path || "", a.outcome, a.reason || "", a.detail || ""]);
+  fill("#audits tbody", e.audits, (a) => [when(a.at), a.issuedBy || "", a.component, a.path || "", a.outcome, [a.decisionReason, a.reason].filter(Boolean).join(" · "), a.detail || ""]);
 }
 
 function fill(selector, rows, cells) {
