@@ -221,6 +221,8 @@ def test_a_person_approves_an_event_and_watches_it_through(
     details.wait_for_selector("body[data-ready=true]")
     details.locator("#audits tbody tr").first.wait_for()
     assert "alice@contoso.example" in details.locator("#audits").inner_text()
+    # Issue 33: the person's reason reaches the audit trail (the approvers' signed audit shows it).
+    details.locator("#audits", has_text="ticket OPS-1234").wait_for(timeout=30_000)
     assert "fleet-vm-000" in details.locator("#timeline").inner_text()
     details.screenshot(path=str(shots(tmp_path) / "event.png"), full_page=True)
     page.locator(f"#event-{event_id}").wait_for(state="detached", timeout=60_000)  # completed: gone
@@ -232,6 +234,24 @@ def test_a_person_approves_an_event_and_watches_it_through(
     history.wait_for_selector("body[data-ready=true]")
     assert "completed" in history.locator("#closed").inner_text()
     history.screenshot(path=str(shots(tmp_path) / "history.png"), full_page=True)
+
+
+def test_the_decline_dialog_says_what_declining_does(stack: Stack, browser: Any) -> None:
+    """Issue 33: the Decline confirmation said "This releases the maintenance on every one of these
+    VMs, now", the Approve dialog's words, on the button that does the opposite."""
+    event_id = stack.add_event()
+    page = browser.new_context(extra_http_headers=APPROVER).new_page()
+    page.goto(f"{stack.url}/events/{event_id}")
+    page.wait_for_selector("body[data-ready=true]")
+    page.locator("#event-decline").click()
+    what = page.locator("#approve-what").inner_text()
+    assert "releases nothing" in what and "releases the maintenance" not in what
+    assert page.locator("#approve-confirm").inner_text().startswith("Decline")
+    page.locator("#approve-cancel").click()
+    page.goto(stack.url + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    page.locator(f"#event-{event_id}").get_by_role("button", name="Approve…").click()
+    assert "releases the maintenance" in page.locator("#approve-what").inner_text()
 
 
 def test_a_look_only_person_cannot_approve_and_a_cross_site_post_is_refused(

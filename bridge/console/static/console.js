@@ -201,7 +201,15 @@ function openApprove(event, action) {
   document.getElementById("approve-step2").hidden = true;
   // The VMs as the target's own agent reported the event: what approving through it releases.
   document.getElementById("approve-vms").replaceChildren(...event.releases.map((name) => el("li", { text: name })));
-  document.getElementById("approve-confirm").textContent = action === "approve" ? `Approve now: release ${event.releases.length} VM(s)` : "Decline";
+  document.getElementById("approve-confirm").textContent = action === "approve" ? `Approve now: release ${event.releases.length} VM(s)` : "Decline: let the platform decide";
+  // Issue 33: the Decline confirmation said what Approve does. A decline releases nothing: it records
+  // the person's no, and the platform starts the event at its NotBefore.
+  const what = document.getElementById("approve-what");
+  if (action === "approve") {
+    what.replaceChildren("This releases the maintenance on ", el("strong", { text: "every" }), " one of these VMs, now:");
+  } else {
+    what.replaceChildren("This releases nothing. It records that you said no; the platform still starts the event on these VMs at its NotBefore:");
+  }
   dialog.showModal();
 }
 
