@@ -9,8 +9,9 @@ against the issuer's keys; issue 31 found that headers such as ``X-Forwarded-Ema
   which passes ``X-MS-TOKEN-AAD-ID-TOKEN``;
 * ``oauth2-proxy``: ``Authorization: Bearer <id token>`` (``--pass-authorization-header``);
 * ``lab``: no front door (a laptop, the demo, the tests). A random token is printed at start; the
-  browser presents it once (``/?token=...``) and gets a session cookie. Anyone with the token may
-  approve.
+  browser presents it once (``/?token=...``) and gets a session cookie of its own (random, 12 hours).
+  The token is then spent (issue 33: it signed in any number of browsers, all with one cookie).
+  Whoever signed in with it may approve.
 
 A signed-in person may look; only one holding a configured app role (``--approver-role``) or group
 (``--approver-group``) *in the token* may approve. Identity headers without a token are ignored.
@@ -29,12 +30,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from bridge.console.identity import IdentityUnproven, TokenVerifier
 
 AUTH_MODES = ("entra", "oauth2-proxy", "lab")
+#: A lab session's life.
+LAB_SESSION_SECONDS = 12 * 3600.0
 SESSION_COOKIE = "se_console_session"
 CSRF_HEADER = "x-csrf-token"
 
@@ -76,7 +80,8 @@ class Access:
         self.roles = frozenset(approver_roles)
         self.groups = frozenset(g.lower() for g in approver_groups)
         self.lab_token = lab_token or (secrets.token_urlsafe(24) if mode == "lab" else None)
-        self._key = secrets.token_bytes(32)  # sessions and CSRF tokens live as long as this process
+        self._key = secrets.token_bytes(32)  # CSRF tokens live as long as this process
+        self._sessions: dict[str, float] = {}  # lab session -> when it expires (monotonic); one at most
 
     # -- who --------------------------------------------------------------------------------------
 
@@ -90,7 +95,8 @@ class Access:
             groups = {g.lower() for g in who.groups}
             return Person(who.name, bool(who.roles & self.roles or groups & self.groups), self.mode)
         session = cookies.get(SESSION_COOKIE)
-        if session and hmac.compare_digest(session, self.session_cookie()):
+        expires = self._sessions.get(session) if session else None
+        if expires is not None and expires > time.monotonic():
             return Person("lab user", True, self.mode)
         return None
 
@@ -119,11 +125,14 @@ class Access:
             name = name.rpartition(":")[0]
         return name in self.hosts
 
-    def lab_login(self, token: str | None) -> bool:
-        return bool(self.lab_token and token and hmac.compare_digest(token, self.lab_token))
-
-    def session_cookie(self) -> str:
-        return hmac.new(self._key, b"lab-session", hashlib.sha256).hexdigest()
+    def lab_login(self, token: str | None) -> str | None:
+        """A fresh session for the one browser that presents the lab token first; None after that."""
+        if not (self.lab_token and token and hmac.compare_digest(token, self.lab_token)):
+            return None
+        self.lab_token = None  # spent: one use (the console prints a new one only at a restart)
+        session = secrets.token_urlsafe(32)
+        self._sessions[session] = time.monotonic() + LAB_SESSION_SECONDS
+        return session
 
     # -- state changes ----------------------------------------------------------------------------
 

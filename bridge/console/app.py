@@ -173,12 +173,11 @@ class Console:
     async def page(self, request: Request) -> Response:
         token = request.query_params.get("token")
         if token is not None:  # lab mode: the printed token, once, for a session cookie
-            if not self.access.lab_login(token):
+            session = self.access.lab_login(token)
+            if session is None:
                 return _unauthorized()
             response: Response = RedirectResponse(request.url.path, status_code=303)
-            response.set_cookie(
-                SESSION_COOKIE, self.access.session_cookie(), httponly=True, samesite="strict"
-            )
+            response.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="strict")
             return response
         if self._person(request) is None:
             return _unauthorized()

@@ -211,3 +211,45 @@ def test_a_large_body_is_refused_before_it_is_read_and_metrics_need_a_reader(
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]  # refused before the body is read
     assert running.get("/metrics", {}).status_code == 401
     assert running.get("/metrics", token).status_code == 200
+
+
+def test_the_lab_token_signs_in_one_browser_once_with_a_session_of_its_own(tmp_path: Path) -> None:
+    """Issue 33: the printed /?token= address signed in 6 browsers and curl, all with one cookie."""
+    key_file, _ = pem_files(tmp_path, "console", DECISION_KEY)
+    (tmp_path / "events.jsonl").touch()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bridge", "console", "--auth", "lab",
+         "--events-source", f"file://{tmp_path / 'events.jsonl'}", "--sink", f"file://{tmp_path / 'd.jsonl'}",
+         "--key", f"console={key_file}", "--state-dir", str(tmp_path / "state"),
+         "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip().split("open ", 1)[1]
+
+        def listening() -> bool:
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2, proxies={"http": ""}).ok
+            except requests.ConnectionError:
+                return False
+
+        wait_until(listening, 30, what="the console's listener")
+        first = requests.get(url, allow_redirects=False, timeout=10, proxies={"http": ""})
+        assert first.status_code == 303
+        cookie = first.cookies.get("se_console_session")
+        assert cookie and len(cookie) >= 32
+        again = requests.get(url, allow_redirects=False, timeout=10, proxies={"http": ""})
+        assert again.status_code == 401 and "se_console_session" not in again.cookies  # spent
+        me = f"http://127.0.0.1:{port}/api/me"
+        assert requests.get(me, cookies={"se_console_session": cookie}, timeout=10, proxies={"http": ""}).ok
+        assert (
+            requests.get(
+                me, cookies={"se_console_session": "x" * 43}, timeout=10, proxies={"http": ""}
+            ).status_code
+            == 401
+        )
+    finally:
+        proc.terminate()
+        proc.wait(20)
