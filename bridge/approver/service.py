@@ -214,6 +214,9 @@ class Approver:
             return False, lost
         if not self._source_open:
             return False, "decisions source not open yet"
+        missing = self.source.missing()
+        if missing is not None:
+            return False, f"decisions source: {missing}"
         if not self.source.assigned():
             return False, "waiting for the consumer group to assign partitions"
         if isinstance(self.router, FleetRouter) and not self.router.caught_up():

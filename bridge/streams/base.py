@@ -113,6 +113,11 @@ class DecisionSource(ABC):
         report ``{}``. Read from the HTTP thread: implementations return a snapshot."""
         return {}
 
+    def missing(self) -> str | None:
+        """Why no decision published now could be read at all (a decisions file that does not exist:
+        a typo in the spec), or None. The approver is not ready while it says so (issue 33)."""
+        return None
+
     def assigned(self) -> bool:
         """Whether the group gave this instance its share (it may be none) at least once: before, a
         decision on the topic has no reader here yet, so the approver is not ready (``/readyz``)."""

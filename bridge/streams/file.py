@@ -46,6 +46,11 @@ class FileSource(DecisionSource):
     def create(cls, spec: str, state_dir: Path, group: str) -> FileSource:
         return cls(spec, state_dir)
 
+    def missing(self) -> str | None:
+        """A file that does not exist is waited for (a writer may create it later), but the reader
+        is not ready meanwhile: ``file:///etc/se-bridge/decsions.jsonl`` must not look healthy."""
+        return None if self.path.exists() else f"the file {self.path} does not exist (yet)"
+
     def poll(self, timeout: float) -> list[Message]:
         """What was appended since the last call, waiting up to ``timeout`` seconds for some."""
         deadline = time.monotonic() + timeout

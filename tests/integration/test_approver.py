@@ -696,3 +696,21 @@ def test_a_state_directory_deleted_under_a_running_agent_stops_it(emulator: Emul
             break
     assert agent.proc is not None and agent.proc.wait(30) == 70
     assert "was deleted" in agent.log_path.read_text() or ".lock is gone" in agent.log_path.read_text()
+
+
+def test_an_approver_whose_decisions_file_does_not_exist_is_not_ready(tmp_path: Path) -> None:
+    """Issue 33: a typo in the decisions file's path reported ready. The file may still come (a writer
+    creates it): the approver waits, not ready and saying why, and reads it once it is there."""
+    missing = tmp_path / "decsions.jsonl"
+    proc = start_approver(
+        tmp_path, f"file://{missing}", f"file://{tmp_path}/audit.jsonl", "http://127.0.0.1:9", KEY
+    )
+    try:
+        api = approver_api(tmp_path)
+        wait_until(lambda: "does not exist" in get(api + "/readyz").json()["reason"], what="the reason")
+        assert get(api + "/readyz").status_code == 503
+        missing.touch()
+        wait_until(lambda: get(api + "/readyz").status_code == 200, what="ready once the file exists")
+    finally:
+        proc.terminate()
+        proc.wait(20)
