@@ -270,7 +270,12 @@ def _demo(args: argparse.Namespace) -> int:
 
         return run_console_demo(Path(args.output) / "console")
     from bridge.demo import run_demo
+    from bridge.imds.emulator.scenarios import SCENARIOS
 
+    if args.scenario not in SCENARIOS:  # a typo: one line, not a traceback (issue 33)
+        raise ConfigError(
+            f"scenario: no scenario {args.scenario[:64]!r} (known: {', '.join(sorted(SCENARIOS))})"
+        )
     return run_demo(Path(args.output), speed=args.speed, scenario=args.scenario)
 
 

@@ -326,6 +326,11 @@ def coordinate_on_deadline_setting() -> Any:
     )
 
 
+#: Every service's TOML table (each configuration class adds its own): a table named otherwise in a
+#: config file is a typo (``[agnet]``), refused by name rather than read as "no settings" (issue 33).
+TOML_TABLES: set[str] = set()
+
+
 @dataclass(frozen=True)
 class ConfigBase:
     """What the agent's and the approver's configurations share: where their settings come from."""
@@ -339,6 +344,11 @@ class ConfigBase:
 
     #: Where each value came from: ``default``, the file's path, ``environment variable X``, ``flag --x``.
     sources: dict[str, str] = field(default_factory=dict, compare=False, kw_only=True)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.toml_section:
+            TOML_TABLES.add(cls.toml_section)
 
 
 Config = TypeVar("Config", bound=ConfigBase)
@@ -473,6 +483,12 @@ def _read_toml(file: Path, config_class: type[ConfigBase]) -> dict[str, Any]:
     # The agent's settings may sit at the top level or in an [agent] table; the approver's only in
     # an [approver] table, so one file can configure both without one reading the other's keys.
     section = config_class.toml_section
+    unknown_tables = sorted(k for k, v in data.items() if isinstance(v, dict) and k not in TOML_TABLES)
+    if unknown_tables:
+        raise ConfigError(
+            f"config file {file}: unknown table [{unknown_tables[0][:64]}] "
+            f"(known: {', '.join(f'[{t}]' for t in sorted(TOML_TABLES))})"
+        )
     table = data.get(section, {}) if isinstance(data.get(section), dict) else {}
     top = {k: v for k, v in data.items() if not isinstance(v, dict)} if config_class.toml_top_level else {}
     settings = settings_of(config_class)

@@ -28,8 +28,15 @@ class FileSink(SynchronousSink):
         self._fd: int | None = None
 
     def open(self) -> None:
+        # The directory must exist: creating any missing one turned a typo (file:///nonexistent/d.jsonl)
+        # into a new directory at the root and a "published" that nobody would ever read (issue 33).
+        if not self.path.parent.is_dir():
+            raise SinkError(
+                f"cannot open {self.path}: the directory {self.path.parent} does not exist",
+                kind="config",
+                retryable=False,
+            )
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(
                 self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o640
             )

@@ -68,3 +68,22 @@ def test_the_emulator_names_the_port_it_could_not_take() -> None:
         proc = se_bridge("simulate", "--port", str(port))
     assert proc.returncode == 2
     assert f"127.0.0.1:{port}" in proc.stderr and "in use" in proc.stderr, proc.stderr
+
+
+def test_typos_fail_with_a_message_not_a_success_or_a_traceback(tmp_path: Path) -> None:
+    """Issue 33: ``decide --sink file:///nonexistent/d.jsonl`` said published and created the
+    directory; a mistyped ``[agnet]`` table was reported as "at least one sink is required";
+    ``demo --scenario nope`` ended in a traceback."""
+    key = tmp_path / "ops.key"
+    key.write_text("k" * 40)
+    nowhere = tmp_path / "nonexistent" / "d.jsonl"
+    proc = se_bridge("decide", "--sink", f"file://{nowhere}", "--target", "vm1", "--key-id", "ops",
+                     "--key-file", str(key), "--event-id", EVENT)  # fmt: skip
+    assert proc.returncode != 0 and "does not exist" in proc.stderr and "published" not in proc.stdout
+    assert not nowhere.parent.exists()
+    config = tmp_path / "config.toml"
+    config.write_text('[agnet]\nsink = ["stdout:"]\n')
+    proc = se_bridge("agent", "--config", str(config))
+    assert proc.returncode == 2 and "agnet" in proc.stderr, proc.stderr
+    proc = se_bridge("demo", "--scenario", "nope", "--output", str(tmp_path / "demo"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "nope" in proc.stderr, proc.stderr
