@@ -28,13 +28,13 @@ class FileSink(SynchronousSink):
         self._fd: int | None = None
 
     def open(self) -> None:
-        # The directory must exist: creating any missing one turned a typo (file:///nonexistent/d.jsonl)
-        # into a new directory at the root and a "published" that nobody would ever read (issue 33).
+        # The directory must exist, and is never created: creating any missing one turned a typo
+        # (file:///nonexistent/d.jsonl) into a new directory at the root and a "published" nobody
+        # would ever read (issue 33). A service waits for it like for any destination that is down
+        # (a mount not there yet), its records kept in the outbox; `decide` fails and says why.
         if not self.path.parent.is_dir():
             raise SinkError(
-                f"cannot open {self.path}: the directory {self.path.parent} does not exist",
-                kind="config",
-                retryable=False,
+                f"cannot open {self.path}: the directory {self.path.parent} does not exist", kind="io"
             )
         try:
             self._fd = os.open(

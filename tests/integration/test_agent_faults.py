@@ -133,6 +133,7 @@ def test_sink_down_then_kill_9_loses_nothing(emulator: Emulator, make_agent, tmp
     assert agent.metric("se_bridge_sink_failures_total") >= 1
     agent.kill()
     blocker.unlink()
+    blocker.mkdir()  # its directory is back (a file sink never creates one: issue 33)
     agent.start(first_record=False)
     wait_until(lambda: len(agent.records()) == 4, what="backlog delivered")
     records = agent.records()
@@ -157,6 +158,7 @@ def test_full_outbox_coalesces_changes_and_keeps_the_newest_state(
     wait_until(lambda: agent.metric("se_bridge_outbox_full_total") >= 2, what="outbox full counted")
     assert any("outbox" in e.get("msg", "") and e.get("level") == "error" for e in agent.logs())
     blocker.unlink()  # the sink comes back
+    blocker.mkdir()  # its directory is back (a file sink never creates one: issue 33)
     wait_until(lambda: len(agent.records()) == 3, what="coalesced record")
     records = agent.records()
     last = records[-1]

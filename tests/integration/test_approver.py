@@ -45,6 +45,7 @@ class Approver:
     def __init__(self, workdir: Path, relay: str, *extra: str) -> None:
         self.workdir = workdir
         self.decisions = workdir / "decisions.jsonl"
+        self.decisions.touch()  # an approver is not ready while its decisions file does not exist
         self.audit = workdir / "audit.jsonl"
         self.key_file = workdir / "ops.key"
         pem_files(workdir, "ops", KEY)  # `decide` may run before the approver starts

@@ -341,3 +341,42 @@ def test_a_vm_nobody_watches_is_flagged_from_azures_channel(
     text = page.locator("#vm-vm-ghost").inner_text()
     assert "no agent reported its maintenance" in text and "Reboot Scheduled" in text
     page.screenshot(path=str(shots(tmp_path) / "unwatched.png"), full_page=True)
+
+
+def test_records_forged_on_the_stream_do_not_steer_what_the_page_shows(stack: Stack) -> None:
+    """Issue 31, finding 4, as the attacker runs it: records appended to the events stream (here,
+    a stream file the console reads) by a party holding an agent credential. vm-x (not named by the
+    event) rewrites its Resources and NotBefore and forces it Started; an unsigned approver audit says
+    "approved by alice@corp"; vm-x reports everyone prepared. The console's API shows none of it,
+    and a decision confirming one VM for a three-VM event is refused."""
+    event_id = stack.add_event()
+    stream = stack.agents[VMS[0]].sink_path
+
+    def shown() -> dict[str, Any]:
+        answer = requests.get(
+            f"{stack.url}/api/events/{event_id}", headers=APPROVER, timeout=5, proxies={"http": ""}
+        )
+        return answer.json() if answer.status_code == 200 else {}
+
+    wait_until(lambda: shown().get("resources") == VMS, 30, what="the event as its VMs report it")
+    lie = {"eventId": event_id, "eventType": "Reboot", "eventStatus": "Started", "resources": ["vm-x"],
+           "notBefore": "2027-01-01T00:00:00Z", "description": "routine, one VM"}  # fmt: skip
+    forged = [
+        {"recordType": "scheduledEvents", "vm": {"name": "vm-x"}, "events": [lie], "changes": [],
+         "observedAt": "2026-11-26T10:00:00Z"},
+        {"recordType": "approval", "component": "approver", "decisionId": "d-forged-1", "outcome": "approved",
+         "issuedBy": "alice@corp", "eventIds": [event_id], "observedAt": "2026-11-26T10:00:00Z"},
+        *({"recordType": "preparation", "vm": {"name": "vm-x"}, "eventId": event_id, "result": "prepared",
+           "observedAt": "2026-11-26T10:00:00Z"} for _ in VMS),
+    ]  # fmt: skip
+    with stream.open("ab") as out:
+        out.write(b"".join(orjson.dumps(r) + b"\n" for r in forged))
+    wait_until(
+        lambda: scrape(stack.url, "se_bridge_console_refused_total", LOOKER) >= 5,
+        30,
+        what="the forgeries read",
+    )
+    event = shown()
+    assert event["resources"] == VMS and event["eventStatus"] == "Scheduled"
+    assert event["description"] != "routine, one VM" and not str(event["notBefore"]).startswith("2027")
+    assert event["approved"] is False and event["preparations"] == {} and event["releases"] == VMS

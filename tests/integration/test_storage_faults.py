@@ -90,6 +90,7 @@ def test_cursors_that_cannot_be_written_do_not_stop_delivery(
         wait_until(lambda: agent.metric("se_bridge_records_total") == 2, what="two records held")
         filler = fill(state)
         blocker.unlink()  # the sink comes back while the disk is full
+        blocker.mkdir()  # its directory is back (a file sink never creates one: issue 33)
         wait_until(lambda: len(sink_lines(agent)) == 2, what="backlog delivered on a full disk")
         assert agent.metric("se_bridge_outbox_write_errors_total", op="cursor") >= 1
         health = agent.get("/healthz")
@@ -161,6 +162,7 @@ def test_a_damaged_middle_frame_costs_only_itself_across_a_restart(
     data[found[2].end - 20] ^= 0x01  # one bit inside the payload of frame 3
     segment.write_bytes(bytes(data))
     blocker.unlink()
+    blocker.mkdir()  # its directory is back (a file sink never creates one: issue 33)
     agent.start(first_record=False)
     wait_until(lambda: len(sink_lines(agent)) == 7, what="every intact record")
     records = assert_every_line_is_a_valid_record(agent)
