@@ -87,7 +87,7 @@ class AzureChannel:
             DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter", health=self.health)
             for s in sinks
         ]
-        self.tracker = EventTracker()
+        self.tracker = EventTracker(state_path=state_dir / "azure-states.jsonl")  # survives restarts
         self.reconciler = Reconciler(grace)
         self.metrics.reconciler_counts(self.reconciler.counts, lambda: dict(self.reconciler.refused))
         self.api: Listener | None = None
@@ -268,6 +268,11 @@ class AzureChannel:
         if not stored:
             for event in observed:
                 self.tracker.forget(event)
+        else:
+            try:
+                self.tracker.persist(observed)
+            except OSError as exc:  # the records are out; only a restart's late flag may be wrong
+                log.error("cannot keep the events' states", extra={"error": str(exc)})
         return stored
 
     def _append_all(self, records: list[dict[str, Any]]) -> bool:

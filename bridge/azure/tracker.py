@@ -8,7 +8,13 @@ NotBefore is news) was not seen for the event before. Deliveries also arrive out
 state (``state`` in the record) never moves back.
 
 Bounded memory: at most ``max_events`` events and ``max_deliveries`` delivery ids are remembered, the
-oldest forgotten first. A restart forgets everything: what is delivered again is published again
+oldest forgotten first.
+
+Across a restart (SIGTERM or kill -9) each event's state is kept (issue 33: ``Completed``, a restart,
+then a late ``Started`` was published ``state: Started, late: false``, the state moved back):
+``<state-dir>/azure-states.jsonl`` gets a line, fsynced, each time an event's state advances, once its
+records are in the outbox (:meth:`EventTracker.persist`), and is read back at start. What else a
+restart forgets (delivery ids, contents seen) only makes a redelivery news again: published again
 with the same ``recordId`` (deterministic), which a consumer deduplicates as it must for any
 at-least-once stream.
 """
@@ -17,9 +23,15 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import cast, get_args
+
+import orjson
 
 from bridge.azure.events import AzureEvent, Status
+from bridge.fsutil import append_durably, write_atomic
 from bridge.imds.document import STATUS_RANK
 
 
@@ -33,12 +45,60 @@ class News:
 
 
 class EventTracker:
-    def __init__(self, max_events: int = 200_000, max_deliveries: int = 200_000) -> None:
+    def __init__(
+        self, max_events: int = 200_000, max_deliveries: int = 200_000, state_path: Path | None = None
+    ) -> None:
         self.max_events = max_events
         self.max_deliveries = max_deliveries
         self._lock = threading.Lock()
         self._deliveries: OrderedDict[str, None] = OrderedDict()
         self._events: OrderedDict[str, tuple[Status, set[tuple[object, ...]]]] = OrderedDict()
+        self._path = state_path
+        self._persisted: dict[str, Status] = {}  # what the file says of each event
+        self._lines = 0
+        self._load()
+
+    def _load(self) -> None:
+        if self._path is None or not self._path.exists():
+            return
+        for line in self._path.read_bytes().splitlines():
+            self._lines += 1
+            try:
+                item = orjson.loads(line)
+                key, state = str(item["e"]), item["s"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line after a crash: that state is written again at its next change
+            if state in _STATES:
+                self._persisted[key] = cast(Status, state)
+                self._events.pop(key, None)
+                self._events[key] = (cast(Status, state), set())
+        while len(self._events) > self.max_events:
+            gone, _ = self._events.popitem(last=False)
+            self._persisted.pop(gone, None)
+
+    def persist(self, events: Iterable[AzureEvent]) -> None:
+        """Make the states these observations left durable (their records are in the outbox now)."""
+        if self._path is None:
+            return
+        with self._lock:
+            lines = []
+            for event in events:
+                key = event.event_id.lower()
+                known = self._events.get(key)
+                if known is not None and self._persisted.get(key) != known[0]:
+                    self._persisted[key] = known[0]
+                    lines.append(orjson.dumps({"e": key, "s": known[0]}) + b"\n")
+            if not lines:
+                return
+            append_durably(self._path, b"".join(lines))
+            self._lines += len(lines)
+            if self._lines > 1000 and self._lines > 4 * len(self._events):
+                live = {k: s for k, (s, _) in self._events.items()}
+                self._persisted = dict(live)
+                write_atomic(
+                    self._path, b"".join(orjson.dumps({"e": k, "s": s}) + b"\n" for k, s in live.items())
+                )
+                self._lines = len(live)
 
     def observe(self, event: AzureEvent) -> News | None:
         """News, or None for a duplicate (same delivery id, or same content as before)."""
@@ -60,7 +120,8 @@ class EventTracker:
                 state = event.event_status
             self._events[key] = (state, seen)
             if len(self._events) > self.max_events:
-                self._events.popitem(last=False)
+                gone, _ = self._events.popitem(last=False)
+                self._persisted.pop(gone, None)
             return News(state, late)
 
     def forget(self, event: AzureEvent) -> None:
@@ -76,3 +137,6 @@ class EventTracker:
     def __len__(self) -> int:
         with self._lock:
             return len(self._events)
+
+
+_STATES = frozenset(get_args(Status))

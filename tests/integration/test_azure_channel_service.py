@@ -255,3 +255,35 @@ def test_a_state_directory_deleted_under_azure_channel_stops_it_with_exit_70(tmp
     shutil.rmtree(channel.state)
     assert channel.proc.wait(30) == 70
     assert "was deleted" in channel.log.read_text() or ".lock is gone" in channel.log.read_text()
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "kill -9"])
+def test_an_events_state_never_moves_back_across_a_restart(tmp_path: Path, stop: str) -> None:
+    """Issue 33: Completed for event E, a restart, then a late Started for E: the new record said
+    ``state: Started, late: false`` (without the restart: ``Completed, late: true``)."""
+    import signal
+
+    event_id = str(uuid.uuid4())
+    grid = tmp_path / "event-grid.jsonl"
+    grid.write_bytes(b"".join(orjson.dumps(grid_event(event_id, s, ["vm-a"])) + b"\n"
+                              for s in ("Scheduled", "Completed")))  # fmt: skip
+    state = tmp_path / "state"
+    channel = Channel(tmp_path, "--source", f"file://{grid}", state=state)
+
+    def states() -> list[tuple[str, bool]]:
+        return [(r["state"], r["late"]) for r in channel.records("azureScheduledEvent")]
+
+    wait_until(lambda: len(states()) == 2, 30, what="Scheduled and Completed published")
+    if stop == "sigterm":
+        channel.stop()
+    else:
+        channel.proc.send_signal(signal.SIGKILL)
+        channel.proc.wait(10)
+    with grid.open("ab") as out:
+        out.write(orjson.dumps(grid_event(event_id, "Started", ["vm-a"])) + b"\n")
+    channel = Channel(tmp_path, "--source", f"file://{grid}", state=state)
+    try:
+        wait_until(lambda: len(states()) >= 3, 30, what="the late Started published")
+        assert states()[-1] == ("Completed", True)
+    finally:
+        channel.stop()
