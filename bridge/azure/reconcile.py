@@ -8,7 +8,8 @@ Findings, each published once as a ``reconciliation`` record:
   This is the VM that will be surprised; :meth:`Reconciler.unwatched` lists the open ones (the
   service's ``GET /v1/unwatched``; the console and the approver's ARM fallback can read it).
 * **outcome**: Azure said ``Completed`` or ``Canceled`` (an agent only sees the event vanish), with
-  the VMs whose agents reported the event.
+  the VMs whose agents reported the event, settled ``grace`` seconds after Azure's word (the agents'
+  records of the event may be read after it).
 * **agentOnly**: an agent reported an event Azure did not publish within ``grace`` seconds: expected
   while the VM's (or its scale set's, availability set's) policy does not publish to Event Grid and
   Resource Graph (preview, off by default), so the finding says so.
@@ -37,7 +38,7 @@ from bridge.azure.records import finding_record
 from bridge.azure.tracker import News
 
 FINAL = frozenset({"Completed", "Canceled"})
-Check = Literal["unwatched", "agentOnly"]
+Check = Literal["unwatched", "agentOnly", "outcome"]
 
 
 @dataclass
@@ -76,7 +77,8 @@ class Reconciler:
     # -- inputs ---------------------------------------------------------------------------------------
 
     def azure(self, event: AzureEvent, news: News, now: float) -> list[dict[str, Any]]:
-        """An observation of Azure's channel; returns the findings it settles at once (an outcome)."""
+        """An observation of Azure's channel; the findings it settles at once (none today: an outcome is
+        settled by :meth:`due`, after the grace)."""
         with self._lock:
             state = self._event(event.event_id)
             # An event first seen already ended (Resource Graph's history at the first poll) is only
@@ -88,18 +90,13 @@ class Reconciler:
                     state.azure_vms[vm.key] = vm
                     if watchable:
                         self._check(now + self.grace, "unwatched", event.event_id.lower(), vm.key)
-            if news.state not in FINAL or ("outcome", "") in state.reported:
+            if news.state not in FINAL or state.ended_at is not None:
                 return []
+            # Settled after the grace, not at first sight (issue 33): Azure's word may be read before
+            # the agents' records of the same event, which said "0 agent(s) reported it".
             state.ended_at = now
-            state.reported.add(("outcome", ""))
-            agents = sorted(state.agent_vms)
-            detail = f"Azure says the event {news.state.lower()}; {len(agents)} agent(s) reported it"
-            return [
-                finding_record(
-                    "outcome", event.event_id, None, detail, now,
-                    grace_seconds=self.grace, azure_state=news.state, agent_vms=agents,
-                )
-            ]  # fmt: skip
+            self._check(now + self.grace, "outcome", event.event_id.lower(), "")
+            return []
 
     def agent(self, record: dict[str, Any], now: float) -> None:
         """An agent's ``scheduledEvents`` record: which events this VM's agent saw (present, or gone
@@ -153,6 +150,13 @@ class Reconciler:
         self, kind: Check, event_id: str, key: str, state: _Event, now: float
     ) -> dict[str, Any] | None:
         agents = sorted(state.agent_vms)
+        if kind == "outcome":
+            ended = str(state.azure_state).lower()
+            detail = f"Azure says the event {ended}; {len(agents)} agent(s) reported it"
+            return finding_record(
+                "outcome", event_id, None, detail, now,
+                grace_seconds=self.grace, azure_state=state.azure_state, agent_vms=agents,
+            )  # fmt: skip
         if kind == "unwatched":
             vm = state.azure_vms[key]
             watcher = state.agent_vms.get(key)

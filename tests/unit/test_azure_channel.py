@@ -184,13 +184,24 @@ def test_every_event_gets_its_outcome_once_with_the_agents_that_saw_it() -> None
     reconciler, tracker = Reconciler(grace=60), EventTracker()
     observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a"]), now=0)
     reconciler.agent(agent_record("vm-a", E1), now=1)
-    (outcome,) = observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=30)
+    assert observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=30) == []
+    (outcome,) = reconciler.due(91)  # settled after the grace (issue 33), not at first sight
     assert (outcome["finding"], outcome["azureState"], outcome["agentVms"]) == (
         "outcome", "Completed", [f"{SUB}/{RG}/vm-a".lower()],
     )  # fmt: skip
     assert validate_record(outcome) == []
     assert observe(reconciler, tracker, grid_event(E1, "Canceled", ["vm-a"]), now=31) == []
-    assert reconciler.due(100) == []  # vm-a reported: not unwatched
+    assert reconciler.due(200) == []  # once; vm-a reported: not unwatched
+
+
+def test_an_outcome_read_before_the_agents_records_still_names_them() -> None:
+    """Issue 33: Azure's Completed read before the agents' records said "0 agent(s) reported it"."""
+    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a"]), now=0)
+    observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=1)
+    reconciler.agent(agent_record("vm-a", E1), now=2)  # the agent's record, read after Azure's word
+    (outcome,) = [f for f in reconciler.due(70) if f["finding"] == "outcome"]
+    assert "1 agent(s) reported it" in outcome["detail"] and len(outcome["agentVms"]) == 1
 
 
 def test_an_event_only_an_agent_saw_is_agent_only_after_the_grace() -> None:
@@ -205,9 +216,10 @@ def test_an_event_only_an_agent_saw_is_agent_only_after_the_grace() -> None:
 
 def test_an_event_first_seen_ended_is_an_outcome_not_an_unwatched_vm() -> None:
     reconciler, tracker = Reconciler(grace=60), EventTracker()
-    (outcome,) = observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=0)
+    assert observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=0) == []
+    (outcome,) = reconciler.due(100)
     assert outcome["finding"] == "outcome" and outcome["agentVms"] == []
-    assert reconciler.due(100) == []
+    assert reconciler.due(200) == []
 
 
 def test_ended_events_are_forgotten_after_the_retention() -> None:
