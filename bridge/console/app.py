@@ -260,6 +260,7 @@ class Console:
             return JSONResponse(
                 {"error": "the decisions topic did not confirm the decision"}, status_code=503
             )
+        self.board.published(decision["decisionId"], decision["eventId"])
         self._on_decision(decision["action"])
         log.info(
             "decision published",

@@ -46,6 +46,8 @@ MAX_AUDITS = 50
 HISTORY_LIMIT = 50_000
 #: Names a record may claim at most (an availability set holds at most 200 VMs).
 MAX_RESOURCES = 1000
+#: This console's own decisions remembered (their verdicts are linked to their events).
+MAX_MINE = 10_000
 
 Message = dict[str, Any]
 #: Why the board did not believe a record or a part of it (the se_bridge_console_refused_total labels).
@@ -171,6 +173,10 @@ class Board:
         self.approver_keys = approver_keys or KeyRing()
         #: Records (or parts of them) the board refused, by reason: a metric (bounded labels).
         self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
+        #: The decisions this console published, by id: their event (the most recent MAX_MINE). An
+        #: approver's verdict on a message it could not prove (unknownKey, badSignature) names the
+        #: decision only under ``unverified``; this is how the person still sees it (issue 33).
+        self._mine: OrderedDict[str, str] = OrderedDict()
         self.silent_after = silent_after
         self.history_days = history_days
         self._lock = threading.Lock()
@@ -424,6 +430,13 @@ class Board:
             }  # fmt: skip
         self._announce({"type": "event", "event": event.summary()})
 
+    def published(self, decision_id: str, event_id: str) -> None:
+        """A decision this console signed and published: its verdict is shown whatever it is."""
+        with self._lock:
+            self._mine[decision_id] = event_id.upper()
+            while len(self._mine) > MAX_MINE:
+                self._mine.popitem(last=False)
+
     def _approval_proven(self, record: dict[str, Any], event: EventRow) -> bool:
         """An approver's audit counts when an approver signed it; an agent's (its relay, its local
         policy, its coordinator) when that VM's pinned agent wrote it and the event names the VM."""
@@ -460,6 +473,11 @@ class Board:
             "vm": (record.get("vm") or {}).get("name") if isinstance(record.get("vm"), dict) else None,
         }
         events = [e.upper() for e in record.get("eventIds") or [] if isinstance(e, str)]
+        unverified = record.get("unverified")
+        claimed: dict[str, Any] = unverified if isinstance(unverified, dict) else {}
+        mine = claimed.get("decisionId") if isinstance(claimed.get("decisionId"), str) else None
+        if not events and mine is not None and mine in self._mine:  # refused before it was proven
+            events, audit["decisionId"] = [self._mine[mine]], mine
         shown = []
         with self._lock:
             for event_id in events:

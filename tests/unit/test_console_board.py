@@ -217,3 +217,28 @@ def test_approvals_and_preparations_only_from_proven_origins() -> None:
     event = board.event(EVENT)
     assert event is not None and event["preparations"] == {"vm-a": "prepared"}
     assert event["approved"] and event["approvedBy"] == "alice@contoso.example"
+
+
+def test_the_approvers_verdict_on_this_consoles_decision_is_shown_even_unproven() -> None:
+    """Issue 33: when the approvers do not hold the console's key they refuse its decision before
+    proving it (``unknownKey``): the audit names the decision only under ``unverified``, and the page
+    kept saying "waiting". The console links the verdict to the decision it published."""
+    board = Board(approver_keys=KeyRing({"approvers": APPROVER_KEY}))
+    board.take(scheduled("vm-a", SET, "id-a"))
+    board.published("console-d-1", EVENT)
+    seen: list[dict[str, Any]] = []
+    board.listeners.append(seen.append)
+    refused = sign_record("approvers", APPROVER_KEY, {
+        "recordType": "approval", "component": "approver", "decisionId": None, "eventIds": [],
+        "outcome": "refused", "reason": "unknownKey", "observedAt": "2026-11-20T10:01:00Z",
+        "unverified": {"decisionId": "console-d-1", "eventId": EVENT},
+    })  # fmt: skip
+    board.take(refused)
+    (audit,) = [m for m in seen if m["type"] == "audit"]
+    assert audit["eventIds"] == [EVENT] and audit["audit"]["decisionId"] == "console-d-1"
+    assert audit["audit"]["reason"] == "unknownKey"
+    stranger = {**refused, "unverified": {"decisionId": "someone-elses", "eventId": EVENT}}
+    board.take(
+        sign_record("approvers", APPROVER_KEY, {k: v for k, v in stranger.items() if k != "signature"})
+    )
+    assert len([m for m in seen if m["type"] == "audit"]) == 1  # not this console's: not shown

@@ -4,6 +4,8 @@
 "use strict";
 
 const state = { me: null, fleet: null, event: null, pending: new Map() };
+// Seconds after which a decision no approver answered is flagged as such on the page.
+const NO_VERDICT_SECONDS = 5;
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -242,9 +244,17 @@ async function submitDecision() {
       headers: { "Content-Type": "application/json", "X-CSRF-Token": state.me.csrf },
       body: JSON.stringify({ eventId: event.eventId, target, action, reason: document.getElementById("approve-reason").value, confirm: event.releases }),
     });
-    state.pending.set(event.eventId, `${action} sent (decision ${answer.decisionId.slice(8, 16)}), waiting for the approver`);
+    const waiting = `${action} sent (decision ${answer.decisionId.slice(8, 16)}), waiting for the approver`;
+    state.pending.set(event.eventId, waiting);
     document.getElementById("approve").close();
-    showDecisionState(event.eventId, state.pending.get(event.eventId));
+    showDecisionState(event.eventId, waiting);
+    // Issue 33: a decision no approver answers must not look like "waiting" for ever.
+    setTimeout(() => {
+      if (state.pending.get(event.eventId) !== waiting) return;
+      const silent = `${action} sent, but no approver has answered in ${NO_VERDICT_SECONDS} s: are the approvers running, and do they hold this console's key?`;
+      state.pending.set(event.eventId, silent);
+      showDecisionState(event.eventId, silent);
+    }, NO_VERDICT_SECONDS * 1000);
   } catch (error) {
     document.getElementById("approve-error").textContent = error.message;
   }
@@ -315,7 +325,10 @@ function onFleetMessage(message) {
   } else if (message.type === "audit") {
     for (const id of message.eventIds) {
       if (message.audit.component === "approver" || message.audit.component === "coordinator") {
-        state.pending.set(id, `${message.audit.outcome}${message.audit.reason ? " (" + message.audit.reason + ")" : ""}`);
+        // The approvers' verdict, whatever it is (approved, refused and why, failed, expired).
+        const verdict = `${message.audit.outcome} by the approvers${message.audit.reason ? " (" + message.audit.reason + ")" : ""}`;
+        state.pending.set(id, verdict);
+        showDecisionState(id, verdict);
       }
       if (fleet.events[id]) placeEventRow(fleet.events[id]);
     }
