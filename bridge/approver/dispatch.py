@@ -49,6 +49,7 @@ class Slot:
     maybe_sent: bool = False  # one of them may have reached an agent (connected, no answer)
     unreached_since: float | None = None
     decision: Decision | None = None  # once proven valid (the parking reads it, not the message)
+    standby: bool = False  # the standby's copy of a message another instance owns (never committed)
     _fields: tuple[dict[str, Any] | None] | None = field(default=None, repr=False)
 
     @property

@@ -30,6 +30,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,10 @@ MAX_RELAY_BYTES = 32 * 1024
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
 #: Rounds without an agent before the ARM fallback may be taken (about 1.5 s with the parking's backoff).
 ARM_AFTER = 3
+#: More rounds the standby's copy waits before ARM (about 8 s more): the owner, alive, takes the ARM
+#: path first and commits, and the standby drops its copy; acting at once too acknowledged every such
+#: approval twice through ARM, 0.8-1.0 s apart, with two audits (issue 33).
+STANDBY_ARM_EXTRA = 4
 #: Longest wait between two tries of a parked decision (a restarted agent is reached within it).
 PARKED_MAX_DELAY = 2.0
 
@@ -97,7 +102,11 @@ class DecisionLife:
         commits: OrderedCommits,
         metrics: ApproverMetrics,
         stop_event: threading.Event,
+        owner_finished: Callable[[Message], bool] = lambda _message: False,
     ) -> None:
+        # Whether the instance that owns a message (the standby acts on its copy) has finished it:
+        # the standby then drops its copy, never audits it, never acknowledges it through ARM.
+        self.owner_finished = owner_finished
         self.policy = policy
         self.router = router
         self.relayer = relayer
@@ -303,6 +312,14 @@ class DecisionLife:
         """Whether the ARM fallback may be taken in this round: after ``ARM_AFTER`` rounds without an
         agent, none of which can have reached one (else the agent may have posted already); at once
         for VMs no agent watches, as Azure's signed reconciliation says (no agent to wait for)."""
+        if any(p.slot.standby for p in chunk):
+            rounds = ARM_AFTER + STANDBY_ARM_EXTRA  # the owner's turn first (STANDBY_ARM_EXTRA)
+            return all(
+                not p.slot.maybe_sent
+                and p.slot.unreached + 1 >= rounds
+                and not self.owner_finished(p.slot.message)
+                for p in chunk
+            )
         if all(self.router.nobody_watches(p.decision) for p in chunk):
             return True
         return all(not p.slot.maybe_sent and p.slot.unreached + 1 >= ARM_AFTER for p in chunk)
@@ -328,12 +345,29 @@ class DecisionLife:
 
     def resubmit(self, slot: Slot) -> bool:
         self.metrics.parked.set(self.parking.count)
+        if self._owner_took_it(slot):
+            return True
         return self.lanes.add(lane_of(slot.fields), slot, self.stop_event)
+
+    def _owner_took_it(self, slot: Slot) -> bool:
+        """The standby's copy of a decision its owner has finished meanwhile: dropped, unaudited (the
+        owner's audit is the decision's one final outcome)."""
+        if not (slot.standby and self.owner_finished(slot.message)):
+            return False
+        log.info(
+            "standby: the owner finished the decision; its copy is dropped",
+            extra={"position": str(slot.message.position)},
+        )
+        self.commits.finished(slot)
+        return True
 
     def expire_parked(self, slot: Slot) -> None:
         """A parked decision expired before any agent answered: its one final outcome. ``failed``
         when provably no request reached an agent (nothing was posted), ``unknown`` when one may
         have (connected, no answer: the agent's ledger and audit tell)."""
+        if self._owner_took_it(slot):
+            self.metrics.parked.set(self.parking.count)
+            return
         outcome = "unknown" if slot.maybe_sent else "failed"
         since = slot.unreached_since or time.time()
         detail = (

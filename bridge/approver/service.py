@@ -116,9 +116,11 @@ class Approver:
         )
         self.commits = OrderedCommits(self._commit)
         self.audit = AuditWriter(self.outbox, self.store, self.metrics, self.stop_event, audit_signer)
+        self.standby: Standby | None = None  # built below; the life asks it whether an owner finished
         self.life = DecisionLife(
             policy=policy, router=router, relayer=self.relayer, store=self.store, audit=self.audit,
             commits=self.commits, metrics=self.metrics, stop_event=self.stop_event,
+            owner_finished=lambda m: self.standby is not None and self.standby.owner_finished(m),
         )  # fmt: skip
         self.api: Listener | None = None
         self._source_open = False
@@ -153,7 +155,7 @@ class Approver:
         """Decisions another instance owns and did not finish in time: through the lanes like any
         decision, never committed here (bridge.approver.standby)."""
         for message in messages:
-            if not self.life.add(message):
+            if not self.life.add(message, Slot(message, standby=True)):
                 return
 
     # -- what the parts do, for callers that hold the approver ----------------------------------------

@@ -65,6 +65,7 @@ class Standby:
         self._progress: dict[str, int] = {}
         self._moved_at: dict[str, float] = {}  # partition -> when its progress last moved (monotonic)
         self._progress_at = 0.0
+        self._progress_lock = threading.Lock()
         self.acted = 0
         self.caught_up = threading.Event()  # the first read found nothing more: ready
 
@@ -122,7 +123,19 @@ class Standby:
             )
             self._act(due)
 
+    def owner_finished(self, message: Message) -> bool:
+        """Whether the group (its owner) has finished ``message``: asked before the standby's copy is
+        retried, expired or acknowledged through ARM (issue 33: one approval, two acknowledgements)."""
+        now = time.monotonic()
+        if now - self._progress_at >= PROGRESS_EVERY:
+            self._update_progress(now)
+        return message.position.number <= self._progress.get(message.position.partition, -1)
+
     def _update_progress(self, now: float) -> None:
+        with self._progress_lock:
+            self._update_progress_locked(now)
+
+    def _update_progress_locked(self, now: float) -> None:
         try:
             progress = self.owner.group_progress()
         except Exception as exc:  # unknown progress: act (the agents' ledgers absorb the repeats)

@@ -216,3 +216,30 @@ def test_a_decision_no_agent_answered_is_parked_uncommitted_with_its_decision(tm
     assert rig.life.parking.count == 1
     assert slot.decision is not None and slot.decision.event_id == EVENTS[0]
     assert slot.unreached == 1 and not slot.maybe_sent
+
+
+def test_the_standbys_copy_leaves_arm_to_the_owner_and_is_dropped_once_the_owner_finished(
+    tmp_path: Path,
+) -> None:
+    """Issue 33: an event whose only VM's agent is dead, fleet approvers with --arm fallback: the
+    owner fell back to ARM after ~1.5 s, the standby (after 1 s) did too, and every such approval was
+    acknowledged twice with two audits. The standby's copy now waits STANDBY_ARM_EXTRA more rounds,
+    never falls back once the owner finished, and is then dropped unaudited (retry or expiry)."""
+    rig = Rig(tmp_path, ScriptedRelay())
+    finished: set[str] = set()
+    rig.life.owner_finished = lambda m: str(m.position) in finished
+    owner_slot, standby_slot = rig.slots()[:2]
+    standby_slot.standby = True
+    decision = lifecycle.Decision("d-1", EVENTS[0], "vm1", "ops")
+    owner = lifecycle.Prepared(0, owner_slot, decision, {})
+    standby = lifecycle.Prepared(1, standby_slot, decision, {})
+    owner_slot.unreached = standby_slot.unreached = lifecycle.ARM_AFTER - 1
+    assert rig.life._may_fall_back([owner]) is True
+    assert rig.life._may_fall_back([standby]) is False  # the owner's turn first
+    standby_slot.unreached = lifecycle.ARM_AFTER + lifecycle.STANDBY_ARM_EXTRA - 1
+    assert rig.life._may_fall_back([standby]) is True  # the owner is gone, after all
+    finished.add(str(standby_slot.message.position))
+    assert rig.life._may_fall_back([standby]) is False  # the owner did it: never a second ARM call
+    assert rig.life.resubmit(standby_slot) is True and standby_slot.done  # dropped, not relayed again
+    rig.life.expire_parked(standby_slot)
+    assert rig.outcomes() == []  # no audit of its own: the owner's is the decision's one outcome
