@@ -8,6 +8,8 @@ reporter left and closed; VM B's records, behind, showed it again and it closed 
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
 from bridge.console.board import Board
@@ -242,3 +244,48 @@ def test_the_approvers_verdict_on_this_consoles_decision_is_shown_even_unproven(
         sign_record("approvers", APPROVER_KEY, {k: v for k, v in stranger.items() if k != "signature"})
     )
     assert len([m for m in seen if m["type"] == "audit"]) == 1  # not this console's: not shown
+
+
+def test_closed_events_are_compacted_and_the_history_keeps_only_its_days() -> None:
+    """Issue 33: each closed event kept its whole timeline (~8.7 KB) for up to 50 000 events, and
+    ``--history-days`` only filtered the page: the console grew with the month, not the fleet."""
+    from bridge.console import board as board_module
+
+    board = Board(history_days=2)
+    day = 86400.0
+
+    def close(event_id: str, at: float) -> None:
+        vms = [f"vm-{event_id[:4]}-{n}" for n in range(40)]
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+        item = {"eventId": event_id, "eventType": "Freeze", "eventStatus": "Scheduled", "resources": vms}
+        for vm in vms:  # 40 VMs, each with its own timeline rows
+            board.take(
+                {
+                    "recordType": "scheduledEvents",
+                    "vm": {"name": vm},
+                    "events": [item],
+                    "changes": [{"eventId": event_id, "change": "scheduled"}],
+                    "observedAt": stamp,
+                },
+                now=at,
+            )
+        for vm in vms:
+            board.take(
+                {
+                    "recordType": "scheduledEvents",
+                    "vm": {"name": vm},
+                    "events": [],
+                    "changes": [{"eventId": event_id, "change": "completed"}],
+                    "observedAt": stamp,
+                },
+                now=at,
+            )
+
+    first, second, third = (str(uuid.uuid4()).upper() for _ in range(3))
+    close(first, 1_800_000_000.0)
+    closed = board.event(first)
+    assert closed is not None and not closed["open"]
+    assert len(closed["timeline"]) <= board_module.CLOSED_TIMELINE
+    close(second, 1_800_000_000.0 + day)
+    close(third, 1_800_000_000.0 + 3 * day)  # the first is now older than history_days
+    assert board.event(first) is None and board.event(second) is not None and board.event(third) is not None
