@@ -201,6 +201,11 @@ resource actionGroup 'Microsoft.Insights/actionGroups@2022-06-01' = {
 }
 
 resource unapproved 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  // Azure validates a rule's query when it is created: the custom tables it reads must exist first,
+  // or the first deployment fails with "Failed to resolve table" (issue 34).
+  dependsOn: [
+    tables
+  ]
   name: '${ruleName}-unapproved-maintenance'
   location: location
   tags: tags
@@ -252,6 +257,11 @@ resource unapproved 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
 }
 
 resource silent 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  // Azure validates a rule's query when it is created: the custom tables it reads must exist first,
+  // or the first deployment fails with "Failed to resolve table" (issue 34).
+  dependsOn: [
+    tables
+  ]
   name: '${ruleName}-agent-silent'
   location: location
   tags: tags

@@ -1222,3 +1222,15 @@ def test_the_console_gets_id_tokens_from_a_token_store_its_identity_alone_reache
     assert "scope: tokenContainer" in role and "ba92f5b4-2d11-453d-a403-e96b0029c9fe" in module
     main = (ROOT / "infra" / "main.bicep").read_text()
     assert "tokenStoreAccountName: storage.outputs.accountName" in main
+
+
+def test_alert_rules_depend_on_the_tables_they_query() -> None:
+    """Issue 34: the scheduledQueryRules raced the custom tables (no dependency; Azure validates a
+    rule's query at creation), so a first deployment could fail with "Failed to resolve table"."""
+    module = (ROOT / "infra" / "modules" / "monitor.bicep").read_text()
+    rules = re.findall(
+        r"resource (\w+) 'Microsoft\.Insights/scheduledQueryRules@[^']+' = \{(.*?)\n\}", module, re.S
+    )
+    assert len(rules) == 2
+    for name, body in rules:
+        assert re.search(r"dependsOn: \[\s*tables\s*\]", body), f"{name} does not depend on the tables"
