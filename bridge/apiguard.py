@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 
 from bridge.listener import Listener, Request, Response, Route, json_response
-from bridge.netaddr import is_loopback
+from bridge.netaddr import host_name, is_loopback
 from bridge.observability import ErrorStreak
 from bridge.signing import load_key_from
 
@@ -90,11 +90,7 @@ class ApiGuard:
     def _own_host(self, host: str | None) -> bool:
         if host is None:  # no browser omits Host, so a request without one is no rebinding attack
             return True
-        name = host.strip().lower()
-        if name.startswith("["):
-            name = name[: name.find("]") + 1] if "]" in name else name
-        elif name.count(":") == 1:
-            name = name.rpartition(":")[0]
+        name = host_name(host)
         return name in self._own_hosts or name.strip("[]") in self._own_hosts
 
 

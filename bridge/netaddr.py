@@ -19,6 +19,15 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def host_name(host_header: str) -> str:
+    """The name a ``Host`` header gives, lower-cased, without its port (``[::1]:8710`` -> ``[::1]``):
+    what the agent's and the console's DNS-rebinding checks compare with their own names."""
+    name = host_header.strip().lower()
+    if name.startswith("["):
+        return name[: name.find("]") + 1] if "]" in name else name
+    return name.rpartition(":")[0] if name.count(":") == 1 else name
+
+
 def is_loopback(host: str) -> bool:
     """``localhost``, 127.0.0.0/8, ``::1``, and IPv4 loopback seen through a dual-stack listener
     (``::ffff:127.0.0.1``, which is what a ``[::]`` listener reports for a 127.0.0.1 client)."""

@@ -180,6 +180,22 @@ def tansu_broker(workdir: Path, **kwargs: Any) -> Iterator[TansuBroker]:
         broker.stop(kill=True)
 
 
+def https_server(workdir: Path, handler: type) -> tuple[Any, str, str]:
+    """A threading HTTP server for ``handler`` on 127.0.0.1 over TLS with a fresh self-signed
+    certificate, serving from a daemon thread: (server, https://127.0.0.1:<port>, CA file)."""
+    import ssl
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    cert, key = self_signed_certificate(workdir)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"https://127.0.0.1:{server.server_address[1]}", str(cert)
+
+
 def self_signed_certificate(workdir: Path, name: str = "127.0.0.1") -> tuple[Path, Path]:
     """A fresh self-signed certificate for ``127.0.0.1``/``localhost``: (cert.pem, key.pem)."""
     from cryptography import x509

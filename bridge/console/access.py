@@ -35,6 +35,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from bridge.console.identity import IdentityUnproven, TokenVerifier
+from bridge.netaddr import host_name
 
 AUTH_MODES = ("entra", "oauth2-proxy", "lab")
 #: A lab session's life.
@@ -118,12 +119,8 @@ class Access:
         """Whether ``Host`` names this console (a name of ``--public-host``, any port)."""
         if not host:
             return False
-        name = host.strip().lower()
-        if name.startswith("["):
-            name = name[: name.find("]") + 1] if "]" in name else name
-        elif name.count(":") == 1:
-            name = name.rpartition(":")[0]
-        return name in self.hosts
+        name = host_name(host)
+        return name in self.hosts or name.strip("[]") in self.hosts
 
     def lab_login(self, token: str | None) -> str | None:
         """A fresh session for the one browser that presents the lab token first; None after that."""

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import base64
 import json
-import ssl
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from brokers import self_signed_certificate
+from brokers import https_server
 
 
 class FakeCredential:
@@ -71,11 +69,4 @@ class FakeArm:
                 self.end_headers()
                 self.wfile.write(data)
 
-        cert, key = self_signed_certificate(workdir)
-        self.ca_file = str(cert)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert, key)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url, self.ca_file = https_server(workdir, Handler)

@@ -7,17 +7,15 @@ over TLS) is the real one. Tokens carry Entra's claim names (``preferred_usernam
 from __future__ import annotations
 
 import json
-import ssl
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from brokers import self_signed_certificate
+from brokers import https_server
 
 AUDIENCE = "11111111-2222-3333-4444-555555555555"  # the console's app registration (client id)
 
@@ -55,15 +53,8 @@ class IdentityProvider:
                 self.end_headers()
                 self.wfile.write(data)
 
-        cert, key = self_signed_certificate(workdir)
-        self.ca_file = str(cert)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert, key)
-        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
+        self.server, self.url, self.ca_file = https_server(workdir, Handler)
         self.issuer = f"{self.url}/tenant/v2.0"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def jwks(self) -> dict[str, Any]:
         import jwt
