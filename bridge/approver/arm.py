@@ -49,8 +49,10 @@ _GUID = re.compile(r"^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4
 class ArmAnswer:
     """What ARM said about one acknowledgement, as the approver audits it."""
 
-    outcome: str  # approved | refused | failed
-    reason: str | None  # None | armNotFound | armConflict | armForbidden | armRejected | armUnavailable
+    outcome: str  # approved | refused | failed | unknown
+    # None | armNotFound | armNotSupported | armConflict | armForbidden | armRejected | armPartial |
+    # armUnexpected | armUnavailable | armScopeRefused
+    reason: str | None
     detail: str | None
     status: int | None
     correlation_id: str | None
@@ -139,31 +141,56 @@ class ArmAcknowledger:
 
 
 def _answer(response: Any) -> ArmAnswer | None:
-    """The final answer for a response, None when it is worth retrying (429, 5xx)."""
+    """The final answer for a response, None when it is worth retrying (429, 5xx).
+
+    Approved only on what means approved (issue 34): 200, and 204 (no content), and a 207 whose body
+    carries no error; Microsoft's CLI extension for this API models a 207 with an ``{"Error":
+    {"Code": ...}}`` body, so a 207 is classified by its body. Another 2xx is ``unknown`` (nothing
+    says what it did). 405 ``NotImplemented`` (the acknowledge API is not available in the
+    resource's region) has its own reason. Error bodies are read whatever their casing (``error`` and
+    ``Error`` both occur)."""
     status = response.status_code
     correlation = response.headers.get("x-ms-correlation-request-id") or response.headers.get(
         "x-ms-request-id"
     )
     if status == 429 or status >= 500:
         return None
-    detail = _error_text(response)
-    if 200 <= status < 300:
+    detail, error = _error_text(response)
+    if status in (200, 204) or (status == 207 and not error):
         return ArmAnswer("approved", None, detail, status, correlation)
-    reason = {404: "armNotFound", 409: "armConflict", 401: "armForbidden", 403: "armForbidden"}.get(
-        status, "armRejected"
-    )
+    if status == 207:
+        return ArmAnswer("refused", "armPartial", detail, status, correlation)
+    if 200 <= status < 300:
+        return ArmAnswer("unknown", "armUnexpected", detail or f"HTTP {status}", status, correlation)
+    reason = {
+        404: "armNotFound",
+        405: "armNotSupported",
+        409: "armConflict",
+        401: "armForbidden",
+        403: "armForbidden",
+    }.get(status, "armRejected")
     return ArmAnswer("refused", reason, detail, status, correlation)
 
 
-def _error_text(response: Any) -> str | None:
-    """``value`` of a success or ``error.code: message`` of an ARM error, bounded (never the token)."""
+def _member(body: dict[str, Any], name: str) -> Any:
+    """``body[name]`` whatever its casing (ARM answers ``error`` and ``Error``, ``code`` and ``Code``)."""
+    wanted = name.lower()
+    return next(
+        (value for key, value in body.items() if isinstance(key, str) and key.lower() == wanted), None
+    )
+
+
+def _error_text(response: Any) -> tuple[str | None, bool]:
+    """(``value`` of a success or ``code: message`` of an ARM error, bounded and never the token;
+    whether the body is an error)."""
     try:
         body = response.json()
     except Exception:  # not JSON: ARM errors are JSON, anything else is summarised by its status
-        return None
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        error = body["error"]
-        return f"{error.get('code')}: {error.get('message')}"[:300]
-    if isinstance(body, dict) and isinstance(body.get("value"), str):
-        return str(body["value"])[:300]
-    return None
+        return None, False
+    if not isinstance(body, dict):
+        return None, False
+    error = _member(body, "error")
+    if isinstance(error, dict):
+        return f"{_member(error, 'code')}: {_member(error, 'message')}"[:300], True
+    value = _member(body, "value")
+    return (value[:300] if isinstance(value, str) else None), False

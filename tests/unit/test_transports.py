@@ -209,3 +209,40 @@ def test_a_file_agent_loads_no_transport_sdk() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ}
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_arm_acknowledge_answers_are_read_as_microsofts_cli_models_them() -> None:
+    """Issue 34: any 2xx was audited approved. Microsoft's CLI extension for this API models 207 with
+    an ``{"Error": {"Code": ...}}`` body, 204 empty, 404 bodies in ``error`` and ``Error`` casing and
+    405 ``NotImplemented``: only what means approved is approved."""
+    import json as _json
+
+    from bridge.approver.arm import _answer
+
+    class Response:
+        def __init__(self, status: int, body: object = None) -> None:
+            self.status_code, self._body = status, body
+            self.headers = {"x-ms-correlation-request-id": "corr-1"}
+
+        def json(self) -> object:
+            if self._body is None:
+                raise ValueError("no body")
+            return _json.loads(_json.dumps(self._body))
+
+    def read(status: int, body: object = None) -> tuple[str, str | None]:
+        answer = _answer(Response(status, body))
+        assert answer is not None
+        return answer.outcome, answer.reason
+
+    assert read(200, {"value": "Successfully Approved"}) == ("approved", None)
+    assert read(204) == ("approved", None)
+    assert read(207, {"value": "Successfully Approved"}) == ("approved", None)
+    assert read(207, {"Error": {"Code": "EventNotFound", "Message": "x"}}) == ("refused", "armPartial")
+    assert read(202) == ("unknown", "armUnexpected")
+    assert read(404, {"Error": {"Code": "NotFound"}}) == ("refused", "armNotFound")
+    assert read(405, {"error": {"code": "NotImplemented", "message": "not supported in the region"}}) == (
+        "refused", "armNotSupported",
+    )  # fmt: skip
+    answer = _answer(Response(404, {"Error": {"Code": "ResourceNotFound", "Message": "gone"}}))
+    assert answer is not None and answer.detail == "ResourceNotFound: gone"
+    assert _answer(Response(429)) is None and _answer(Response(503)) is None
