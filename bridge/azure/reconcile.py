@@ -20,9 +20,12 @@ agent credential, hid it): the agent's record must carry the VM's ARM resource i
 own event names it, and the vmId it claims is pinned at the first record for that VM, so another
 identity speaking in its name later is refused (``se_bridge_azure_agent_claims_refused_total``). A
 record without a resource id (an identity no IMDS answer filled yet) watches nothing. Heartbeats pin
-too, so a VM whose agent ever spoke keeps its own vmId. Memory is bounded: an event is forgotten
-``retention`` seconds after Azure said it ended, and at most ``max_events`` are kept (the oldest
-first); at most ``max_vms`` pins.
+too, so a VM whose agent ever spoke keeps its own vmId. The pins outlive a restart
+(``<state-dir>/agent-pins.jsonl``: the agents' stream is read on from where it stopped, so a restart
+must not be the moment another identity can claim a VM); new pins are written once a second, with
+one fsync (:meth:`Reconciler.save_pins`, from the service's tick: a kill -9 forgets at most that
+second's). Memory is bounded: an event is forgotten ``retention`` seconds after Azure said it ended,
+and at most ``max_events`` are kept (the oldest first); at most ``max_vms`` pins.
 """
 
 from __future__ import annotations
@@ -31,11 +34,15 @@ import heapq
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+import orjson
 
 from bridge.azure.events import AzureEvent, VmRef
 from bridge.azure.records import finding_record
 from bridge.azure.tracker import News
+from bridge.fsutil import append_durably, write_atomic
 
 FINAL = frozenset({"Completed", "Canceled"})
 Check = Literal["unwatched", "agentOnly", "outcome"]
@@ -60,11 +67,16 @@ class Reconciler:
         retention: float = 3600.0,
         max_events: int = 100_000,
         max_vms: int = 200_000,
+        pins_path: Path | None = None,
     ) -> None:
         self.grace = grace
         self.max_vms = max_vms
         #: vm key -> the vmId its first record claimed (the oldest pin is forgotten past ``max_vms``).
         self._pins: OrderedDict[str, str] = OrderedDict()
+        self._pins_path = pins_path
+        self._unsaved: list[bytes] = []  # pins made since the last write (written by ``due``)
+        self._pin_lines = 0
+        self._load_pins()
         #: agent records refused, by reason (a metric: bounded labels)
         self.refused: dict[str, int] = {"noResourceId": 0, "changedClaim": 0}
         self.retention = retention
@@ -213,6 +225,7 @@ class Reconciler:
         pinned = self._pins.get(key)
         if pinned is None:
             self._pins[key] = vm_id.lower()
+            self._unsaved.append(orjson.dumps({"vm": key, "vmId": vm_id.lower()}) + b"\n")
             if len(self._pins) > self.max_vms:
                 self._pins.popitem(last=False)
             return True
@@ -232,6 +245,40 @@ class Reconciler:
     def _check(self, due: float, kind: Check, event_id: str, key: str) -> None:
         self._order += 1
         heapq.heappush(self._checks, (due, self._order, kind, event_id, key))
+
+    def _load_pins(self) -> None:
+        if self._pins_path is None or not self._pins_path.exists():
+            return
+        for line in self._pins_path.read_bytes().splitlines():
+            self._pin_lines += 1
+            try:
+                item = orjson.loads(line)
+                self._pins[str(item["vm"])] = str(item["vmId"])
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line: that VM is pinned again by its next record
+        while len(self._pins) > self.max_vms:
+            self._pins.popitem(last=False)
+
+    def save_pins(self) -> None:
+        """Write the pins made since the last call (one fsync); compact a file grown past the pins it
+        still holds. ``OSError`` when the disk refuses: kept for the next call."""
+        if self._pins_path is None:
+            return
+        with self._lock:
+            lines, self._unsaved = self._unsaved, []
+            if not lines:
+                return
+            try:
+                if self._pin_lines + len(lines) > 4 * max(len(self._pins), 1000):
+                    data = b"".join(orjson.dumps({"vm": k, "vmId": v}) + b"\n" for k, v in self._pins.items())
+                    write_atomic(self._pins_path, data)
+                    self._pin_lines = len(self._pins)
+                else:
+                    append_durably(self._pins_path, b"".join(lines))
+                    self._pin_lines += len(lines)
+            except OSError:
+                self._unsaved[:0] = lines
+                raise
 
     def _forget(self, now: float) -> None:
         ended = [

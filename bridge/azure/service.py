@@ -18,6 +18,7 @@ service; SIGTERM stops reading, commits what is durable and drains the sinks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -88,7 +89,7 @@ class AzureChannel:
             for s in sinks
         ]
         self.tracker = EventTracker(state_path=state_dir / "azure-states.jsonl")  # survives restarts
-        self.reconciler = Reconciler(grace)
+        self.reconciler = Reconciler(grace, pins_path=state_dir / "agent-pins.jsonl")  # survive restarts
         self.metrics.reconciler_counts(self.reconciler.counts, lambda: dict(self.reconciler.refused))
         self.api: Listener | None = None
         self._open: set[int] = set()
@@ -337,9 +338,15 @@ class AzureChannel:
     def _tick(self) -> None:
         while not self.stop_event.wait(1.0):
             self._store(self.reconciler.due(time.time()))
+            try:
+                self.reconciler.save_pins()
+            except OSError as exc:  # kept in memory, written at the next tick
+                self._storing.failure("pins", str(exc))
 
     def shutdown(self) -> None:
         self.stop_event.set()
+        with contextlib.suppress(OSError):
+            self.reconciler.save_pins()
         if self.api is not None:
             self.api.stop()
         for worker in self.workers:

@@ -284,3 +284,19 @@ def test_only_a_vms_own_identity_counts_as_watching_it() -> None:
     assert reconciler.refused == {"noResourceId": 1, "changedClaim": 1}
     reconciler.agent(agent_record("vm-c", E1, vm_id="id-of-the-real-vm-c"), now=70)  # its own agent, back
     assert [u["vm"] for u in reconciler.unwatched()] == ["vm-d"]
+
+
+def test_the_pins_outlive_a_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The agents' stream is read on from where it stopped after a restart: a pin kept only in memory
+    would let another identity claim a VM right after it. Saved, read back, a torn line survived."""
+    path = tmp_path / "agent-pins.jsonl"
+    reconciler = Reconciler(grace=60, pins_path=path)
+    reconciler.agent(agent_record("vm-c", kind="heartbeat", vm_id="id-of-the-real-vm-c"), now=0)
+    reconciler.save_pins()
+    with path.open("ab") as out:
+        out.write(b'{"vm": "torn')  # a kill -9 in the middle of a write
+    again, tracker = Reconciler(grace=60, pins_path=path), EventTracker()
+    observe(again, tracker, grid_event(E1, "Scheduled", ["vm-c"]), now=1)
+    again.agent(agent_record("vm-c", E1, vm_id="id-of-mallory"), now=2)
+    assert again.refused["changedClaim"] == 1
+    assert [f["vm"]["name"] for f in again.due(70) if f["finding"] == "unwatched"] == ["vm-c"]
