@@ -237,12 +237,6 @@ class DecisionKeys:
             keys[key_id] = _verifying(key)
         return cls(keys)
 
-    @classmethod
-    def of(cls, ring: KeyRing | DecisionKeys) -> DecisionKeys:
-        if isinstance(ring, DecisionKeys):
-            return ring
-        return cls({key_id: key for key_id in ring.ids() if (key := ring.get(key_id)) is not None})
-
     def get(self, key_id: str) -> VerifyingKey | None:
         return self._keys.get(key_id)
 

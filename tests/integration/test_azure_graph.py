@@ -5,6 +5,7 @@ what changed between polls."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -94,6 +95,28 @@ def test_the_quota_and_a_429_are_waited_out_and_a_poll_gives_up_at_its_deadline(
         reader(arm).rows()
 
 
+@contextlib.contextmanager
+def channel_polling(arm: FakeArm, tmp_path: Path) -> Iterator[Path]:
+    """The Azure channel service, in this process, polling the fake Resource Graph every 0.2 s with a
+    2 s grace (an outcome is settled after it: issue 33); its file sink's path. Stopped on exit."""
+    import threading
+
+    sink = tmp_path / "azure.jsonl"
+    service = AzureChannel([], [create_sink(f"file://{sink}")], tmp_path / "state", grace=2,
+                           graph=reader(arm), graph_interval=0.2)  # fmt: skip
+    runner = threading.Thread(target=service.run, kwargs={"install_signals": False}, daemon=True)
+    runner.start()
+    try:
+        yield sink
+    finally:
+        service.stop_event.set()
+        runner.join(30)
+
+
+def published(sink: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in sink.read_bytes().splitlines()] if sink.exists() else []
+
+
 def test_the_service_publishes_only_what_changed_between_polls(arm: FakeArm, tmp_path: Path) -> None:
     e1, e2 = str(uuid.uuid4()), str(uuid.uuid4())
     polls = [
@@ -102,26 +125,11 @@ def test_the_service_publishes_only_what_changed_between_polls(arm: FakeArm, tmp
         [row(e1, "Started"), row(e2, "Canceled", "vm-b"), {"id": "junk"}],  # two changes, one refusal
     ]
     arm.script = [(200, {}, page(rows)) for rows in polls]
-    sink = tmp_path / "azure.jsonl"
-    # an outcome is settled after the grace (issue 33): a short one here
-    service = AzureChannel([], [create_sink(f"file://{sink}")], tmp_path / "state", grace=2,
-                           graph=reader(arm), graph_interval=0.2)  # fmt: skip
-    import threading
-
-    runner = threading.Thread(target=service.run, kwargs={"install_signals": False}, daemon=True)
-    runner.start()
-    try:
+    with channel_polling(arm, tmp_path) as sink:
         wait_until(lambda: len(arm.requests) >= 4, 20, what="four polls")
-
-        def outcome_published() -> bool:
-            lines = sink.read_bytes().splitlines() if sink.exists() else []
-            return any(orjson.loads(line).get("finding") == "outcome" for line in lines)
-
-        wait_until(outcome_published, 20, what="the outcome, after the grace")
-    finally:
-        service.stop_event.set()
-        runner.join(30)
-    records = [orjson.loads(line) for line in sink.read_bytes().splitlines()]
+        outcome = lambda: any(r.get("finding") == "outcome" for r in published(sink))  # noqa: E731
+        wait_until(outcome, 20, what="the outcome, after the grace")
+    records = published(sink)
     azure = [
         (r["event"]["eventId"], r["event"]["eventStatus"])
         for r in records
@@ -145,25 +153,14 @@ def test_a_poison_row_is_refused_alone_and_the_poll_thread_lives_on(arm: FakeArm
     bad = row(poison, "Scheduled")
     bad["properties"] = {**bad["properties"], "DurationInSeconds": "²"}
     arm.script = [(200, {}, page([bad, row(good, "Scheduled")])), (200, {}, page([row(later, "Scheduled")]))]
-    sink = tmp_path / "azure.jsonl"
-    service = AzureChannel([], [create_sink(f"file://{sink}")], tmp_path / "state", grace=600,
-                           graph=reader(arm), graph_interval=0.2)  # fmt: skip
-    import threading
 
-    runner = threading.Thread(target=service.run, kwargs={"install_signals": False}, daemon=True)
-    runner.start()
-    try:
+    def events(sink: Path) -> set[str]:
+        return {r["event"]["eventId"] for r in published(sink) if "event" in r}
+
+    with channel_polling(arm, tmp_path) as sink:
         wait_until(lambda: len(arm.requests) >= 3, 20, what="polls after the poison row")
-
-        def published() -> set[str]:
-            lines = sink.read_bytes().splitlines() if sink.exists() else []
-            return {r["event"]["eventId"] for r in map(orjson.loads, lines) if "event" in r}
-
-        wait_until(lambda: {good, later} <= published(), 20, what="the valid rows published")
-    finally:
-        service.stop_event.set()
-        runner.join(30)
-    assert poison not in published()
+        wait_until(lambda: {good, later} <= events(sink), 20, what="the valid rows published")
+    assert poison not in events(sink)
     dead = [
         orjson.loads(d)
         for d in (tmp_path / "state/dead-letter/azure-refused.jsonl").read_bytes().splitlines()
