@@ -37,12 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import orjson
-
 from bridge.azure.events import AzureEvent, VmRef
 from bridge.azure.records import finding_record
 from bridge.azure.tracker import News
-from bridge.fsutil import append_durably, write_atomic
+from bridge.shell.journal import Journal
 
 FINAL = frozenset({"Completed", "Canceled"})
 Check = Literal["unwatched", "agentOnly", "outcome"]
@@ -73,10 +71,12 @@ class Reconciler:
         self.max_vms = max_vms
         #: vm key -> the vmId its first record claimed (the oldest pin is forgotten past ``max_vms``).
         self._pins: OrderedDict[str, str] = OrderedDict()
-        self._pins_path = pins_path
-        self._unsaved: list[bytes] = []  # pins made since the last write (written by ``due``)
-        self._pin_lines = 0
-        self._load_pins()
+        self._journal = None if pins_path is None else Journal(pins_path)
+        self._unsaved: list[tuple[str, str]] = []  # pins made since the last save_pins
+        if self._journal is not None:
+            self._pins.update(self._journal.load())
+            while len(self._pins) > self.max_vms:
+                self._pins.popitem(last=False)
         #: agent records refused, by reason (a metric: bounded labels)
         self.refused: dict[str, int] = {"noResourceId": 0, "changedClaim": 0}
         self.retention = retention
@@ -225,7 +225,7 @@ class Reconciler:
         pinned = self._pins.get(key)
         if pinned is None:
             self._pins[key] = vm_id.lower()
-            self._unsaved.append(orjson.dumps({"vm": key, "vmId": vm_id.lower()}) + b"\n")
+            self._unsaved.append((key, vm_id.lower()))
             if len(self._pins) > self.max_vms:
                 self._pins.popitem(last=False)
             return True
@@ -246,38 +246,17 @@ class Reconciler:
         self._order += 1
         heapq.heappush(self._checks, (due, self._order, kind, event_id, key))
 
-    def _load_pins(self) -> None:
-        if self._pins_path is None or not self._pins_path.exists():
-            return
-        for line in self._pins_path.read_bytes().splitlines():
-            self._pin_lines += 1
-            try:
-                item = orjson.loads(line)
-                self._pins[str(item["vm"])] = str(item["vmId"])
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                continue  # a torn last line: that VM is pinned again by its next record
-        while len(self._pins) > self.max_vms:
-            self._pins.popitem(last=False)
-
     def save_pins(self) -> None:
         """Write the pins made since the last call (one fsync); compact a file grown past the pins it
         still holds. ``OSError`` when the disk refuses: kept for the next call."""
-        if self._pins_path is None:
+        if self._journal is None:
             return
         with self._lock:
-            lines, self._unsaved = self._unsaved, []
-            if not lines:
-                return
+            items, self._unsaved = self._unsaved, []
             try:
-                if self._pin_lines + len(lines) > 4 * max(len(self._pins), 1000):
-                    data = b"".join(orjson.dumps({"vm": k, "vmId": v}) + b"\n" for k, v in self._pins.items())
-                    write_atomic(self._pins_path, data)
-                    self._pin_lines = len(self._pins)
-                else:
-                    append_durably(self._pins_path, b"".join(lines))
-                    self._pin_lines += len(lines)
+                self._journal.append(items, self._pins)
             except OSError:
-                self._unsaved[:0] = lines
+                self._unsaved[:0] = items
                 raise
 
     def _forget(self, now: float) -> None:

@@ -28,11 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast, get_args
 
-import orjson
-
 from bridge.azure.events import AzureEvent, Status
-from bridge.fsutil import append_durably, write_atomic
 from bridge.imds.document import STATUS_RANK
+from bridge.shell.journal import Journal
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,24 +51,12 @@ class EventTracker:
         self._lock = threading.Lock()
         self._deliveries: OrderedDict[str, None] = OrderedDict()
         self._events: OrderedDict[str, tuple[Status, set[tuple[object, ...]]]] = OrderedDict()
-        self._path = state_path
+        self._journal = None if state_path is None else Journal(state_path)
         self._persisted: dict[str, Status] = {}  # what the file says of each event
-        self._lines = 0
-        self._load()
-
-    def _load(self) -> None:
-        if self._path is None or not self._path.exists():
-            return
-        for line in self._path.read_bytes().splitlines():
-            self._lines += 1
-            try:
-                item = orjson.loads(line)
-                key, state = str(item["e"]), item["s"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                continue  # a torn last line after a crash: that state is written again at its next change
+        loaded = self._journal.load() if self._journal is not None else {}
+        for key, state in loaded.items():
             if state in _STATES:
                 self._persisted[key] = cast(Status, state)
-                self._events.pop(key, None)
                 self._events[key] = (cast(Status, state), set())
         while len(self._events) > self.max_events:
             gone, _ = self._events.popitem(last=False)
@@ -78,27 +64,17 @@ class EventTracker:
 
     def persist(self, events: Iterable[AzureEvent]) -> None:
         """Make the states these observations left durable (their records are in the outbox now)."""
-        if self._path is None:
+        if self._journal is None:
             return
         with self._lock:
-            lines = []
+            changed: list[tuple[str, str]] = []
             for event in events:
                 key = event.event_id.lower()
                 known = self._events.get(key)
                 if known is not None and self._persisted.get(key) != known[0]:
                     self._persisted[key] = known[0]
-                    lines.append(orjson.dumps({"e": key, "s": known[0]}) + b"\n")
-            if not lines:
-                return
-            append_durably(self._path, b"".join(lines))
-            self._lines += len(lines)
-            if self._lines > 1000 and self._lines > 4 * len(self._events):
-                live = {k: s for k, (s, _) in self._events.items()}
-                self._persisted = dict(live)
-                write_atomic(
-                    self._path, b"".join(orjson.dumps({"e": k, "s": s}) + b"\n" for k, s in live.items())
-                )
-                self._lines = len(live)
+                    changed.append((key, known[0]))
+            self._journal.append(changed, {k: state for k, (state, _) in self._events.items()})
 
     def observe(self, event: AzureEvent) -> News | None:
         """News, or None for a duplicate (same delivery id, or same content as before)."""

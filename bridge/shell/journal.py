@@ -1,0 +1,51 @@
+"""A key -> value map kept in a state directory, for state that decides what a service publishes.
+
+Written as JSON Lines (``{"k": key, "v": value}``), appended and fsynced, read back at start with the
+last value of each key winning and a torn last line (a kill -9 mid-write) skipped; rewritten whole
+when the file has grown past four times what it still holds. Azure's channel keeps its events'
+states (``azure-states.jsonl``) and its agents' pinned identities (``agent-pins.jsonl``) in one each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import orjson
+
+from bridge.fsutil import append_durably, write_atomic
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lines = 0
+
+    def load(self) -> dict[str, str]:
+        """What the file holds, in the order the keys were last written."""
+        out: dict[str, str] = {}
+        if not self.path.exists():
+            return out
+        for line in self.path.read_bytes().splitlines():
+            self._lines += 1
+            try:
+                item = orjson.loads(line)
+                key, value = str(item["k"]), str(item["v"])
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line: its key is written again at its next change
+            out.pop(key, None)
+            out[key] = value
+        return out
+
+    def append(self, items: Iterable[tuple[str, str]], live: Mapping[str, str]) -> None:
+        """Make ``items`` durable (one fsync); when the file holds four times more lines than
+        ``live`` (all that is still wanted) and over a thousand, rewrite it as ``live``."""
+        lines = [orjson.dumps({"k": k, "v": v}) + b"\n" for k, v in items]
+        if not lines:
+            return
+        if self._lines + len(lines) > 4 * max(len(live), 1000):
+            write_atomic(self.path, b"".join(orjson.dumps({"k": k, "v": v}) + b"\n" for k, v in live.items()))
+            self._lines = len(live)
+        else:
+            append_durably(self.path, b"".join(lines))
+            self._lines += len(lines)
