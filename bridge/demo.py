@@ -26,7 +26,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,12 @@ from bridge.config import AgentConfig, ApproverConfig
 from bridge.fsutil import ensure_private_dir, write_atomic
 from bridge.imds.emulator import EmulatorServer
 from bridge.observability import setup_logging
-from bridge.schemas import validate_record
+from bridge.records.approval import Approval
+from bridge.records.fields import Refused
+from bridge.records.impact import Impact
+from bridge.records.reader import Reader, Record
+from bridge.records.scheduled_events import EventView, ScheduledEvents
+from bridge.timeutil import epoch_of
 
 MAX_SECONDS = 120.0
 
@@ -102,7 +106,7 @@ def forwarding_act(
     """Act 1: the tour's scenarios, each change printed as the agent records it. False when the
     scenario did not play to its end within the demo's time."""
     printed = 0
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, EventView] = {}
     while not _read(records_path):  # the first observation: the empty document
         time.sleep(0.05)
     emulator.state.start_scenario(scenario, speed)
@@ -113,8 +117,8 @@ def forwarding_act(
             _print_record(record, time.monotonic() - started, seen)
         printed = len(records)
         snap = emulator.state.snapshot()
-        documents = [r for r in records if r.get("recordType") == "scheduledEvents"]
-        done = snap["pendingSteps"] == 0 and not snap["events"] and documents and not documents[-1]["events"]
+        documents = [r for r in records if isinstance(r, ScheduledEvents)]
+        done = snap["pendingSteps"] == 0 and not snap["events"] and documents and not documents[-1].events
         quiet_since = (quiet_since or time.monotonic()) if done else None
         if quiet_since and time.monotonic() - quiet_since > 1.0:
             return True
@@ -173,7 +177,7 @@ def approval_act(
         decision_id = published["decisionId"]
         # The decision's own time: with the approver woken by the write, the StartRequest can come
         # before ``decide`` has even exited, so the time the demo got its answer is too late.
-        signed = _unix(published["issuedAt"])
+        signed = epoch_of(published["issuedAt"]) or time.time()
         timeline.note(signed, "ops", f"se-bridge decide: decision {decision_id[:8]} signed, published")
         timeline.wait("emulator", "StartRequest received", lambda: _start_request(emulator, event_id))
         timeline.wait("agent", "relay: StartRequest posted", lambda: _audit(records, decision_id, "agent"))
@@ -233,19 +237,22 @@ def _decide(decisions: Path, key: Path, event_id: str, target: str) -> dict[str,
 def _change(path: Path, event_id: str, change: str) -> float | None:
     """When the agent observed ``change`` of the event (its record's ``observedAt``), or None."""
     for r in _read(path):
-        if r.get("recordType") == "scheduledEvents" and any(
-            c["eventId"] == event_id and c["change"] == change for c in r["changes"]
+        if isinstance(r, ScheduledEvents) and any(
+            c.event_id == event_id and c.change == change for c in r.changes
         ):
-            return _unix(r["observedAt"])
+            return r.observed_at
     return None
 
 
 def _audit(path: Path, decision_id: str, component: str) -> float | None:
     """When ``component`` (the agent's relay or the approver) audited the decision approved, or None."""
     for a in _read(path):
-        wanted = ("approval", decision_id, component, "approved")
-        if (a.get("recordType"), a.get("decisionId"), a.get("component"), a.get("outcome")) == wanted:
-            return _unix(a["observedAt"])
+        if isinstance(a, Approval) and (a.decision_id, a.component, a.outcome) == (
+            decision_id,
+            component,
+            "approved",
+        ):
+            return a.observed_at
     return None
 
 
@@ -254,61 +261,60 @@ def _start_request(emulator: EmulatorServer, event_id: str) -> float | None:
     return next((float(p["at"]) for p in log if event_id in p["eventIds"]), None)
 
 
-def _unix(stamp: str) -> float:
-    return datetime.fromisoformat(stamp).timestamp()
-
-
-def _read(path: Path) -> list[dict[str, Any]]:
+def _read(path: Path) -> list[Record | Refused]:
+    """The agent's records file, each line read as any consumer reads a record (typed, its schema
+    checked: a violation is a Refused, which the summary counts)."""
+    reader = Reader()
     try:
-        return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+        lines = path.read_bytes().splitlines()
     except FileNotFoundError:
         return []
+    return [r for r in (reader.read_bytes(line) for line in lines if line.strip()) if r is not None]
 
 
-def _print_record(record: dict[str, Any], elapsed: float, seen: dict[str, dict[str, Any]]) -> None:
+def _print_record(record: Record | Refused, elapsed: float, seen: dict[str, EventView]) -> None:
     """One line per transition; ``seen`` remembers events so a gone one still shows its source."""
-    if record.get("recordType") == "impact":
+    if isinstance(record, Impact):
         _print_impact(record, elapsed)
         return
-    if record.get("recordType") != "scheduledEvents":
+    if not isinstance(record, ScheduledEvents):
         return
-    events = {e["eventId"]: e for e in record["events"]}
+    events = {e.event_id: e for e in record.events}
     seen.update(events)
-    if not record["changes"]:
-        note = "first observation" if record["previousIncarnation"] is None else "document changed"
-        _say(f"{elapsed:6.1f}s  {record['documentIncarnation']:>4}  {'(no event changes)':<21} {note}")
-    for change in record["changes"]:
-        event = events.get(change["eventId"]) or seen.get(change["eventId"], {})
-        when = events.get(change["eventId"], {}).get("notBefore")
+    if not record.changes:
+        note = "first observation" if record.previous_incarnation is None else "document changed"
+        _say(f"{elapsed:6.1f}s  {record.incarnation:>4}  {'(no event changes)':<21} {note}")
+    for change in record.changes:
+        event = events.get(change.event_id) or seen.get(change.event_id)
+        current = events.get(change.event_id)
+        when = current.not_before if current is not None else None
         note = f"not before {when[11:19]}Z" if when else ""
-        if len(event.get("resources", [])) > 1:
-            note += f"  resources: {', '.join(event['resources'])}"
-        if event and not event.get("affectsThisVm"):
+        if event is not None and len(event.resources) > 1:
+            note += f"  resources: {', '.join(event.resources)}"
+        if event is not None and not event.affects_this_vm:
             note += "  (another VM)"
-        source = event.get("eventSource") or "-"
-        head = f"{elapsed:6.1f}s  {record['documentIncarnation']:>4}  {change['change']:<21}"
-        _say(f"{head} {change['eventType']:<9} {source:<8} {change['eventId'][:8]:<10} {note}")
+        source = (event.source if event is not None else None) or "-"
+        head = f"{elapsed:6.1f}s  {record.incarnation:>4}  {change.change:<21}"
+        _say(f"{head} {change.event_type:<9} {source:<8} {change.event_id[:8]:<10} {note}")
 
 
-def _print_impact(record: dict[str, Any], elapsed: float) -> None:
+def _print_impact(record: Impact, elapsed: float) -> None:
     """What the event did to the VM, as the agent measured it (bridge.agent.impact)."""
     what = (
-        f"paused {record['pauseSeconds']:.1f} s"
-        if record.get("pauseSeconds") is not None
-        else "never seen Started"
+        f"paused {record.pause_seconds:.1f} s" if record.pause_seconds is not None else "never seen Started"
     )
-    if record.get("rebooted"):
-        what += f", rebooted (down {record.get('downSeconds')} s)"
-    advertised = record.get("advertisedDurationSeconds")
+    if record.rebooted:
+        what += f", rebooted (down {record.down_seconds} s)"
+    advertised = record.advertised_duration
     note = f"{what}; IMDS advertised {advertised} s" if advertised is not None else what
-    head = f"{elapsed:6.1f}s  {'':>4}  {'impact':<21} {record['eventType']:<9} {'':<8}"
-    _say(f"{head} {record['eventId'][:8]:<10} {note}")
+    head = f"{elapsed:6.1f}s  {'':>4}  {'impact':<21} {record.event_type:<9} {'':<8}"
+    _say(f"{head} {record.event_id[:8]:<10} {note}")
 
 
-def _summary(records: list[dict[str, Any]], path: Path, elapsed: float) -> int:
-    invalid = sum(1 for r in records if validate_record(r))
-    changes = Counter(c["change"] for r in records for c in r.get("changes", ()))
-    approvals = Counter(r["outcome"] for r in records if r.get("recordType") == "approval")
+def _summary(records: list[Record | Refused], path: Path, elapsed: float) -> int:
+    invalid = sum(1 for r in records if isinstance(r, Refused))
+    changes = Counter(c.change for r in records if isinstance(r, ScheduledEvents) for c in r.changes)
+    approvals = Counter(r.outcome for r in records if isinstance(r, Approval))
     _say(f"\n{len(records)} records in {elapsed:.0f} s, {invalid} schema violations -> {path}")
     _say("transitions: " + ", ".join(f"{k} {v}" for k, v in sorted(changes.items())))
     _say("approval audit records: " + (", ".join(f"{k} {v}" for k, v in sorted(approvals.items())) or "none"))

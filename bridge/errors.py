@@ -23,6 +23,7 @@ checks that none is missing::
       DecisionRefused                a decision not proven valid (decisions)
       RelayRequestError (ValueError) a relay request the agent cannot read: 400 (relay_api)
       DocumentError (ValueError)     an IMDS answer that is no document (imds/document)
+      RecordInvalid (ValueError)     a record that breaks its schema; becomes a Refused (records/fields)
       ClaimRefused                   a record's claim the fleet view does not believe (approver/fleet)
       ScopeRefused (ValueError)      a resource id outside the ARM scopes (azure_ids)
       AzureEventRefused (ValueError) a delivery of Azure's channel that is no usable event (azure/events)

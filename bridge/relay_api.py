@@ -44,6 +44,38 @@ MAX_COORDINATION_BYTES = 16 * 1024
 #: What became of a decision (the audit record's ``outcome``; approval.v1.schema.json lists them).
 Outcome = Literal["approved", "partial", "refused", "failed", "unknown"]
 
+#: What became of one event of a decision (the audit record's ``results[].result``).
+Result = Literal[
+    "approved",
+    "alreadyStarted",
+    "notFound",
+    "notScheduled",
+    "notThisVm",
+    "targetMismatch",
+    "expired",
+    "unproven",
+    "imdsError",
+    "refused",
+    "armError",
+    "unknown",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EventResult:
+    """One event's result in an answer and in the audit record that copies it."""
+
+    event_id: str
+    result: Result
+    detail: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"eventId": self.event_id, "result": self.result}
+        if self.detail is not None:
+            body["detail"] = self.detail
+        return body
+
+
 _GUID_LENGTH = 36  # the decision schema's eventId is a GUID (a pattern, no maxLength)
 
 

@@ -27,11 +27,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from bridge import coordination
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.imds.document import SCHEDULED
+from bridge.records.preparation import Preparation
+from bridge.records.reader import Record
+from bridge.records.scheduled_events import ScheduledEvents
 
 log = logging.getLogger(__name__)
 
@@ -77,44 +79,37 @@ class FleetCoordinator:
         # Event id -> when an approval that reached no agent of the event is tried again.
         self._retry_at: dict[str, float] = {}
 
-    def observe(self, record: dict[str, Any]) -> None:
+    def observe(self, record: Record) -> None:
         """Take what a record of the events stream says (called by the fleet router's reader)."""
-        kind = record.get("recordType")
-        if kind == "scheduledEvents":
+        if isinstance(record, ScheduledEvents):
             self._observe_document(record)
-        elif kind == "preparation":
+        elif isinstance(record, Preparation):
             self._observe_preparation(record)
 
-    def _observe_document(self, record: dict[str, Any]) -> None:
+    def _observe_document(self, record: ScheduledEvents) -> None:
         now = time.time()
         with self._lock:
-            for event in record.get("events") or []:
-                if not isinstance(event, dict) or not isinstance(event.get("eventId"), str):
-                    continue
-                event_id = event["eventId"]
-                if event.get("eventStatus") != SCHEDULED:
+            for event in record.events:
+                event_id = event.event_id
+                if event.status != SCHEDULED:
                     self._done[event_id] = now  # Started (or gone): nothing left to approve
                     self._events.pop(event_id, None)
                     self._retry_at.pop(event_id, None)
                     continue
                 known = self._events.get(event_id)
                 if known is None:
-                    known = _Event(list(event.get("resources") or []), event.get("notBefore"), now)
+                    known = _Event(list(event.resources), event.not_before, now)
                     known.reports.update(self._early.pop(event_id, {}))
                     self._events[event_id] = known
                 known.seen_at = now
 
-    def _observe_preparation(self, record: dict[str, Any]) -> None:
-        vm, event_id, result = record.get("vm") or {}, record.get("eventId"), record.get("result")
-        name = vm.get("name") if isinstance(vm, dict) else None
-        if not isinstance(name, str) or not isinstance(event_id, str):
-            return
-        if result not in (coordination.PREPARED, coordination.PREPARE_FAILED):
+    def _observe_preparation(self, record: Preparation) -> None:
+        if record.vm is None or not record.vm.name:
             return
         with self._lock:
-            known = self._events.get(event_id)
-            reports = known.reports if known is not None else self._early.setdefault(event_id, {})
-            reports[name.lower()] = result
+            known = self._events.get(record.event_id)
+            reports = known.reports if known is not None else self._early.setdefault(record.event_id, {})
+            reports[record.vm.key] = record.result
 
     def run(self, stop: threading.Event) -> None:
         """Assess every waiting event each ``interval`` (on its own thread) until ``stop``."""

@@ -40,7 +40,6 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,9 @@ from bridge.azure_ids import ScopeRefused, event_scope, parent_scope
 from bridge.eligibility import EventFacts
 from bridge.fsutil import write_atomic
 from bridge.observability import RateLimitedLog
-from bridge.signing import KeyRing, verify_record
+from bridge.records.azure import AzureEvent, Finding
+from bridge.records.scheduled_events import ScheduledEvents
+from bridge.signing import KeyRing
 from bridge.timeutil import epoch_of
 
 log = logging.getLogger(__name__)
@@ -222,51 +223,42 @@ class FleetView:
             azure = self._azure.get(event_id.upper())
             return azure is not None and name.lower() in azure.unwatched
 
-    def learn_azure(self, record: dict[str, Any]) -> None:
+    def learn_azure(self, record: AzureEvent) -> None:
         """An ``azureScheduledEvent`` record (bridge.azure): the event's parent, the scope the ARM path
-        acknowledges on. Learned only when the azure-channel service signed it (``--azure-key``:
-        every agent writes to the stream); its ids must follow Azure's grammar too (checked again,
-        with the allowed scopes, when a URL is made), and ARM refuses an event that is not under the
-        scope named (404, audited)."""
-        record = self._proven(record)
-        event = record.get("event")
-        if not isinstance(event, dict):
+        acknowledges on. Learned only when the azure-channel service signed it (``--azure-key``,
+        verified by the stream's reader: every agent writes to the stream); its ids must follow
+        Azure's grammar too (checked again, with the allowed scopes, when a URL is made), and ARM
+        refuses an event that is not under the scope named (404, audited)."""
+        if not self._proven(record):
             return
-        event_id, parent = event.get("eventId"), event.get("parentId")
-        if not isinstance(event_id, str) or not isinstance(parent, str) or len(event_id) > MAX_NAME:
+        event_id, parent = record.event.event_id, record.parent_id
+        if len(event_id) > MAX_NAME:
             return
         try:
             parent_scope(parent)
-            vms = {_text(v.get("name")).lower(): str(v.get("resourceId")) for v in record.get("vms") or []
-                   if isinstance(v, dict) and event_scope(str(v.get("resourceId")))}  # fmt: skip
+            vms = {v.key: v.resource_id for v in record.vms if event_scope(v.resource_id)}
         except ScopeRefused as exc:
-            self._refused(ClaimRefused("malformed", str(exc)), record)
+            self._refused(ClaimRefused("malformed", str(exc)), None)
             return
-        resources = tuple(_names(event.get("resources") or []))[:MAX_RESOURCES]
-        state = (
-            record.get("state")
-            if record.get("state") in ("Scheduled", "Started", "Completed", "Canceled")
-            else ""
-        )
         with self._lock:
             known = self._azure.pop(event_id.upper(), None)
             unwatched = known.unwatched if known is not None else set()
-            self._azure[event_id.upper()] = AzureFacts(parent, str(state), resources, vms, unwatched)
+            self._azure[event_id.upper()] = AzureFacts(
+                parent, record.state, record.event.resources, vms, unwatched
+            )
             while len(self._azure) > MAX_PARENTS:
                 self._azure.popitem(last=False)
 
-    def learn_finding(self, record: dict[str, Any]) -> None:
+    def learn_finding(self, record: Finding) -> None:
         """A reconciliation finding (bridge.azure): a VM of an event Azure announced that no agent
         reports, signed like the azure records: it lets the ARM path act at once for a VM without an agent
         instead of waiting for agents that are not there; the rule and ARM still decide."""
-        record = self._proven(record)
-        vm, event_id = record.get("vm"), record.get("eventId")
-        if record.get("finding") != "unwatched" or not isinstance(vm, dict) or not isinstance(event_id, str):
+        if not self._proven(record) or record.finding != "unwatched" or record.vm is None:
             return
         with self._lock:
-            azure = self._azure.get(event_id.upper())
+            azure = self._azure.get(record.event_id.upper())
             if azure is not None and len(azure.unwatched) < MAX_RESOURCES:
-                azure.unwatched.add(_text(vm.get("name")).lower())
+                azure.unwatched.add(record.vm.key)
 
     def counts(self) -> tuple[int, int]:
         """(VMs, events) known: the ``se_bridge_approver_fleet_*`` gauges."""
@@ -275,8 +267,9 @@ class FleetView:
 
     # -- learning ---------------------------------------------------------------------------------
 
-    def learn(self, record: dict[str, Any], now: float | None = None) -> Vm | None:
-        """Take one ``scheduledEvents`` record; the VM it is from, or None when refused."""
+    def learn(self, record: ScheduledEvents, now: float | None = None) -> Vm | None:
+        """Take one ``scheduledEvents`` record (schema-checked by the reader); the VM it is from, or
+        None when refused."""
         now = time.time() if now is None else now
         try:
             vm = self._claimed_vm(record)
@@ -290,20 +283,19 @@ class FleetView:
         self._sweep(now)
         return entry
 
-    def _claimed_vm(self, record: dict[str, Any]) -> Vm:
-        block = record.get("vm")
-        if not isinstance(block, dict):
-            raise ClaimRefused("malformed", "record without a vm block")
-        name = _text(block.get("name"))
-        if not name:
+    def _claimed_vm(self, record: ScheduledEvents) -> Vm:
+        block = record.vm
+        if block is None or not block.name:
             raise ClaimRefused("malformed", "record without a VM name")
-        private_ip = _text(block.get("privateIp"), 64)
+        private_ip = block.private_ip
         if private_ip:
             try:  # an address, nothing else: it is formatted into the relay URL
                 private_ip = str(ipaddress.ip_address(private_ip))
             except ValueError:
                 raise ClaimRefused("malformed", "privateIp is not an IP address") from None
-        return Vm(name, _text(block.get("vmId")), _text(block.get("resourceId"), 512), private_ip)
+        if len(block.resource_id) > 512:
+            raise ClaimRefused("malformed", "resourceId too long")
+        return Vm(block.name, block.vm_id, block.resource_id, private_ip)
 
     def _pinned(self, claim: Vm, now: float) -> Vm:
         """The VM as pinned, after checking ``claim`` against it (lock held)."""
@@ -413,24 +405,21 @@ class FleetView:
                 if vm.events and gone.intersection(vm.events):
                     vm.events = tuple(e for e in vm.events if e not in gone)
 
-    def _proven(self, record: dict[str, Any]) -> dict[str, Any]:
-        """An Azure channel record signed by the azure-channel service (``--azure-key``), or ``{}``:
-        every agent writes to the events stream, so an unsigned or forged record would choose where an
-        approval goes (issue 23); it is refused and counted, never learned."""
+    def _proven(self, record: AzureEvent | Finding) -> bool:
+        """Whether the azure-channel service signed the record (``--azure-key``; the reader verified
+        it): every agent writes to the events stream, so an unsigned or forged record would choose
+        where an approval goes (issue 23); it is refused and counted, never learned."""
         if not self.azure_keys:
-            return {}
-        try:
-            return verify_record(self.azure_keys, record)
-        except PermissionError as exc:
-            self._refused(ClaimRefused("unproven", str(exc)), record)
-            return {}
+            return False  # Azure's channel is not used
+        if record.signed_by is None:
+            self._refused(ClaimRefused("unproven", "not signed by a known azure-channel key"), None)
+            return False
+        return True
 
-    def _refused(self, refused: ClaimRefused, record: dict[str, Any]) -> None:
+    def _refused(self, refused: ClaimRefused, record: ScheduledEvents | None) -> None:
         if self.on_refused is not None:
             self.on_refused(refused.reason)
-        vm = record.get("vm") if isinstance(record.get("vm"), dict) else {}
-        name = (vm or {}).get("name")
-        shown = name[:MAX_NAME] if isinstance(name, str) else None
+        shown = record.vm.name if record is not None and record.vm is not None else None
         if refused.reason == "changedClaim":  # each one: another party speaking in a pinned VM's name
             log.error(
                 "fleet: a record claims another identity for a pinned VM (refused)",
@@ -516,42 +505,15 @@ def _pin_line(vm: Vm) -> bytes:
     return orjson.dumps(data) + b"\n"
 
 
-def _events_of(record: dict[str, Any], now: float) -> list[tuple[str, Event]]:
-    events = record.get("events")
-    if not isinstance(events, list):
-        raise ClaimRefused("malformed", "events is not a list")
-    if len(events) > MAX_EVENTS_PER_RECORD:
+def _events_of(record: ScheduledEvents, now: float) -> list[tuple[str, Event]]:
+    if len(record.events) > MAX_EVENTS_PER_RECORD:
         raise ClaimRefused(
-            "tooManyEvents", f"{len(events)} events in a record (at most {MAX_EVENTS_PER_RECORD})"
+            "tooManyEvents", f"{len(record.events)} events in a record (at most {MAX_EVENTS_PER_RECORD})"
         )
-    out = []
-    for item in events:
-        if not isinstance(item, dict):
-            raise ClaimRefused("malformed", "an event is not an object")
-        event_id = _text(item.get("eventId")).upper()
-        resources = item.get("resources") or []
-        if not event_id or not isinstance(resources, list):
-            raise ClaimRefused("malformed", "an event without eventId or resources")
-        if len(resources) > MAX_RESOURCES:
-            raise ClaimRefused("tooManyResources", f"an event names {len(resources)} VMs")
-        names = tuple(sys.intern(n) for n in _names(resources))
-        event = Event(
-            names, sys.intern(_text(item.get("eventStatus"), 32)), epoch_of(item.get("notBefore")), now
+    return [
+        (
+            sys.intern(e.event_id.upper()),
+            Event(e.resources, sys.intern(e.status[:32]), epoch_of(e.not_before), now),
         )
-        out.append((sys.intern(event_id), event))
-    return out
-
-
-def _names(values: Iterable[Any]) -> list[str]:
-    names = [_text(v) for v in values]
-    if not all(names):
-        raise ClaimRefused("malformed", "a resource name is empty, not text or too long")
-    return names
-
-
-def _text(value: Any, limit: int = MAX_NAME) -> str:
-    if not isinstance(value, str) or len(value) > limit:
-        if value is None or value == "":
-            return ""
-        raise ClaimRefused("malformed", "a field is not text or too long")
-    return value
+        for e in record.events
+    ]

@@ -30,6 +30,10 @@ from bridge.approver.fleet import FleetView, Vm
 from bridge.decisions import Decision
 from bridge.eligibility import EventFacts
 from bridge.netaddr import UnixHTTPConnection
+from bridge.records.azure import AzureEvent, Finding
+from bridge.records.ids import AZURE_EVENT, PREPARATION, RECONCILIATION, SCHEDULED_EVENTS
+from bridge.records.reader import Reader, Record
+from bridge.records.scheduled_events import ScheduledEvents
 from bridge.relay_api import DOCUMENT_PATH, START_REQUESTS_PATH, request_body
 from bridge.signing import KeyRing, sign_request
 from bridge.streams import DecisionSource
@@ -280,12 +284,18 @@ class FleetRouter:
         self.sources = sources
         self.template = template
         self.view = view or FleetView(None)
+        #: Records come off the stream typed and schema-checked, Azure's channel's verified with the
+        #: view's --azure-key keys (once, here).
+        self.reader = Reader(
+            azure_keys=self.view.azure_keys,
+            types=(SCHEDULED_EVENTS, PREPARATION, AZURE_EVENT, RECONCILIATION),
+        )
         #: Also given every record read (the fleet coordinator: events and preparation records).
-        self.observers: list[Callable[[dict[str, Any]], None]] = []
+        self.observers: list[Callable[[Record], None]] = []
         self._threads: list[threading.Thread] = []
         self._caught_up: set[int] = set()  # sources read to their end once (readiness)
 
-    def learn(self, record: dict[str, Any]) -> None:
+    def learn(self, record: ScheduledEvents) -> None:
         self.view.learn(record)
 
     def knows(self, name: str) -> bool:
@@ -356,14 +366,14 @@ class FleetRouter:
             self._threads.append(thread)
 
     def _follow(self, index: int, source: DecisionSource, stop: threading.Event) -> None:
-        follow(source, self._record, stop, caught_up=lambda: self._caught_up.add(index))
+        follow(source, self._record, stop, self.reader, caught_up=lambda: self._caught_up.add(index))
 
-    def _record(self, record: dict[str, Any]) -> None:
-        if record.get("recordType") == "scheduledEvents":
+    def _record(self, record: Record) -> None:
+        if isinstance(record, ScheduledEvents):
             self.learn(record)
-        elif record.get("recordType") == "azureScheduledEvent":
+        elif isinstance(record, AzureEvent):
             self.view.learn_azure(record)
-        elif record.get("recordType") == "reconciliation":
+        elif isinstance(record, Finding):
             self.view.learn_finding(record)
         for observe in self.observers:
             observe(record)

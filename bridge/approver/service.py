@@ -140,6 +140,8 @@ class Approver:
             )
             router.observers.append(self.coordinator.observe)
         self.standby = self._build_standby(state_dir, standby_after)
+        if isinstance(router, FleetRouter):  # se_bridge_records_refused_total: the events stream's
+            self.metrics.registry.register(router.reader)
 
     def _build_standby(self, state_dir: Path, after: float) -> Standby | None:
         """A fleet approver on a partitioned source stands by for its siblings (bridge.approver.standby)."""

@@ -40,6 +40,9 @@ from typing import Any, Literal
 from bridge.azure.events import AzureEvent, VmRef
 from bridge.azure.records import finding_record
 from bridge.azure.tracker import News
+from bridge.records.heartbeat import Heartbeat
+from bridge.records.reader import Record
+from bridge.records.scheduled_events import ScheduledEvents
 from bridge.shell.journal import Journal
 
 FINAL = frozenset({"Completed", "Canceled"})
@@ -110,28 +113,20 @@ class Reconciler:
             self._check(now + self.grace, "outcome", event.event_id.lower(), "")
             return []
 
-    def agent(self, record: dict[str, Any], now: float) -> None:
-        """An agent's ``scheduledEvents`` record: which events this VM's agent saw (present, or gone
-        in this change: a vanished event was seen too)."""
-        kind = record.get("recordType")
-        if kind not in ("scheduledEvents", "heartbeat") or not isinstance(record.get("vm"), dict):
+    def agent(self, record: Record, now: float) -> None:
+        """An agent's ``scheduledEvents`` record (read and schema-checked by the stream's reader):
+        which events this VM's agent saw (present, or gone in this change: a vanished event was seen
+        too). A heartbeat only pins the VM's identity."""
+        if not isinstance(record, ScheduledEvents | Heartbeat) or record.vm is None or not record.vm.name:
             return
-        vm = record["vm"]
-        name = vm.get("name") if isinstance(vm.get("name"), str) else None
-        if not name:
-            return
-        ref = VmRef(
-            _text(vm.get("subscriptionId")), _text(vm.get("resourceGroup")), name, _text(vm.get("resourceId"))
-        )
+        vm = record.vm
+        ref = VmRef(vm.subscription_id, vm.resource_group, vm.name, vm.resource_id)
         key = ref.key
-        ids = {e.get("eventId") for e in record.get("events") or [] if isinstance(e, dict)}
-        ids |= {c.get("eventId") for c in record.get("changes") or [] if isinstance(c, dict)}
         with self._lock:
-            if not self._pinned(key, ref, _text(vm.get("vmId"))) or kind != "scheduledEvents":
+            if not self._pinned(key, ref, vm.vm_id) or not isinstance(record, ScheduledEvents):
                 return
+            ids = {e.event_id for e in record.events} | {c.event_id for c in record.changes}
             for event_id in ids:
-                if not isinstance(event_id, str) or not event_id:
-                    continue
                 state = self._event(event_id)
                 if key not in state.agent_vms:
                     state.agent_vms[key] = ref
@@ -270,7 +265,3 @@ class Reconciler:
 def _same_vm(azure: VmRef, agent: VmRef) -> bool:
     """The agent's resource id is the one Azure's event names for the VM (ARM ids: case-insensitive)."""
     return bool(agent.resource_id) and agent.resource_id.lower() == azure.resource_id.lower()
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""

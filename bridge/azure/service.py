@@ -45,6 +45,8 @@ from bridge.observability import ErrorStreak, RateLimitedLog
 from bridge.pipeline import DeliveryWorker, Health, Outbox, RecordMeta
 from bridge.pipeline.storing import until_stored
 from bridge.records import encode
+from bridge.records.ids import HEARTBEAT, SCHEDULED_EVENTS
+from bridge.records.reader import Reader
 from bridge.retry import Backoff
 from bridge.shell.statedir import EXIT_COMPONENT_FAILED, lock_state_dir, watch_state_dir
 from bridge.signing import load_key_from, sign_record
@@ -91,6 +93,10 @@ class AzureChannel:
         self.tracker = EventTracker(state_path=state_dir / "azure-states.jsonl")  # survives restarts
         self.reconciler = Reconciler(grace, pins_path=state_dir / "agent-pins.jsonl")  # survive restarts
         self.metrics.reconciler_counts(self.reconciler.counts, lambda: dict(self.reconciler.refused))
+        #: The agents' records, schema-checked where they come off the stream (the reconciler reads
+        #: their scheduledEvents and heartbeats only).
+        self.reader = Reader(types=(SCHEDULED_EVENTS, HEARTBEAT))
+        self.metrics.registry.register(self.reader)
         self.api: Listener | None = None
         self._open: set[int] = set()
         self._caught_up: set[int] = set()
@@ -332,6 +338,7 @@ class AzureChannel:
             source,
             lambda record: self.reconciler.agent(record, time.time()),
             self.stop_event,
+            self.reader,
             caught_up=lambda: self._caught_up.add(index),
         )
 

@@ -35,7 +35,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.imds.document import STATUS_RANK
-from bridge.signing import KeyRing, verify_record
+from bridge.records.approval import Approval
+from bridge.records.azure import AzureEvent, Finding
+from bridge.records.fields import Envelope, Refused
+from bridge.records.heartbeat import Heartbeat
+from bridge.records.ids import (
+    APPROVAL,
+    AZURE_EVENT,
+    HEARTBEAT,
+    PREPARATION,
+    RECONCILIATION,
+    SCHEDULED_EVENTS,
+)
+from bridge.records.preparation import Preparation
+from bridge.records.reader import Reader, Record
+from bridge.records.scheduled_events import ChangeView, EventView, ScheduledEvents
+from bridge.signing import KeyRing
 from bridge.timeutil import epoch_of
 
 #: Timeline entries kept per event (an event has a few per VM: scheduled, started, gone).
@@ -44,8 +59,6 @@ MAX_TIMELINE = 400
 MAX_AUDITS = 50
 #: Closed events kept for the history page.
 HISTORY_LIMIT = 50_000
-#: Names a record may claim at most (an availability set holds at most 200 VMs).
-MAX_RESOURCES = 1000
 #: This console's own decisions remembered (their verdicts are linked to their events).
 MAX_MINE = 10_000
 
@@ -168,9 +181,13 @@ class Board:
     ) -> None:
         #: Azure's channel is shown only when its records verify (every agent writes to the stream, and a
         #: forged "unwatched" or "Completed" would mislead the person about to approve); empty: not shown.
-        self.azure_keys = azure_keys or KeyRing()
         #: The approvers' --sign-key: their audit records count only when they verify (issue 31).
-        self.approver_keys = approver_keys or KeyRing()
+        #: Both are checked by the reader, where records come off the stream, once.
+        self.reader = Reader(
+            azure_keys=azure_keys,
+            approver_keys=approver_keys,
+            types=(SCHEDULED_EVENTS, HEARTBEAT, PREPARATION, APPROVAL, AZURE_EVENT, RECONCILIATION),
+        )
         #: Records (or parts of them) the board refused, by reason: a metric (bounded labels).
         self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
         #: The decisions this console published, by id: their event (the most recent MAX_MINE). An
@@ -190,68 +207,66 @@ class Board:
 
     # -- reading the stream -------------------------------------------------------------------------
 
-    def take(self, record: Any, now: float | None = None) -> None:
-        """One record of the events stream (anything else, or a malformed one, is ignored)."""
-        if not isinstance(record, dict):
-            return
+    def take(self, record: Record | Refused | None, now: float | None = None) -> None:
+        """One record of the events stream, as :class:`~bridge.records.reader.Reader` read it (a
+        refused record, or one of a type the board does not show, changes nothing)."""
         now = time.time() if now is None else now
-        kind = record.get("recordType")
-        try:
-            if kind == "scheduledEvents":
-                self._scheduled_events(record, now)
-            elif kind == "heartbeat":
-                self._seen(record, now, heartbeat=float(record.get("intervalSeconds") or 0))
-            elif kind == "preparation":
-                self._preparation(record, now)
-            elif kind == "approval":
-                self._approval(record)
-            elif kind == "azureScheduledEvent" and self._proven(record):
-                self._azure_event(record, now)
-            elif kind == "reconciliation" and record.get("finding") == "unwatched" and self._proven(record):
-                self._unwatched(record, now)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return  # a record the board cannot read changes nothing (the approver audits its own)
+        if isinstance(record, ScheduledEvents):
+            self._scheduled_events(record, now)
+        elif isinstance(record, Heartbeat):
+            self._seen(record, now, heartbeat=record.interval)
+        elif isinstance(record, Preparation):
+            self._preparation(record, now)
+        elif isinstance(record, Approval):
+            self._approval(record, now)
+        elif isinstance(record, AzureEvent) and record.signed_by is not None:
+            self._azure_event(record, now)
+        elif isinstance(record, Finding) and record.finding == "unwatched" and record.signed_by is not None:
+            self._unwatched(record, now)
 
-    def _seen(self, record: dict[str, Any], now: float, heartbeat: float = 0.0) -> VmRow | None:
-        vm = record.get("vm")
-        if not isinstance(vm, dict) or not isinstance(vm.get("name"), str) or len(vm["name"]) > 128:
+    def take_raw(self, raw: object, now: float | None = None) -> None:
+        """A record as parsed JSON, read by the board's reader first (tests, the demo)."""
+        self.take(self.reader.read(raw), now)
+
+    def _seen(self, record: Envelope, now: float, heartbeat: float = 0.0) -> VmRow | None:
+        vm = record.vm
+        if vm is None or not vm.name:
             return None
-        key = vm["name"].lower()
-        claimed = _text(vm.get("vmId"))
+        key = vm.key
         with self._lock:
             row = self._vms.get(key)
-            if row is not None and row.vm_id and claimed and claimed.lower() != row.vm_id.lower():
+            if row is not None and row.vm_id and vm.vm_id and vm.vm_id != row.vm_id.lower():
                 self.refused["changedClaim"] += 1  # another VM speaking in this one's name
                 return None
             if row is None:
-                row = self._vms[key] = VmRow(vm["name"])
-            row.vm_id = row.vm_id or claimed
-            row.resource_group = _text(vm.get("resourceGroup")) or row.resource_group
-            row.scale_set = _text(vm.get("vmScaleSetName")) or row.scale_set
-            row.location = _text(vm.get("location")) or row.location
-            row.zone = _text(vm.get("zone")) or row.zone
-            row.last_seen = max(row.last_seen, _stamp(record, now))
+                row = self._vms[key] = VmRow(vm.name)
+            row.vm_id = row.vm_id or vm.vm_id
+            row.resource_group = vm.resource_group or row.resource_group
+            row.scale_set = vm.scale_set or row.scale_set
+            row.location = vm.location or row.location
+            row.zone = vm.zone or row.zone
+            row.last_seen = max(row.last_seen, record.observed_at or now)
             row.heartbeat = heartbeat or row.heartbeat
         if heartbeat:  # a page judges silence by lastSeen: every heartbeat moves it on
             self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})
         return row
 
-    def _scheduled_events(self, record: dict[str, Any], now: float) -> None:
+    def _scheduled_events(self, record: ScheduledEvents, now: float) -> None:
         row = self._seen(record, now)
         if row is None:
             return
-        at = _stamp(record, now)
+        at = record.observed_at or now
         shown: list[str] = []
         changed: list[EventRow] = []
         with self._lock:
-            for item in record.get("events") or []:
+            for item in record.events:
                 event = self._event_from(item, at, row.name.lower())
                 if event is None:
                     continue
                 shown.append(event.event_id)
                 event.reporters.add(row.name.lower())
                 changed.append(event)
-            for change in record.get("changes") or []:
+            for change in record.changes:
                 self._timeline(change, row.name, record, at)
             for gone in set(row.events) - set(shown) - set(row.unwatched):
                 closed = self._unreport(gone, row.name.lower(), record, at)
@@ -262,16 +277,10 @@ class Board:
         for event in changed:
             self._announce({"type": "event", "event": event.summary()})
 
-    def _event_from(self, item: Any, at: float, reporter: str | None = None) -> EventRow | None:
+    def _event_from(self, item: EventView, at: float, reporter: str | None = None) -> EventRow | None:
         """The event ``item`` describes, updated from it. ``reporter``: the (pinned) VM whose agent
         reported it, which must be named by the event (None: Azure's channel, proven already)."""
-        if not isinstance(item, dict) or not isinstance(item.get("eventId"), str):
-            return None
-        event_id = item["eventId"].upper()
-        raw = item.get("resources")
-        if not isinstance(raw, list) or len(raw) > MAX_RESOURCES:
-            return None
-        resources = tuple(dict.fromkeys(_text(r) for r in raw if _text(r)))
+        event_id, resources = item.event_id.upper(), item.resources
         known = self._events.get(event_id) or self._closed.get(event_id)
         if reporter is not None and (
             reporter not in {r.lower() for r in resources}
@@ -284,18 +293,13 @@ class Board:
             event = self._closed.pop(event_id, None) or EventRow(event_id, first_seen=at)
             event.outcome, event.ended_at = None, None
             self._events[event_id] = event
-        event.event_type = _text(item.get("eventType")) or event.event_type
-        event.source = _text(item.get("eventSource")) or event.source
-        status = _text(item.get("eventStatus"))
-        if STATUS_RANK.get(status, 0) >= STATUS_RANK.get(event.status, 0):
-            event.status = status or event.status  # a late VM's Scheduled does not undo Started
-        event.not_before = (
-            item.get("notBefore") if isinstance(item.get("notBefore"), str) else event.not_before
-        )
-        event.description = _text(item.get("description"), 512) or event.description
-        event.duration = (
-            item.get("durationInSeconds") if isinstance(item.get("durationInSeconds"), int) else None
-        )
+        event.event_type = item.event_type or event.event_type
+        event.source = item.source or event.source
+        if STATUS_RANK.get(item.status, 0) >= STATUS_RANK.get(event.status, 0):
+            event.status = item.status or event.status  # a late VM's Scheduled does not undo Started
+        event.not_before = item.not_before if item.not_before is not None else event.not_before
+        event.description = item.description or event.description
+        event.duration = item.duration
         if reporter is None:
             event.resources = event.resources or resources  # Azure's word, until an agent reports
         else:
@@ -308,21 +312,19 @@ class Board:
             event.started_at = at
         return event
 
-    def _timeline(self, change: Any, vm: str, record: dict[str, Any], at: float) -> None:
-        if not isinstance(change, dict) or not isinstance(change.get("eventId"), str):
-            return
-        event = self._events.get(change["eventId"].upper())
+    def _timeline(self, change: ChangeView, vm: str, record: ScheduledEvents, at: float) -> None:
+        event = self._events.get(change.event_id.upper())
         if event is None:
             return
         event.timeline.append({
             "vm": vm,
-            "change": _text(change.get("change")),
-            "eventStatus": change.get("eventStatus"),
+            "change": change.change,
+            "eventStatus": change.status,
             "at": at,
-            "incarnation": record.get("documentIncarnation"),
+            "incarnation": record.incarnation,
         })  # fmt: skip
 
-    def _unreport(self, event_id: str, vm_key: str, record: dict[str, Any], at: float) -> EventRow | None:
+    def _unreport(self, event_id: str, vm_key: str, record: ScheduledEvents, at: float) -> EventRow | None:
         """A VM's latest record no longer shows the event; once none does, it is closed."""
         event = self._events.get(event_id)
         if event is None:
@@ -331,9 +333,8 @@ class Board:
         if event.reporters:
             return None
         del self._events[event_id]
-        changes = [c for c in record.get("changes") or [] if isinstance(c, dict)]
-        gone = next((c for c in changes if str(c.get("eventId", "")).upper() == event_id), {})
-        event.outcome = _text(gone.get("change")) or event.outcome or "gone"
+        gone = record.change_of(event_id)
+        event.outcome = (gone.change if gone else "") or event.outcome or "gone"
         self._close(event_id, event, at)
         return event
 
@@ -369,21 +370,12 @@ class Board:
             else round(not_before - event.approved_at, 1),
         }
 
-    def _proven(self, record: dict[str, Any]) -> bool:
-        try:
-            verify_record(self.azure_keys, record)
-            return True
-        except PermissionError:
-            return False  # unsigned, another key, or altered: not Azure's word
-
-    def _azure_event(self, record: dict[str, Any], now: float) -> None:
-        """Azure's own channel (bridge.azure): an event no agent reports is shown from it, and how an
-        event ended is Azure's word (an agent only sees it vanish). The agents' view of an event they
-        report is not overwritten."""
-        item = record.get("event")
-        if not isinstance(item, dict) or not isinstance(item.get("eventId"), str):
-            return
-        key, status, at = item["eventId"].upper(), _text(item.get("eventStatus")), _stamp(record, now)
+    def _azure_event(self, record: AzureEvent, now: float) -> None:
+        """Azure's own channel (bridge.azure), signed by its key (the reader verified it): an event
+        no agent reports is shown from it, and how an event ended is Azure's word (an agent only sees
+        it vanish). The agents' view of an event they report is not overwritten."""
+        item = record.event
+        key, status, at = item.event_id.upper(), item.status, record.observed_at or now
         with self._lock:
             event = self._events.get(key)
             if status in ("Completed", "Canceled"):
@@ -403,41 +395,38 @@ class Board:
         if event is not None:
             self._announce({"type": "event", "event": event.summary()})
 
-    def _unwatched(self, record: dict[str, Any], now: float) -> None:
+    def _unwatched(self, record: Finding, now: float) -> None:
         """A reconciliation finding: Azure announced the event for this VM and no agent reported it. The
         VM is listed with the event, flagged (its agent is dead, not installed, or cut off)."""
-        vm, event_id = record.get("vm"), record.get("eventId")
-        if not isinstance(vm, dict) or not isinstance(vm.get("name"), str) or not isinstance(event_id, str):
+        vm, key = record.vm, record.event_id.upper()
+        if vm is None or not vm.name:
             return
-        name, key = _text(vm["name"]), event_id.upper()
-        if not name:
-            return
+        name = vm.name
         with self._lock:
             event = self._events.get(key)
             if event is None or event.reporters & {name.lower()}:
                 return  # ended already, or its agent reported it meanwhile
             row = self._vms.get(name.lower())
             if row is None:
-                row = self._vms[name.lower()] = VmRow(name, resource_group=_text(vm.get("resourceGroup")))
+                row = self._vms[name.lower()] = VmRow(name, resource_group=vm.resource_group)
             row.unwatched = tuple(dict.fromkeys((*row.unwatched, key)))
             row.events = tuple(dict.fromkeys((*row.events, key)))
         self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})
 
-    def _preparation(self, record: dict[str, Any], now: float) -> None:
+    def _preparation(self, record: Preparation, now: float) -> None:
         row = self._seen(record, now)
-        event_id = record.get("eventId")
-        if row is None or not isinstance(event_id, str):
+        if row is None:
             return
         with self._lock:
-            event = self._events.get(event_id.upper())
+            event = self._events.get(record.event_id.upper())
             if event is None:
                 return
             if row.name.lower() not in event.names():
                 self.refused["notNamed"] += 1  # a VM reports its own preparation, for its own events
                 return
             event.preparations[row.name.lower()] = {
-                "vm": row.name, "result": _text(record.get("result")), "at": _stamp(record, now),
-                "hook": record.get("hook") if isinstance(record.get("hook"), dict) else None,
+                "vm": row.name, "result": record.result, "at": record.observed_at or now,
+                "hook": None if record.hook is None else record.hook.to_json(),
             }  # fmt: skip
         self._announce({"type": "event", "event": event.summary()})
 
@@ -448,45 +437,35 @@ class Board:
             while len(self._mine) > MAX_MINE:
                 self._mine.popitem(last=False)
 
-    def _approval_proven(self, record: dict[str, Any], event: EventRow) -> bool:
-        """An approver's audit counts when an approver signed it; an agent's (its relay, its local
-        policy, its coordinator) when that VM's pinned agent wrote it and the event names the VM."""
-        if record.get("component") == "approver":
-            try:
-                verify_record(self.approver_keys, record)
-                return True
-            except PermissionError:
-                return False
-        vm = record.get("vm")
-        name = vm.get("name") if isinstance(vm, dict) else None
-        if not isinstance(name, str) or name.lower() not in event.names():
+    def _approval_proven(self, record: Approval, event: EventRow) -> bool:
+        """An approver's audit counts when an approver signed it (the reader verified the signature
+        with the approvers' keys); an agent's (its relay, its local policy, its coordinator) when
+        that VM's pinned agent wrote it and the event names the VM."""
+        if record.component == "approver":
+            return record.signed_by is not None
+        vm = record.vm
+        if vm is None or vm.key not in event.names():
             return False
-        row = self._vms.get(name.lower())
-        claimed = _text(vm.get("vmId")) if isinstance(vm, dict) else ""
-        return row is not None and (not row.vm_id or not claimed or row.vm_id.lower() == claimed.lower())
+        row = self._vms.get(vm.key)
+        return row is not None and (not row.vm_id or not vm.vm_id or row.vm_id.lower() == vm.vm_id)
 
-    def _approval(self, record: dict[str, Any]) -> None:
-        decision_id = record.get("decisionId")
+    def _approval(self, record: Approval, now: float) -> None:
         audit: dict[str, Any] = {
-            "decisionId": decision_id,
-            "component": _text(record.get("component")),
-            "outcome": _text(record.get("outcome")),
-            "reason": _text(record.get("reason")),
-            "decisionReason": _text(record.get("decisionReason"), 2048),
-            "detail": _text(record.get("detail"), 500),
-            "issuedBy": _text(record.get("issuedBy"), 256),
-            "path": _text(record.get("path")),
-            "requester": _text(record.get("requester"), 256),
-            "coordination": record.get("coordination")
-            if isinstance(record.get("coordination"), dict)
-            else None,
-            "at": _stamp(record, time.time()),
-            "vm": (record.get("vm") or {}).get("name") if isinstance(record.get("vm"), dict) else None,
+            "decisionId": record.decision_id,
+            "component": record.component,
+            "outcome": record.outcome,
+            "reason": record.reason or "",
+            "decisionReason": record.decision_reason or "",
+            "detail": record.detail or "",
+            "issuedBy": record.issued_by or "",
+            "path": record.path or "",
+            "requester": record.requester or "",
+            "coordination": record.coordination,
+            "at": record.observed_at or now,
+            "vm": None if record.vm is None else record.vm.name,
         }
-        events = [e.upper() for e in record.get("eventIds") or [] if isinstance(e, str)]
-        unverified = record.get("unverified")
-        claimed: dict[str, Any] = unverified if isinstance(unverified, dict) else {}
-        mine = claimed.get("decisionId") if isinstance(claimed.get("decisionId"), str) else None
+        events = [e.upper() for e in record.event_ids]
+        mine = record.unverified.get("decisionId")
         if not events and mine is not None and mine in self._mine:  # refused before it was proven
             events, audit["decisionId"] = [self._mine[mine]], mine
         shown = []
@@ -625,11 +604,3 @@ def _spread(values: list[float]) -> dict[str, float | int | None]:
         return {"n": 0, "p50": None, "max": None}
     ordered = sorted(values)
     return {"n": len(ordered), "p50": ordered[len(ordered) // 2], "max": ordered[-1]}
-
-
-def _text(value: Any, limit: int = 128) -> str:
-    return value[:limit] if isinstance(value, str) else ""
-
-
-def _stamp(record: dict[str, Any], default: float) -> float:
-    return epoch_of(record.get("observedAt")) or default

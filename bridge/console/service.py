@@ -100,6 +100,7 @@ class ConsoleService:
         ]):  # fmt: skip
             Gauge(name, text, registry=self.registry).set_function(functools.partial(count, index))
         self.registry.register(_RefusedCollector(self.board))
+        self.registry.register(self.board.reader)
         pages = Gauge("se_bridge_console_pages", "Pages following the live stream.", registry=self.registry)
         pages.set_function(lambda: len(self.console.stream.queues) if hasattr(self, "console") else 0)
 
@@ -117,7 +118,7 @@ class ConsoleService:
             caught_up = lambda i=index: self._caught_up.add(i)  # noqa: E731
             reader = threading.Thread(
                 target=follow,
-                args=(source, self.board.take, self.stop, caught_up),
+                args=(source, self.board.take, self.stop, self.board.reader, caught_up),
                 name="console-reader",
                 daemon=True,
             )

@@ -32,6 +32,10 @@ from string import Template
 from typing import Any, Literal
 from urllib.parse import quote
 
+from bridge.records.approval import Approval
+from bridge.records.azure import Finding
+from bridge.records.reader import RECORD_TYPES, Record
+from bridge.records.scheduled_events import ScheduledEvents
 from bridge.timeutil import epoch_of
 
 Style = Literal["teams", "slack"]
@@ -115,8 +119,9 @@ def _render(template: str, values: dict[str, str]) -> bytes:
     )
 
 
-def chat_body(record: dict[str, Any], style: str, options: ChatOptions) -> bytes | None:
-    """The request body for ``record`` in a chat format, or None when nothing is posted for it."""
+def chat_body(record: Record, style: str, options: ChatOptions) -> bytes | None:
+    """The request body for ``record`` (read by :class:`~bridge.records.reader.Reader`) in a chat
+    format, or None when nothing is posted for it."""
     import orjson
 
     if style != "template":
@@ -128,13 +133,11 @@ def chat_body(record: dict[str, Any], style: str, options: ChatOptions) -> bytes
     title, facts, link = lines
     url = _console_link(options, link)
     values = {"title": title, "text": "\n".join([title, *(f"{k}: {v}" for k, v in facts)]), "url": url,
-              "event_id": link or "", "record_type": str(record.get("recordType"))}  # fmt: skip
+              "event_id": link or "", "record_type": RECORD_TYPES[type(record)]}  # fmt: skip
     return _render(options.template, values)
 
 
-def chat_message(
-    record: dict[str, Any], style: Style, options: ChatOptions | None = None
-) -> dict[str, Any] | None:
+def chat_message(record: Record, style: Style, options: ChatOptions | None = None) -> dict[str, Any] | None:
     """The message for ``record``, or None when it is nothing a person needs to read."""
     options = options or ChatOptions()
     lines = _lines(record, options.one_per_set)
@@ -147,57 +150,55 @@ def chat_message(
     return _slack(title, facts, url)
 
 
-def _lines(record: dict[str, Any], one_per_set: bool) -> tuple[str, list[tuple[str, str]], str | None] | None:
-    kind = record.get("recordType")
-    if kind == "scheduledEvents":
+Lines = tuple[str, list[tuple[str, str]], str | None]
+
+
+def _lines(record: Record, one_per_set: bool) -> Lines | None:
+    if isinstance(record, ScheduledEvents):
         return _transition(record, one_per_set)
-    if kind == "approval" and record.get("outcome") in ("approved", "refused"):
-        events = ", ".join(str(e) for e in record.get("eventIds") or []) or "-"
-        title = f"Maintenance {record['outcome']}: {record.get('target') or 'unknown VM'}"
-        by = str(record.get("issuedBy") or record.get("component") or "-")
-        facts = [("Events", events), ("By", by), ("Reason", str(record.get("reason") or "ok"))]
-        facts.append(("Detail", str(record.get("detail") or "")))
-        ids = record.get("eventIds") or []
-        return title, [f for f in facts if f[1]], str(ids[0]) if ids else None
-    if kind == "reconciliation" and record.get("finding") == "unwatched":
-        vm = (record.get("vm") or {}).get("name") or "a VM"
+    if isinstance(record, Approval) and record.outcome in ("approved", "refused"):
+        events = ", ".join(record.event_ids) or "-"
+        title = f"Maintenance {record.outcome}: {record.target or 'unknown VM'}"
+        by = record.issued_by or record.component or "-"
+        facts = [
+            ("Events", events),
+            ("By", by),
+            ("Reason", record.reason or "ok"),
+            ("Detail", record.detail or ""),
+        ]
+        return title, [f for f in facts if f[1]], record.event_ids[0] if record.event_ids else None
+    if isinstance(record, Finding) and record.finding == "unwatched":
+        vm = record.vm.name if record.vm is not None and record.vm.name else "a VM"
         title = f"No agent watches {vm}: Azure announced maintenance for it"
-        return (
-            title,
-            [("Event", str(record.get("eventId"))), ("Azure", str(record.get("azureState")))],
-            str(record.get("eventId")),
-        )
+        return title, [("Event", record.event_id), ("Azure", str(record.azure_state))], record.event_id
     return None
 
 
-def _transition(
-    record: dict[str, Any], one_per_set: bool
-) -> tuple[str, list[tuple[str, str]], str | None] | None:
-    vm = (record.get("vm") or {}).get("name") or ""
-    events = {e.get("eventId"): e for e in record.get("events") or [] if isinstance(e, dict)}
-    changes = [
-        c for c in record.get("changes") or [] if isinstance(c, dict) and c.get("change") in TRANSITIONS
-    ]
-    observed = epoch_of(record.get("observedAt"))
-    for change in changes:
-        event = events.get(change.get("eventId")) or {}
-        resources = [str(r) for r in event.get("resources") or [vm]]
+def _transition(record: ScheduledEvents, one_per_set: bool) -> Lines | None:
+    vm = record.vm.name if record.vm is not None else ""
+    events = {e.event_id: e for e in record.events}
+    for change in record.changes:
+        if change.change not in TRANSITIONS:
+            continue
+        event = events.get(change.event_id)
+        resources = list(event.resources) if event is not None and event.resources else [vm]
         if one_per_set and resources and vm.lower() != min(r.lower() for r in resources):
             continue  # another VM of the set posts this one
         named = ", ".join(resources[:MAX_VMS_NAMED]) + (
             f" (+{len(resources) - MAX_VMS_NAMED} more)" if len(resources) > MAX_VMS_NAMED else ""
         )
-        title = f"{change.get('eventType')} {TRANSITIONS[change['change']]}: {named}"
-        facts = [("Event", str(change.get("eventId"))), ("Source", str(event.get("eventSource") or "-"))]
-        not_before = epoch_of(event.get("notBefore"))
-        if not_before is not None:
+        title = f"{change.event_type} {TRANSITIONS[change.change]}: {named}"
+        facts = [("Event", change.event_id), ("Source", (event.source if event else None) or "-")]
+        not_before = epoch_of(event.not_before) if event is not None else None
+        if event is not None and not_before is not None:
+            observed = record.observed_at or None
             ahead = "" if observed is None else f" (in {max(0, round((not_before - observed) / 60))} minutes)"
-            facts.append(("Not before", f"{event['notBefore']}{ahead}"))
-        if event.get("durationInSeconds"):
-            facts.append(("Duration", f"{event['durationInSeconds']} s"))
-        if event.get("description"):
-            facts.append(("Description", _cut(str(event["description"]), MAX_FACT)))
-        return title, facts, str(change.get("eventId"))
+            facts.append(("Not before", f"{event.not_before}{ahead}"))
+        if event is not None and event.duration:
+            facts.append(("Duration", f"{event.duration} s"))
+        if event is not None and event.description:
+            facts.append(("Description", _cut(event.description, MAX_FACT)))
+        return title, facts, change.event_id
     return None
 
 

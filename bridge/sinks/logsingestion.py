@@ -44,6 +44,9 @@ from urllib.parse import parse_qsl, urlsplit
 import orjson
 
 from bridge.pipeline import Entry, Outcome, Sink, SinkError
+from bridge.pipeline.entry import RecordMeta
+from bridge.records.fields import Refused
+from bridge.records.reader import Reader, event_ids
 from bridge.retry import parse_retry_after
 from bridge.schemas import load_schema
 from bridge.sinks.base import config_error, owner
@@ -89,6 +92,7 @@ class LogsIngestionSink(Sink):
         self.timeout = _number(self, options.pop("timeout", "30"), "timeout", 1, 300)
         self.max_in_flight = int(_number(self, options.pop("batch", str(MAX_BATCH)), "batch", 1, 5000))
         self.streams = {**DEFAULT_STREAMS, "": DEFAULT_STREAM}
+        self._reader = Reader()  # the EventIds column: the events each record is about
         for key, value in options.items():  # stream=… (the default) and stream.<recordType>=…
             record_type = key.partition(".")[2]
             if not value.startswith("Custom-"):
@@ -161,7 +165,7 @@ class LogsIngestionSink(Sink):
         for entry in pending:
             try:
                 record = orjson.loads(entry.payload)
-                rows = rows_of(record)
+                rows = rows_of(record, self._reader)
             except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
                 error = SinkError(f"not a record: {exc}", kind="invalid", retryable=False)
                 outcomes.append(Outcome(entry.seq, error))
@@ -207,23 +211,22 @@ class LogsIngestionSink(Sink):
             self._client = None
 
 
-def rows_of(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """A record as rows of its stream: one, or several ``RecordText`` parts when it is too long."""
-    vm: dict[str, Any] = record["vm"] if isinstance(record.get("vm"), dict) else {}
-    events: list[Any] = record["events"] if isinstance(record.get("events"), list) else []
-    event_ids = [e.get("eventId") for e in events if isinstance(e, dict)] + [
-        e for e in record.get("eventIds") or [] if isinstance(e, str)
-    ]
-    if isinstance(record.get("eventId"), str):
-        event_ids.append(record["eventId"])
+def rows_of(record: dict[str, Any], reader: Reader | None = None) -> list[dict[str, Any]]:
+    """A record as rows of its stream: one, or several ``RecordText`` parts when it is too long. The
+    columns come from the envelope (:class:`~bridge.pipeline.RecordMeta`) and the events the typed
+    record is about; a record its reader refuses is still forwarded whole, without ``EventIds``
+    (this sink forwards, it does not judge: nothing lost)."""
+    meta = RecordMeta.of(record)
+    typed = (reader or Reader()).read(record)
+    ids = [] if typed is None or isinstance(typed, Refused) else list(event_ids(typed))
     base = {
-        "TimeGenerated": record.get("observedAt"),
-        "RecordId": record.get("recordId"),
-        "RecordType": record.get("recordType"),
-        "VmName": vm.get("name"),
-        "VmId": vm.get("vmId"),
-        "VmResourceId": vm.get("resourceId"),
-        "EventIds": list(dict.fromkeys(e for e in event_ids if e)),
+        "TimeGenerated": meta.observed_at,
+        "RecordId": meta.record_id or None,
+        "RecordType": meta.record_type or None,
+        "VmName": meta.vm_name,
+        "VmId": meta.vm_id,
+        "VmResourceId": meta.resource_id,
+        "EventIds": ids,
     }
     if not base["RecordId"] or not base["TimeGenerated"]:
         raise ValueError("a record has a recordId and an observedAt")

@@ -55,6 +55,9 @@ import urllib3
 from bridge import __version__
 from bridge.netaddr import is_loopback
 from bridge.pipeline import CONTENT_TYPE, Entry, SinkError, SynchronousSink
+from bridge.records.fields import Refused
+from bridge.records.ids import APPROVAL, RECONCILIATION, SCHEDULED_EVENTS
+from bridge.records.reader import Reader
 from bridge.redaction import secrets_in
 from bridge.retry import parse_retry_after
 from bridge.sinks.base import config_error, owner
@@ -140,6 +143,8 @@ class WebhookSink(SynchronousSink):
 
         options = self._parse_options(parts.fragment)
         self.format = options.pop("format", "json").lower()
+        #: Chat formats read each record (typed, schema-checked) to word a message.
+        self._reader = Reader(types=(SCHEDULED_EVENTS, APPROVAL, RECONCILIATION))
         if self.format not in FORMATS:
             raise self._config_error(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         self.timeout = self._parse_timeout(options.pop("timeout", None))
@@ -356,7 +361,10 @@ class WebhookSink(SynchronousSink):
         if self.format == "json":
             return entry.payload, CONTENT_TYPE
         if self.format in CHAT_FORMATS:
-            body = chat_body(orjson.loads(entry.payload), self.format, self.chat)
+            record = self._reader.read_bytes(entry.payload)
+            if record is None or isinstance(record, Refused):
+                return None  # counted and logged by the reader: not a record a person reads
+            body = chat_body(record, self.format, self.chat)
             return None if body is None else (body, CONTENT_TYPE)
         meta = entry.meta
         name = meta.vm_name or meta.vm_id or "unknown"

@@ -7,10 +7,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
-import orjson
-
+from bridge.records.fields import Refused
+from bridge.records.reader import Reader, Record
 from bridge.streams.base import DecisionSource
 
 log = logging.getLogger(__name__)
@@ -18,13 +17,16 @@ log = logging.getLogger(__name__)
 
 def follow(
     source: DecisionSource,
-    on_record: Callable[[dict[str, Any]], None],
+    on_record: Callable[[Record], None],
     stop: threading.Event,
+    reader: Reader,
     caught_up: Callable[[], None] = lambda: None,
 ) -> None:
-    """Hand every JSON object of ``source`` to ``on_record`` until ``stop``; ``caught_up()`` whenever
-    a poll finds nothing more once the source has its share (the stream was read to its end). A
-    failing source is opened again after 2 s, whatever it raised: a reader must never die."""
+    """Hand every record of ``source`` that ``reader`` reads (typed: its schema checked, signatures
+    verified) to ``on_record`` until ``stop``; refused records are counted by the reader and skipped.
+    ``caught_up()`` whenever a poll finds nothing more once the source has its share (the stream was
+    read to its end). A failing source is opened again after 2 s, whatever it raised: a reader must
+    never die."""
     while not stop.is_set():
         try:
             source.open()
@@ -33,11 +35,8 @@ def follow(
                 if not messages and source.assigned():
                     caught_up()
                 for message in messages:
-                    try:
-                        record = orjson.loads(message.payload)
-                    except orjson.JSONDecodeError:
-                        continue
-                    if isinstance(record, dict):
+                    record = reader.read_bytes(message.payload)
+                    if record is not None and not isinstance(record, Refused):
                         on_record(record)
         except Exception as exc:
             log.error("events stream failed; retrying", extra={"source": source.name, "error": str(exc)})

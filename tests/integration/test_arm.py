@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import records
 from peers.fake_arm import FakeArm, FakeCredential
 from procs import wait_until
 
@@ -177,14 +178,9 @@ def run_fleet_approver(
         tmp_path / "decisions.jsonl",
         tmp_path / "audit.jsonl",
     )
-    vm = {
-        "name": "vm1",
-        "vmId": "5f0c2d4a-93f1-4c59-b7a8-2e61d0c4f9ab",
-        "resourceId": VM_ID,
-        "privateIp": "127.0.0.1",
-    }
-    event = {"eventId": EVENT, "eventStatus": "Scheduled", "resources": ["vm1", "vm2"]}
-    record = {"recordType": "scheduledEvents", "vm": vm, "events": [event]}
+    vm = records.vm_block("vm1", vm_id="5f0c2d4a-93f1-4c59-b7a8-2e61d0c4f9ab", resource_id=VM_ID,
+                          private_ip="127.0.0.1")  # fmt: skip
+    record = records.scheduled_events(vm, [records.event(EVENT, "vm1", "vm2")])
     events.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in [record, *azure]))
     decisions.touch()
     config = tmp_path / "config.toml"

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 import pytest
+import records
 import requests
 from brokers import free_port
 from peers.identity_provider import IdentityProvider
@@ -359,16 +360,18 @@ def test_records_forged_on_the_stream_do_not_steer_what_the_page_shows(stack: St
         return answer.json() if answer.status_code == 200 else {}
 
     wait_until(lambda: shown().get("resources") == VMS, 30, what="the event as its VMs report it")
-    lie = {"eventId": event_id, "eventType": "Reboot", "eventStatus": "Started", "resources": ["vm-x"],
-           "notBefore": "2027-01-01T00:00:00Z", "description": "routine, one VM"}  # fmt: skip
+    # Well-formed records (their schemas hold: the reader would refuse anything else first), with
+    # what any agent credential can write in them.
+    at = "2026-11-26T10:00:00Z"
+    lie = records.event(
+        event_id, "vm-x", event_type="Reboot", status="Started", description="routine, one VM",
+        not_before="2027-01-01T00:00:00Z",
+    )  # fmt: skip
     forged = [
-        {"recordType": "scheduledEvents", "vm": {"name": "vm-x"}, "events": [lie], "changes": [],
-         "observedAt": "2026-11-26T10:00:00Z"},
-        {"recordType": "approval", "component": "approver", "decisionId": "d-forged-1", "outcome": "approved",
-         "issuedBy": "alice@corp", "eventIds": [event_id], "observedAt": "2026-11-26T10:00:00Z"},
-        *({"recordType": "preparation", "vm": {"name": "vm-x"}, "eventId": event_id, "result": "prepared",
-           "observedAt": "2026-11-26T10:00:00Z"} for _ in VMS),
-    ]  # fmt: skip
+        records.scheduled_events(records.vm_block("vm-x"), [lie], at=at),
+        records.approval(decision_id="d-forged-1", event_ids=[event_id], issuedBy="alice@corp", at=at),
+        *(records.preparation(records.vm_block("vm-x"), event_id, at=at) for _ in VMS),
+    ]
     with stream.open("ab") as out:
         out.write(b"".join(orjson.dumps(r) + b"\n" for r in forged))
     wait_until(

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 import pytest
+import records
 from procs import DECISION_KEY, Agent, Emulator, approver_api, pem_files, scrape, start_approver, wait_until
 
 from bridge.coordination import CoordinationPolicy, assess
@@ -457,13 +458,10 @@ def test_a_coordinated_approval_that_reached_no_agent_is_tried_again(
         CoordinationPolicy(deadline=60.0), runs_agent=lambda _: True, leader=lambda: True,
         act=lambda *_: bool(acts.append(time.time()) or len(acts) > 1), retry_after=5.0,
     )  # fmt: skip
-    document = {"recordType": "scheduledEvents", "events": [
-        {"eventId": "E1", "eventStatus": "Scheduled", "resources": ["vm-a"], "notBefore": None}
-    ]}  # fmt: skip
-    coordinator.observe(document)
-    coordinator.observe(
-        {"recordType": "preparation", "vm": {"name": "vm-a"}, "eventId": "E1", "result": "prepared"}
-    )
+    document = records.scheduled_events(records.vm_block("vm-a"), [records.event("E1", "vm-a")])
+    prepared = records.typed(records.preparation(records.vm_block("vm-a"), "E1", resources=("vm-a",)))
+    coordinator.observe(records.typed(document))
+    coordinator.observe(prepared)
     coordinator.tick(1000.0)
     coordinator.tick(1004.0)  # too early: not assessed again
     assert len(acts) == 1
@@ -476,12 +474,11 @@ def test_a_coordinated_approval_that_reached_no_agent_is_tried_again(
         CoordinationPolicy(), runs_agent=lambda _: True, leader=lambda: True,
         act=lambda *_: bool(acts.append(0.0)), retry_after=5.0,
     )  # fmt: skip
-    coordinator.observe(document)
-    coordinator.observe(
-        {"recordType": "preparation", "vm": {"name": "vm-a"}, "eventId": "E1", "result": "prepared"}
-    )
+    coordinator.observe(records.typed(document))
+    coordinator.observe(prepared)
     coordinator.tick(1000.0)
-    coordinator.observe({**document, "events": [{**document["events"][0], "eventStatus": "Started"}]})
+    started = records.event("E1", "vm-a", status="Started")
+    coordinator.observe(records.typed(records.scheduled_events(records.vm_block("vm-a"), [started])))
     coordinator.tick(1010.0)  # Started meanwhile: no more tries
     assert len(acts) == 1
 
@@ -509,7 +506,9 @@ def test_a_coordinated_approval_that_reached_no_agent_is_tried_again(
         assert service.outbox.last_seq == 0  # nothing audited
         assert service.store.get(f"coordinated-{event_id}")["state"] == "started"  # type: ignore[index]
         assert emulator.state()["startRequests"] == {}
-        router.learn({"vm": {"name": vm_name, "privateIp": "127.0.0.1"}, "events": []})
+        router.learn(
+            records.typed(records.scheduled_events(records.vm_block(vm_name, private_ip="127.0.0.1")))
+        )
         assert service.coordinated(event_id, [vm_name.lower()], verdict) is True
         assert emulator.state()["startRequests"] == {event_id: 1}
         assert service.store.get(f"coordinated-{event_id}")["outcome"] == "approved"  # type: ignore[index]

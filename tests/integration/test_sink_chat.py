@@ -18,11 +18,15 @@ from typing import Any
 
 import orjson
 import pytest
+import records
 from helpers import doc, event
 from peers.http_receiver import HttpReceiver
 from procs import Emulator
+from records import typed
 
 from bridge.agent.diff import diff
+from bridge.azure.events import VmRef as AzureVm
+from bridge.azure.records import finding_record
 from bridge.imds.instance import VmIdentity
 from bridge.records import approval_record, scheduled_events_record
 from bridge.sinks import SinkError, create_sink
@@ -88,7 +92,7 @@ def test_slack_messages_keep_block_kit_limits_and_escape_mrkdwn() -> None:
         ),
     )
     record = scheduled_events_record(vm, before, after, diff(before, after), 0.0)
-    message = chat_message(record, "slack", ChatOptions(CONSOLE, one_per_set=False))
+    message = chat_message(typed(record), "slack", ChatOptions(CONSOLE, one_per_set=False))
     assert message is not None
     blocks = message["blocks"]
     assert len(blocks) <= SLACK_MAX_BLOCKS and len(blocks[0]["text"]["text"]) <= SLACK_MAX_HEADER
@@ -106,14 +110,14 @@ def test_a_wave_of_200_vms_in_one_set_is_one_message_per_transition() -> None:
         record = scheduled_events_record(
             VmIdentity(vm_id=name, name=name), before, after, diff(before, after), 0.0
         )
-        posted.append(chat_message(record, "teams"))
+        posted.append(chat_message(typed(record), "teams"))
     assert sum(m is not None for m in posted) == 1
     assert "\\(+180 more\\)" in posted[0]["attachments"][0]["content"]["body"][0]["text"]  # type: ignore[index]
     changes = diff(before, after)
     records = [
         scheduled_events_record(VmIdentity(vm_id=n, name=n), before, after, changes, 0.0) for n in names
     ]
-    every = [chat_message(record, "teams", ChatOptions(one_per_set=False)) for record in records]
+    every = [chat_message(typed(record), "teams", ChatOptions(one_per_set=False)) for record in records]
     assert sum(m is not None for m in every) == 200
 
 
@@ -121,16 +125,18 @@ def test_approvals_and_unwatched_vms_are_messages_and_other_records_are_not() ->
     audit = approval_record("approver", decision_id="d", event_ids=["E1"], target="vm-a", issued_by="alice",
                             requester=None, outcome="approved", reason=None, detail=None, results=[],
                             record_id=str(uuid.uuid4()))  # fmt: skip
-    message = chat_message(audit, "slack")
+    message = chat_message(typed(audit), "slack")
     assert message is not None and message["text"] == "Maintenance approved: vm-a"
-    finding = {"recordType": "reconciliation", "finding": "unwatched", "eventId": "E1"}
-    finding |= {"vm": {"name": "vm-c"}, "azureState": "Scheduled"}
+    vm_c = AzureVm("sub", "rg", "vm-c", "/subscriptions/sub/resourceGroups/rg/providers/x/vm-c")
+    finding = finding_record(
+        "unwatched", "E1", vm_c, "no agent", 0.0, grace_seconds=60, azure_state="Scheduled", agent_vms=[]
+    )
     assert (
         "No agent watches vm-c"
-        in chat_message(finding, "teams")["attachments"][0]["content"]["body"][0]["text"]
-    )  # type: ignore[index]
-    assert chat_message({"recordType": "heartbeat"}, "teams") is None
-    assert chat_message({**finding, "finding": "outcome"}, "slack") is None
+        in chat_message(typed(finding), "teams")["attachments"][0]["content"]["body"][0]["text"]  # type: ignore[index]
+    )
+    assert chat_message(typed(records.heartbeat(records.vm_block("vm-a"))), "teams") is None
+    assert chat_message(typed({**finding, "finding": "outcome"}), "slack") is None
 
 
 def test_chat_options_are_checked() -> None:
@@ -160,7 +166,7 @@ def test_a_user_template_gets_json_strings_so_its_json_stays_json(tmp_path: Path
     record = scheduled_events_record(
         VmIdentity(vm_id="v", name="vm-a"), before, after, diff(before, after), 0.0
     )
-    body = chat_body(record, "template", sink.chat)  # type: ignore[attr-defined]
+    body = chat_body(typed(record), "template", sink.chat)  # type: ignore[attr-defined]
     assert body is not None
     message = orjson.loads(body)
     assert message["id"] == event_id and message["link"] == f"{CONSOLE}/events/{event_id}"
@@ -189,9 +195,10 @@ def test_what_a_keyless_writer_of_the_decisions_topic_says_never_becomes_a_link_
     with pytest.raises(DecisionRefused) as refused:
         validate(evil, ValidationPolicy(DecisionKeys()), _time.time())
     assert "evil.example" not in refused.value.detail and "eventId" in refused.value.detail
-    audit = {"recordType": "approval", "outcome": "refused", "eventIds": [evil["eventId"]],
-             "target": evil["target"], "issuedBy": evil["issuedBy"], "reason": "schema",
-             "detail": "[Approve now](https://evil.example/x) <!channel>"}  # fmt: skip
+    audit = typed(records.approval(
+        outcome="refused", event_ids=[evil["eventId"]], target=evil["target"], issuedBy=evil["issuedBy"],
+        reason="schema", detail="[Approve now](https://evil.example/x) <!channel>",
+    ))  # fmt: skip
     card = chat_message(audit, "teams", ChatOptions(CONSOLE))
     assert card is not None
     content = card["attachments"][0]["content"]

@@ -9,11 +9,13 @@ import uuid
 import orjson
 import pytest
 from azure_events import RG, SUB, grid_event
+from records import event, heartbeat, scheduled_events, typed, vm_block
 
 from bridge.azure.events import AzureEventRefused, deliveries, from_event_grid, from_graph_row
 from bridge.azure.reconcile import Reconciler
 from bridge.azure.records import azure_event_record
 from bridge.azure.tracker import EventTracker, News
+from bridge.records.reader import Record
 from bridge.schemas import validate_record
 
 E1, E2 = str(uuid.uuid4()).upper(), str(uuid.uuid4()).upper()
@@ -143,18 +145,17 @@ def agent_record(
     rg: str | None = RG,
     vm_id: str = "",
     kind: str = "scheduledEvents",
-) -> dict:
-    """An agent's record as IMDS fills its identity (compute.resourceId with the subscription and group)."""
+) -> Record:
+    """An agent's record as IMDS fills its identity (compute.resourceId with the subscription and
+    group), read as the channel reads it off the stream."""
     resource_id = (
         f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}"
     )
-    return {
-        "recordType": kind,
-        "vm": {"name": name, "subscriptionId": sub, "resourceGroup": rg, "vmId": vm_id or f"id-{name}",
-               "resourceId": resource_id if sub and rg else None},
-        "events": [{"eventId": e} for e in event_ids],
-        "changes": [],
-    }  # fmt: skip
+    vm = vm_block(name, subscription_id=sub, resource_group=rg, vm_id=vm_id or f"id-{name}",
+                  resource_id=resource_id if sub and rg else None)  # fmt: skip
+    if kind == "heartbeat":
+        return typed(heartbeat(vm))
+    return typed(scheduled_events(vm, [event(e, name) for e in event_ids]))
 
 
 def observe(reconciler: Reconciler, tracker: EventTracker, grid: dict, now: float) -> list[dict]:

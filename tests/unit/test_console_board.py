@@ -12,6 +12,10 @@ import time
 import uuid
 from typing import Any
 
+from records import approval, preparation, scheduled_events, typed, vm_block
+from records import change as make_change
+from records import event as make_event
+
 from bridge.console.board import Board
 from bridge.signing import KeyRing, sign_record
 
@@ -20,13 +24,20 @@ EVENT = "8D10DA13-8125-4BA9-A717-BF7490507B3D"
 
 
 def record(vm: str, status: str | None, at: str, change: str = "") -> dict[str, Any]:
-    events = [] if status is None else [{
-        "eventId": EVENT, "eventType": "Freeze", "eventStatus": status, "resources": SET,
-        "notBefore": "2026-11-20T10:15:00Z" if status == "Scheduled" else "",
-    }]  # fmt: skip
-    changes = [{"eventId": EVENT, "change": change}] if change else []
-    return {"recordType": "scheduledEvents", "vm": {"name": vm}, "events": events, "changes": changes,
-            "observedAt": at}  # fmt: skip
+    events = (
+        []
+        if status is None
+        else [
+            make_event(
+                EVENT,
+                *SET,
+                status=status,
+                not_before="2026-11-20T10:15:00Z" if status == "Scheduled" else None,
+            )
+        ]
+    )
+    changes = [make_change(EVENT, change)] if change else []
+    return scheduled_events(vm_block(vm), events, changes, at=at)
 
 
 def lifetime(vm: str) -> list[dict[str, Any]]:
@@ -41,7 +52,7 @@ def test_an_event_closes_once_when_its_vms_are_read_one_partition_after_another(
     board = Board(history_days=366)
     for vm in SET:  # every record of vm-a, then vm-b's, then vm-c's
         for rec in lifetime(vm):
-            board.take(rec, now=1795000000.0)
+            board.take_raw(rec, now=1795000000.0)
     history = board.history(now=1795000000.0)
     assert history["days"] == [("2026-11-20", {"Freeze": 1})]
     assert [h["eventId"] for h in history["events"]] == [EVENT]
@@ -54,8 +65,8 @@ def test_an_event_closes_once_when_its_vms_are_read_one_partition_after_another(
 def test_a_late_vm_reopens_the_event_without_undoing_its_status() -> None:
     board = Board(history_days=366)
     for rec in lifetime("vm-a")[:2]:
-        board.take(rec, now=1795000000.0)
-    board.take(record("vm-b", "Scheduled", "2026-11-20T10:00:01Z"), now=1795000000.0)  # vm-b is behind
+        board.take_raw(rec, now=1795000000.0)
+    board.take_raw(record("vm-b", "Scheduled", "2026-11-20T10:00:01Z"), now=1795000000.0)  # vm-b is behind
     event = board.event(EVENT)
     assert event is not None and event["eventStatus"] == "Started" and event["open"]
 
@@ -64,9 +75,8 @@ APPROVER_KEY = b"approvers-sign-key-of-the-tests-0123456789"
 
 
 def approver_audit(**more: Any) -> dict[str, Any]:
-    audit = {"recordType": "approval", "decisionId": "d-1", "component": "approver", "outcome": "approved",
-             "issuedBy": "alice@contoso.example", "eventIds": [EVENT], "observedAt": "2026-11-20T10:14:00Z",
-             **more}  # fmt: skip
+    audit = approval(decision_id="d-1", event_ids=[EVENT], at="2026-11-20T10:14:00Z",
+                     issuedBy="alice@contoso.example", **more)  # fmt: skip
     return sign_record("approvers", APPROVER_KEY, audit)
 
 
@@ -74,8 +84,8 @@ def test_an_audit_that_comes_after_the_event_closed_is_kept_with_it() -> None:
     board = Board(history_days=366, approver_keys=KeyRing({"approvers": APPROVER_KEY}))
     for vm in SET:
         for rec in lifetime(vm):
-            board.take(rec, now=1795000000.0)
-    board.take(approver_audit(), now=1795000000.0)
+            board.take_raw(rec, now=1795000000.0)
+    board.take_raw(approver_audit(), now=1795000000.0)
     closed = board.event(EVENT)
     assert closed is not None
     assert [a["outcome"] for a in closed["audits"]] == ["approved"]
@@ -108,30 +118,30 @@ def test_azures_channel_shows_the_vms_nobody_watches_and_how_events_ended() -> N
         news = tracker.observe(event)
         assert news is not None
         for rec in [azure_event_record(event, news, now), *reconciler.azure(event, news, now)]:
-            board.take(rec, now)  # unsigned (what any agent could write): not shown
-            board.take(sign_record("azure", key, rec), now)
+            board.take_raw(rec, now)  # unsigned (what any agent could write): not shown
+            board.take_raw(sign_record("azure", key, rec), now)
 
     now = time.time()
     for vm in ("vm-a", "vm-b"):
         agents = record(vm, "Scheduled", "2026-11-20T10:00:00Z")
         agents["vm"].update(subscriptionId=SUB, resourceGroup=RG)
-        board.take(agents, now)
-        reconciler.agent(agents, now)
+        board.take_raw(agents, now)
+        reconciler.agent(typed(agents), now)
     azure("Scheduled", now)
     findings = reconciler.due(now + 11)
     for finding in findings:
-        board.take(finding, now + 11)
+        board.take_raw(finding, now + 11)
     assert all(not vm["unwatched"] for vm in board.fleet(now + 11)["vms"])  # unsigned findings: not shown
     for finding in findings:
-        board.take(sign_record("azure", key, finding), now + 11)
+        board.take_raw(sign_record("azure", key, finding), now + 11)
     fleet = board.fleet(now + 11)
     by_name = {vm["name"]: vm for vm in fleet["vms"]}
     assert by_name["vm-c"]["unwatched"] == [EVENT] and by_name["vm-c"]["events"] == [EVENT]
     assert by_name["vm-a"]["unwatched"] == [] and fleet["events"][EVENT]["eventStatus"] == "Scheduled"
-    board.take(record("vm-c", "Scheduled", "2026-11-20T10:01:00Z"), now + 12)  # its agent is back
+    board.take_raw(record("vm-c", "Scheduled", "2026-11-20T10:01:00Z"), now + 12)  # its agent is back
     assert {vm["name"]: vm for vm in board.fleet(now + 12)["vms"]}["vm-c"]["unwatched"] == []
     for vm in SET:
-        board.take(record(vm, None, "2026-11-20T10:16:00Z", change="completed"), now + 13)
+        board.take_raw(record(vm, None, "2026-11-20T10:16:00Z", change="completed"), now + 13)
     azure("Completed", now + 14)
     event = board.event(EVENT)
     assert event is not None and event["open"] is False and event["azureOutcome"] == "Completed"
@@ -141,24 +151,23 @@ def test_azures_channel_shows_the_vms_nobody_watches_and_how_events_ended() -> N
 
 
 def scheduled(vm: str, resources: list[str], vm_id: str = "", **fields: Any) -> dict[str, Any]:
-    event = {"eventId": EVENT, "eventType": "Redeploy", "eventStatus": "Scheduled", "resources": resources,
-             "notBefore": "2026-11-20T10:15:00Z", "description": "Host maintenance", **fields}  # fmt: skip
-    identity = {"name": vm, **({"vmId": vm_id} if vm_id else {})}
-    return {"recordType": "scheduledEvents", "vm": identity, "events": [event], "changes": [],
-            "observedAt": "2026-11-20T10:00:00Z"}  # fmt: skip
+    event = make_event(EVENT, *resources, event_type="Redeploy", not_before="2026-11-20T10:15:00Z",
+                       description="Host maintenance")  # fmt: skip
+    event.update(fields)
+    return scheduled_events(vm_block(vm, vm_id=vm_id or None), [event])
 
 
 def test_a_vm_the_event_does_not_name_cannot_rewrite_it() -> None:
     """vm-x rewrote E7's Resources from three VMs to one and its description to "routine, one VM";
     moved NotBefore 30 days; forced it Started. None of it is believed now."""
     board = Board()
-    board.take(scheduled("vm-a", SET, "id-a"))
+    board.take_raw(scheduled("vm-a", SET, "id-a"))
     for lie in (
         scheduled("vm-x", ["vm-x", "vm-a"], description="routine, one VM"),
         scheduled("vm-x", ["vm-x"], eventStatus="Started"),
         scheduled("vm-x", ["vm-x"], notBefore="2026-12-20T10:15:00Z"),
     ):
-        board.take(lie)
+        board.take_raw(lie)
     event = board.event(EVENT)
     assert event is not None
     assert (event["resources"], event["eventStatus"]) == (SET, "Scheduled")
@@ -170,11 +179,11 @@ def test_a_vm_the_event_does_not_name_cannot_rewrite_it() -> None:
 def test_another_vm_in_a_pinned_vms_name_changes_nothing() -> None:
     """Records in vm-b's name from another identity closed the event or forced it Started."""
     board = Board()
-    board.take(scheduled("vm-a", SET, "id-a"))
-    board.take(scheduled("vm-b", SET, "id-b"))
+    board.take_raw(scheduled("vm-a", SET, "id-a"))
+    board.take_raw(scheduled("vm-b", SET, "id-b"))
     impostor = scheduled("vm-b", SET, "id-mallory", eventStatus="Started")
-    board.take(impostor)
-    board.take({**impostor, "events": [], "changes": [{"eventId": EVENT, "change": "completed"}]})
+    board.take_raw(impostor)
+    board.take_raw({**impostor, "events": [], "changes": [make_change(EVENT, "completed")]})
     event = board.event(EVENT)
     assert event is not None and event["open"] and event["eventStatus"] == "Scheduled"
     assert board.refused["changedClaim"] == 2
@@ -184,8 +193,8 @@ def test_the_dialog_releases_what_the_targets_own_agent_reported() -> None:
     """A record rewrote Resources so that confirm ["vm-a"] signed a decision that releases three: the
     target's own report decides what the dialog lists and what confirm must name."""
     board = Board()
-    board.take(scheduled("vm-a", SET, "id-a"))
-    board.take(scheduled("vm-b", ["vm-b", "vm-a"], "id-b"))  # a named VM's own (narrower) report
+    board.take_raw(scheduled("vm-a", SET, "id-a"))
+    board.take_raw(scheduled("vm-b", ["vm-b", "vm-a"], "id-b"))  # a named VM's own (narrower) report
     row = board.scheduled(EVENT)
     assert row is not None
     summary = row.summary()
@@ -196,26 +205,23 @@ def test_the_dialog_releases_what_the_targets_own_agent_reported() -> None:
 def test_approvals_and_preparations_only_from_proven_origins() -> None:
     """Unsigned records made the console show "approved by alice@corp" and "3/3 prepared"."""
     board = Board(approver_keys=KeyRing({"approvers": APPROVER_KEY}))
-    board.take(scheduled("vm-a", SET, "id-a"))
-    unsigned = {"recordType": "approval", "decisionId": "d-2", "component": "approver",
-                "outcome": "approved", "issuedBy": "alice@corp", "eventIds": [EVENT],
-                "observedAt": "2026-11-20T10:01:00Z"}  # fmt: skip
+    board.take_raw(scheduled("vm-a", SET, "id-a"))
+    unsigned = approval(
+        decision_id="d-2", event_ids=[EVENT], issuedBy="alice@corp", at="2026-11-20T10:01:00Z"
+    )
     forged = {**approver_audit(), "issuedBy": "mallory@corp"}  # a real signature over other words
     other_key = sign_record("approvers", b"m" * 40, unsigned)
-    agent_x = {**unsigned, "component": "agent", "vm": {"name": "vm-x"}}  # an agent the event does not name
+    agent_x = {**unsigned, "component": "agent", "vm": vm_block("vm-x")}  # an agent the event does not name
     for lie in (unsigned, forged, other_key, agent_x):
-        board.take(lie)
-    for vm in SET:  # vm-x reports everyone's preparation
-        board.take({"recordType": "preparation", "vm": {"name": "vm-x"}, "eventId": EVENT,
-                    "result": "prepared", "observedAt": "2026-11-20T10:02:00Z",
-                    "preparedFor": vm})  # fmt: skip
+        board.take_raw(lie)
+    for _ in SET:  # vm-x reports a preparation for an event that does not name it
+        board.take_raw(preparation(vm_block("vm-x"), EVENT, at="2026-11-20T10:02:00Z"))
     event = board.event(EVENT)
     assert event is not None and event["approved"] is False and event["audits"] == []
     assert event["preparations"] == {}
     assert board.refused["unprovenApproval"] == 4
-    board.take({"recordType": "preparation", "vm": {"name": "vm-a", "vmId": "id-a"}, "eventId": EVENT,
-                "result": "prepared", "observedAt": "2026-11-20T10:03:00Z"})  # fmt: skip
-    board.take(approver_audit())
+    board.take_raw(preparation(vm_block("vm-a", vm_id="id-a"), EVENT, at="2026-11-20T10:03:00Z"))
+    board.take_raw(approver_audit())
     event = board.event(EVENT)
     assert event is not None and event["preparations"] == {"vm-a": "prepared"}
     assert event["approved"] and event["approvedBy"] == "alice@contoso.example"
@@ -226,21 +232,20 @@ def test_the_approvers_verdict_on_this_consoles_decision_is_shown_even_unproven(
     proving it (``unknownKey``): the audit names the decision only under ``unverified``, and the page
     kept saying "waiting". The console links the verdict to the decision it published."""
     board = Board(approver_keys=KeyRing({"approvers": APPROVER_KEY}))
-    board.take(scheduled("vm-a", SET, "id-a"))
+    board.take_raw(scheduled("vm-a", SET, "id-a"))
     board.published("console-d-1", EVENT)
     seen: list[dict[str, Any]] = []
     board.listeners.append(seen.append)
-    refused = sign_record("approvers", APPROVER_KEY, {
-        "recordType": "approval", "component": "approver", "decisionId": None, "eventIds": [],
-        "outcome": "refused", "reason": "unknownKey", "observedAt": "2026-11-20T10:01:00Z",
-        "unverified": {"decisionId": "console-d-1", "eventId": EVENT},
-    })  # fmt: skip
-    board.take(refused)
+    refused = sign_record("approvers", APPROVER_KEY, approval(
+        decision_id=None, outcome="refused", reason="unknownKey", at="2026-11-20T10:01:00Z",
+        unverified={"decisionId": "console-d-1", "eventId": EVENT},
+    ))  # fmt: skip
+    board.take_raw(refused)
     (audit,) = [m for m in seen if m["type"] == "audit"]
     assert audit["eventIds"] == [EVENT] and audit["audit"]["decisionId"] == "console-d-1"
     assert audit["audit"]["reason"] == "unknownKey"
     stranger = {**refused, "unverified": {"decisionId": "someone-elses", "eventId": EVENT}}
-    board.take(
+    board.take_raw(
         sign_record("approvers", APPROVER_KEY, {k: v for k, v in stranger.items() if k != "signature"})
     )
     assert len([m for m in seen if m["type"] == "audit"]) == 1  # not this console's: not shown
@@ -257,28 +262,14 @@ def test_closed_events_are_compacted_and_the_history_keeps_only_its_days() -> No
     def close(event_id: str, at: float) -> None:
         vms = [f"vm-{event_id[:4]}-{n}" for n in range(40)]
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-        item = {"eventId": event_id, "eventType": "Freeze", "eventStatus": "Scheduled", "resources": vms}
+        item = make_event(event_id, *vms)
         for vm in vms:  # 40 VMs, each with its own timeline rows
-            board.take(
-                {
-                    "recordType": "scheduledEvents",
-                    "vm": {"name": vm},
-                    "events": [item],
-                    "changes": [{"eventId": event_id, "change": "scheduled"}],
-                    "observedAt": stamp,
-                },
-                now=at,
+            board.take_raw(
+                scheduled_events(vm_block(vm), [item], [make_change(event_id, "scheduled")], at=stamp), now=at
             )
         for vm in vms:
-            board.take(
-                {
-                    "recordType": "scheduledEvents",
-                    "vm": {"name": vm},
-                    "events": [],
-                    "changes": [{"eventId": event_id, "change": "completed"}],
-                    "observedAt": stamp,
-                },
-                now=at,
+            board.take_raw(
+                scheduled_events(vm_block(vm), [], [make_change(event_id, "completed")], at=stamp), now=at
             )
 
     first, second, third = (str(uuid.uuid4()).upper() for _ in range(3))

@@ -1,0 +1,74 @@
+"""Reading what Azure's channel publishes (``azureScheduledEvent``, ``reconciliation``; written by
+:mod:`bridge.azure.records`, whose builders need the channel's own types). Both are signed by the
+channel's ``--sign-key``: every agent writes to the same stream, so an unsigned "unwatched" or
+"Completed" could be anybody's. The :class:`~bridge.records.reader.Reader` verifies the signature
+once and says by which key in ``signed_by``; a consumer acts only on a record with one."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bridge.records.fields import Envelope, VmRef, azure_vm_of, check, stamp, text
+from bridge.records.scheduled_events import EventView, event_of
+
+AZURE_EVENT_SCHEMA = "azure-event.v1.schema.json"
+RECONCILIATION_SCHEMA = "reconciliation.v1.schema.json"
+
+
+@dataclass(frozen=True, slots=True)
+class AzureEvent(Envelope):
+    event: EventView
+    resource_id: str  # the event's own ARM id
+    parent_id: str  # the VM, scale set or availability set whose event it is
+    vms: tuple[VmRef, ...]
+    state: str  # Scheduled, Started, Completed, Canceled
+    late: bool
+    signed_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finding(Envelope):
+    finding: str  # unwatched, outcome, agentOnly
+    event_id: str
+    azure_state: str | None
+    agent_vms: tuple[str, ...]
+    grace_seconds: float
+    detail: str
+    signed_by: str | None = None
+
+
+def read_event(raw: Mapping[str, Any], signed_by: str | None = None) -> AzureEvent:
+    check(raw, AZURE_EVENT_SCHEMA)
+    event = raw["event"]
+    return AzureEvent(
+        record_id=raw["recordId"],
+        observed_at=stamp(raw["observedAt"]),
+        vm=None,
+        event=event_of(event),
+        resource_id=text(event["resourceId"], 1024),
+        parent_id=text(event["parentId"], 1024),
+        vms=tuple(azure_vm_of(v) for v in raw["vms"]),
+        state=raw["state"],
+        late=raw["late"],
+        signed_by=signed_by,
+    )
+
+
+def read_finding(raw: Mapping[str, Any], signed_by: str | None = None) -> Finding:
+    check(raw, RECONCILIATION_SCHEMA)
+    vm = raw["vm"]
+    return Finding(
+        record_id=raw["recordId"],
+        observed_at=stamp(raw["observedAt"]),
+        vm=None if vm is None else azure_vm_of(vm),
+        finding=raw["finding"],
+        event_id=sys.intern(raw["eventId"]),
+        azure_state=raw["azureState"],
+        agent_vms=tuple(raw["agentVms"]),
+        grace_seconds=float(raw["graceSeconds"]),
+        detail=text(raw["detail"], 500),
+        signed_by=signed_by,
+    )

@@ -1,0 +1,153 @@
+"""What every record reader shares: the refusal, the envelope, the VM block, and the few
+conversions a schema leaves to code (text bounds, timestamps to Unix time).
+
+Why a reader refuses rather than repairs: a record is evidence (what a VM saw, what an approver
+did). A record that breaks its type's schema was written by something that is not this product, or
+by a version that means something else by it; reading half of it would show a person, or tell an
+approver, something nobody said. Every refusal is a :class:`Refused` with a short reason word (a
+bounded metric label) and a detail for the log that quotes no value.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from bridge.schemas import validate_document
+from bridge.timeutil import epoch_of
+
+#: Names (VMs, scale sets, groups) longer than this are not Azure's (VM names are at most 64
+#: characters, a scale-set instance adds ``_<n>``): a record carrying one is refused, so no map a
+#: reader fills is keyed by an attacker's megabyte.
+MAX_NAME = 128
+#: An event names at most this many resources (a scale set holds at most 1 000 VMs); more is refused.
+MAX_RESOURCES = 1000
+
+RefusalReason = Literal["notObject", "unknownType", "schema", "tooLarge"]
+REFUSAL_REASONS: tuple[RefusalReason, ...] = ("notObject", "unknownType", "schema", "tooLarge")
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A record a reader would not read: its type (``unknown`` when it had none it knew), why (a
+    metric label) and a detail for the log (schema paths and messages, never a value)."""
+
+    record_type: str
+    reason: RefusalReason
+    detail: str = ""
+
+
+class RecordInvalid(ValueError):
+    """Raised inside a reader; the reader's caller gets it back as a :class:`Refused`."""
+
+    def __init__(self, reason: RefusalReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason: RefusalReason = reason
+
+
+def check(raw: Mapping[str, object], schema_file: str, part: str | None = None) -> None:
+    """``raw`` against the schema in ``schema_file`` (or its property ``part``'s); a violation is
+    :class:`RecordInvalid` naming the paths, not the values (a record may carry a secret by mistake)."""
+    errors = validate_document(raw, schema_file, part)
+    if errors:
+        paths = sorted({e.split(":", 1)[0] for e in errors})
+        raise RecordInvalid("schema", f"{len(errors)} violation(s) at {', '.join(paths[:5])}")
+
+
+def text(value: object, limit: int = 4096) -> str:
+    """A schema-checked text field: None as "", cut at ``limit`` (what a page or a log may show)."""
+    return value[:limit] if isinstance(value, str) else ""
+
+
+def name(value: object) -> str:
+    """A name a map is keyed by: interned (a fleet's names repeat in every record), bounded."""
+    if not isinstance(value, str):
+        return ""
+    if len(value) > MAX_NAME:
+        raise RecordInvalid("tooLarge", f"a name of {len(value)} characters (at most {MAX_NAME})")
+    return sys.intern(value)
+
+
+def names(values: object) -> tuple[str, ...]:
+    """A list of names (an event's resources), each interned, at most MAX_RESOURCES, duplicates dropped."""
+    if not isinstance(values, list):
+        return ()
+    if len(values) > MAX_RESOURCES:
+        raise RecordInvalid("tooLarge", f"{len(values)} resources (at most {MAX_RESOURCES})")
+    return tuple(dict.fromkeys(name(v) for v in values if isinstance(v, str) and v))
+
+
+def optional_int(value: object) -> int | None:
+    return value if type(value) is int else None
+
+
+def optional_text(value: object, limit: int = 4096) -> str | None:
+    return value[:limit] if isinstance(value, str) else None
+
+
+def stamp(value: object) -> float:
+    """A schema-checked RFC 3339 timestamp as Unix time (0.0 when the schema allowed null)."""
+    return epoch_of(value) or 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class VmRef:
+    """The VM a record is about or from, as its agent (or Azure's channel) named it. Absent fields are
+    "" (the agent writes null while IMDS instance metadata is unavailable)."""
+
+    name: str
+    vm_id: str = ""
+    resource_id: str = ""
+    subscription_id: str = ""
+    resource_group: str = ""
+    location: str = ""
+    zone: str = ""
+    scale_set: str = ""
+    private_ip: str = ""
+
+    @property
+    def key(self) -> str:
+        """How maps key a VM: its name, case-folded (Azure names are case-insensitive)."""
+        return self.name.lower()
+
+
+def vm_of(block: object, *, schema: bool = True) -> VmRef:
+    """The ``vm`` block of an agent's record (record.v1's shape, checked here when the record's own
+    schema leaves it open: heartbeat, preparation, approval, impact)."""
+    if not isinstance(block, Mapping):
+        raise RecordInvalid("schema", "vm: not an object")
+    if schema:
+        check(block, "record.v1.schema.json", "vm")
+    return VmRef(
+        name=name(block.get("name")),
+        vm_id=sys.intern(text(block.get("vmId"), MAX_NAME).lower()),
+        resource_id=text(block.get("resourceId"), 1024),
+        subscription_id=text(block.get("subscriptionId"), MAX_NAME),
+        resource_group=name(block.get("resourceGroup")),
+        location=name(block.get("location")),
+        zone=text(block.get("zone"), 16),
+        scale_set=name(block.get("vmScaleSetName")),
+        private_ip=text(block.get("privateIp"), 64),
+    )
+
+
+def azure_vm_of(block: Mapping[str, object]) -> VmRef:
+    """A VM as Azure's channel names it (name, resourceId, subscriptionId, resourceGroup)."""
+    return VmRef(
+        name=name(block.get("name")),
+        resource_id=text(block.get("resourceId"), 1024),
+        subscription_id=text(block.get("subscriptionId"), MAX_NAME),
+        resource_group=name(block.get("resourceGroup")),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """What every record shares: its id, when it was observed (Unix time) and the VM (None for an
+    approver's audit of a decision that never reached an agent, and for Azure's channel)."""
+
+    record_id: str
+    observed_at: float
+    vm: VmRef | None

@@ -1,0 +1,59 @@
+"""``heartbeat`` records (``schemas/heartbeat.v1.schema.json``): the agent is alive and watching,
+every ``--heartbeat-interval`` seconds. scheduledEvents records come only with changes, so without it
+a quiet VM and a dead agent look the same."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bridge.records.fields import Envelope, check, stamp, vm_of
+from bridge.records.ids import HEARTBEAT, derived_id, envelope
+
+if TYPE_CHECKING:  # the writer's types; readers (sinks, services) never load the IMDS layer
+    from bridge.imds.document import EventsDocument
+    from bridge.imds.instance import VmIdentity
+
+
+SCHEMA = "heartbeat.v1.schema.json"
+
+
+def build(
+    vm: VmIdentity,
+    document: EventsDocument | None,
+    imds_ok: bool,
+    interval: float,
+    now: float,
+) -> dict[str, Any]:
+    """One per interval, its id derived from the VM and the interval's number, so a heartbeat sent
+    again after a crash is the same."""
+    slot = int(now // interval)
+    return {
+        **envelope(HEARTBEAT, derived_id(vm.key, "heartbeat", f"{interval:g}", str(slot)), now, vm),
+        "intervalSeconds": interval,
+        "documentIncarnation": None if document is None else document.incarnation,
+        "openEvents": 0 if document is None else len(document.events),
+        "imdsOk": imds_ok,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Envelope):
+    interval: float
+    incarnation: int | None
+    open_events: int
+    imds_ok: bool
+
+
+def read(raw: Mapping[str, Any]) -> Heartbeat:
+    check(raw, SCHEMA)
+    return Heartbeat(
+        record_id=raw["recordId"],
+        observed_at=stamp(raw["observedAt"]),
+        vm=vm_of(raw["vm"]),
+        interval=float(raw["intervalSeconds"]),
+        incarnation=raw["documentIncarnation"],
+        open_events=raw["openEvents"],
+        imds_ok=raw["imdsOk"],
+    )
