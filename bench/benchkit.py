@@ -127,3 +127,43 @@ def sample_record(n: int, vm_id: str) -> dict[str, Any]:
         "raw": {"DocumentIncarnation": n + 1, "Events": [event]},
     }
     return record
+
+
+# -- records as an agent writes them (every field its schema requires: services read records through
+# -- bridge.records.reader, which refuses anything else) --------------------------------------------
+
+VM_FIELDS = ("vmId", "name", "resourceId", "subscriptionId", "resourceGroup", "location", "zone",
+             "vmScaleSetName", "privateIp", "hostname")  # fmt: skip
+EVENT_DEFAULTS: dict[str, Any] = {
+    "eventType": "Freeze", "eventStatus": "Scheduled", "resourceType": "VirtualMachine", "resources": [],
+    "notBefore": None, "description": None, "eventSource": "Platform", "durationInSeconds": None,
+    "affectsThisVm": True,
+}  # fmt: skip
+
+
+def vm_block(**given: Any) -> dict[str, Any]:
+    """A record's ``vm`` block: ``given`` fields (record names), the others null."""
+    return {k: given.get(k) for k in VM_FIELDS}
+
+
+def event_block(**given: Any) -> dict[str, Any]:
+    """A record's event: ``given`` fields, the others as an agent writes them; an empty NotBefore
+    (IMDS's, once Started) is null in a record."""
+    event = {**EVENT_DEFAULTS, **given}
+    event["notBefore"] = event["notBefore"] or None
+    return event
+
+
+def scheduled_events_bytes(
+    vm: dict[str, Any],
+    events: list[dict[str, Any]],
+    observed_at: str,
+    changes: list[dict[str, Any]] | None = None,
+) -> bytes:
+    """One scheduledEvents record, valid against schemas/record.v1.schema.json."""
+    return orjson.dumps({
+        "schemaVersion": 1, "recordType": "scheduledEvents", "recordId": str(uuid.uuid4()),
+        "observedAt": observed_at, "source": {"agentVersion": "bench", "apiVersion": "2020-07-01"},
+        "vm": vm_block(**vm), "documentIncarnation": 1, "previousIncarnation": None,
+        "events": [event_block(**e) for e in events], "changes": changes or [], "raw": {},
+    })  # fmt: skip

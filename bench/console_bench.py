@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py)
 sys.path.insert(0, str(REPO / "bench"))
 
-from benchkit import percentile, stop_process  # noqa: E402
+from benchkit import percentile, scheduled_events_bytes, stop_process  # noqa: E402
 from brokers import TansuBroker  # noqa: E402
 from fleet_scale_bench import vm  # noqa: E402
 from peers.identity_provider import IdentityProvider  # noqa: E402
@@ -93,9 +93,7 @@ def event(label: str, index: int, status: str, not_before: float) -> dict[str, A
 def record(
     m: dict[str, Any], events: list[dict[str, Any]], at: float, changes: list[Any] | None = None
 ) -> bytes:
-    return orjson.dumps({"schemaVersion": 1, "recordType": "scheduledEvents", "vm": m, "events": events,
-                         "changes": changes or [], "observedAt": _iso(at),
-                         "recordId": str(uuid.uuid4())})  # fmt: skip
+    return scheduled_events_bytes(m, events, _iso(at), changes)
 
 
 class Run:
@@ -295,7 +293,9 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
                              for i, m in enumerate(machines)])  # fmt: skip
                 run.produce([(m["name"], record(m, [event(label, i, "Started", 0)], day + 600))
                              for i, m in enumerate(machines)])  # fmt: skip
-                gone = [{"eventId": event(label, 0, "Started", 0)["eventId"], "change": "completed"}]
+                gone_id = event(label, 0, "Started", 0)["eventId"]
+                gone = [{"eventId": gone_id, "change": "completed", "eventType": "Freeze",
+                         "previousStatus": "Started", "eventStatus": None}]  # fmt: skip
                 run.produce([(m["name"], record(m, [], day + 900, gone)) for m in machines])
             run.produce([(m["name"], record(m, [event("open", i, "Scheduled", now + 900)], now))
                          for i, m in enumerate(machines)])  # fmt: skip

@@ -45,7 +45,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py)
 
-from benchkit import stop_process  # noqa: E402
+from benchkit import scheduled_events_bytes, stop_process  # noqa: E402
 from brokers import TansuBroker  # noqa: E402
 
 from bridge.decisions import generate_key_pair, new_decision, parse_key, sign  # noqa: E402
@@ -106,8 +106,7 @@ def vm(index: int) -> dict[str, Any]:
 
 
 def record(machine: dict[str, Any], events: list[dict[str, Any]]) -> bytes:
-    return orjson.dumps({"schemaVersion": 1, "recordType": "scheduledEvents", "vm": machine, "events": events,
-                         "changes": [], "recordId": str(uuid.uuid4())})  # fmt: skip
+    return scheduled_events_bytes(machine, events, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 def wave_event(wave: int, index: int, set_size: int = 5) -> dict[str, Any]:

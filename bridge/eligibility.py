@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from bridge.relay_api import Result
+
 SCHEDULED = "Scheduled"
 STARTED = "Started"
 
@@ -38,7 +40,7 @@ class EventFacts:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    result: str  # a results[].result word of the approval schema
+    result: Result  # a results[].result word of the approval schema
     detail: str
 
 

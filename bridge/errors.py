@@ -22,6 +22,7 @@ checks that none is missing::
     refusals: the caller answers, audits or counts them (a reason word, never retried as they are)
       DecisionRefused                a decision not proven valid (decisions)
       RelayRequestError (ValueError) a relay request the agent cannot read: 400 (relay_api)
+      RelayAnswerError (ValueError)  an agent's answer the approver cannot read: audited failed (relay_api)
       DocumentError (ValueError)     an IMDS answer that is no document (imds/document)
       RecordInvalid (ValueError)     a record that breaks its schema; becomes a Refused (records/fields)
       ClaimRefused                   a record's claim the fleet view does not believe (approver/fleet)

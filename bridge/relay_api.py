@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal, TypeGuard, cast, get_args
 
 import orjson
 
@@ -61,6 +61,16 @@ Result = Literal[
 ]
 
 
+RESULTS: frozenset[str] = frozenset(get_args(Result))
+OUTCOMES: frozenset[str] = frozenset(get_args(Outcome))
+#: Results that mean the event is released (approved now, or started already).
+RELEASED: frozenset[str] = frozenset({"approved", "alreadyStarted"})
+
+
+class RelayAnswerError(ValueError):
+    """An answer an approver cannot read (not this API's shape): audited as such, never guessed at."""
+
+
 @dataclass(frozen=True, slots=True)
 class EventResult:
     """One event's result in an answer and in the audit record that copies it."""
@@ -74,6 +84,106 @@ class EventResult:
         if self.detail is not None:
             body["detail"] = self.detail
         return body
+
+    @classmethod
+    def from_json(cls, item: object) -> EventResult:
+        """A result as an answer (or a ledger) carries it; :class:`RelayAnswerError` otherwise."""
+        if not isinstance(item, dict) or not isinstance(item.get("eventId"), str):
+            raise RelayAnswerError("a result without an eventId")
+        if item.get("result") not in RESULTS:
+            raise RelayAnswerError("a result is not one of the relay's result words")
+        return cls(item["eventId"], cast(Result, item["result"]), _short(item.get("detail"), 500))
+
+
+def outcome_of(results: tuple[EventResult, ...] | list[EventResult]) -> tuple[Outcome, str | None]:
+    """A decision's outcome and reason from its events' results, the one rule (the agent's answer,
+    its resolution after a restart): ``unknown`` when an interrupted POST cannot be told; approved
+    when every event is released; ``partial`` when some are; ``failed`` when only IMDS failed;
+    ``refused`` otherwise. The reason is the first result that is not a release."""
+    kinds = [r.result for r in results]
+    if "unknown" in kinds:
+        return "unknown", "interruptedPost"
+    failed = [k for k in kinds if k not in RELEASED]
+    if not failed:
+        return "approved", None
+    if len(failed) < len(kinds):
+        return "partial", failed[0]
+    if all(k == "imdsError" for k in failed):
+        return "failed", "imdsError"
+    return "refused", failed[0]
+
+
+@dataclass(frozen=True, slots=True)
+class RelayAnswer:
+    """What became of one relayed decision: the agent's answer (``POST /v1/start-requests``), the ARM
+    path's, or the approver's reading of an agent's refusal; the approver audits them alike.
+
+    Built by the agent's relay, parsed once by the approver (:meth:`from_json`); ``relay``, ``path``
+    and ``arm_correlation_id`` are the approver's (which path carried it), never on the wire."""
+
+    decision_id: str
+    outcome: Outcome
+    reason: str | None = None
+    results: tuple[EventResult, ...] = ()
+    detail: str | None = None
+    document_incarnation: int | None = None
+    #: Which StartRequests POST carried the decision (the agent's ledger keeps it): one id per batch.
+    start_requests: str | None = None
+    #: A repeat of a decision the agent had answered: answered from its ledger, nothing posted.
+    repeat: bool = False
+    relay: str | None = None
+    path: str | None = None
+    arm_correlation_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The answer as the agent sends it (and its ledger keeps it)."""
+        body: dict[str, Any] = {
+            "decisionId": self.decision_id,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "results": [r.to_json() for r in self.results],
+        }
+        if self.detail is not None:
+            body["detail"] = self.detail
+        if self.document_incarnation is not None:
+            body["documentIncarnation"] = self.document_incarnation
+        if self.start_requests is not None:
+            body["startRequests"] = self.start_requests
+        if self.repeat:
+            body["repeat"] = True
+        return body
+
+    @classmethod
+    def from_json(cls, body: object) -> RelayAnswer:
+        """An answer as an agent sent it (or its ledger kept it); :class:`RelayAnswerError` names
+        what is wrong, never quoting a value."""
+        if not isinstance(body, dict):
+            raise RelayAnswerError("the answer is not a JSON object")
+        outcome, decision_id = body.get("outcome"), body.get("decisionId", "")
+        if outcome not in OUTCOMES:
+            raise RelayAnswerError("outcome is not one of " + ", ".join(sorted(OUTCOMES)))
+        if not isinstance(decision_id, str):
+            raise RelayAnswerError("decisionId is not a string")
+        raw = body.get("results") or []
+        if not isinstance(raw, list) or len(raw) > MAX_EVENTS_PER_REQUEST:
+            raise RelayAnswerError(f"results must be a list of at most {MAX_EVENTS_PER_REQUEST}")
+        results = [EventResult.from_json(item) for item in raw]
+        incarnation = body.get("documentIncarnation")
+        posted = body.get("startRequests")
+        return cls(
+            decision_id=decision_id,
+            outcome=cast(Outcome, outcome),
+            reason=_short(body.get("reason"), 128),
+            results=tuple(results),
+            detail=_short(body.get("detail"), 500),
+            document_incarnation=incarnation if type(incarnation) is int else None,
+            start_requests=posted if isinstance(posted, str) else None,
+            repeat=body.get("repeat") is True,
+        )
+
+
+def _short(value: object, limit: int) -> str | None:
+    return value[:limit] if isinstance(value, str) else None
 
 
 _GUID_LENGTH = 36  # the decision schema's eventId is a GUID (a pattern, no maxLength)

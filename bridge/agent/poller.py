@@ -70,6 +70,8 @@ class Poller:
         interval: float = 1.0,
         api_version: str,
         health: Health | None = None,
+        approved: Callable[[str], bool] | None = None,
+        first_document: Callable[[EventsDocument], None] | None = None,
     ) -> None:
         self.client = client
         self.outbox = outbox
@@ -86,12 +88,12 @@ class Poller:
         self.listeners: list[Callable[[EventsDocument | None, EventsDocument, list[Change]], None]] = []
         #: Called once with the first document this run parsed (the relay resolves a POST a previous
         #: run left unanswered: bridge.agent.ledger).
-        self.first_document: list[Callable[[EventsDocument], None]] = []
+        self.first_document = first_document
         #: Called after every poll, whatever it returned (the impact meter: bridge.agent.impact).
         self.after_poll: list[Callable[[], None]] = []
         #: Whether this VM approved an event (the relay's ledger): a Scheduled event gone after it is
         #: ``completed`` (bridge.agent.diff).
-        self.approved: Callable[[str], bool] | None = None
+        self.approved = approved
         self.first_success: float | None = None
         self._last_body: bytes | None = None  # body of the last answer fully processed
         self._last_error = ImdsError("none", "no error yet")
@@ -130,6 +132,11 @@ class Poller:
     def wake(self) -> None:
         """End the current wait between polls (the loop checks its stop event, then polls)."""
         self._wake.set()
+
+    def document(self) -> EventsDocument | None:
+        """The current document (None before the first poll answered): the relay's view."""
+        current = self.current
+        return current.document if current is not None else None
 
     def refresh(self, timeout: float) -> bool:
         """Poll now, on the poller's thread, and wait until that poll is processed.
@@ -191,12 +198,11 @@ class Poller:
         for warning in doc.warnings:
             log.warning("document field not understood", extra={"detail": warning})
         first, self.current = self.current is None, Observation(doc, received_at)
-        if first:
-            for listener in self.first_document:
-                try:
-                    listener(doc)
-                except Exception:
-                    log.exception("first-document listener failed")
+        if first and self.first_document is not None:
+            try:
+                self.first_document(doc)
+            except Exception:
+                log.exception("first-document listener failed")
 
     def _record(self, doc: EventsDocument, resp: ImdsResponse, previous_seen: float | None) -> PollOutcome:
         """A changed document: its record into the outbox, then the baseline and the listeners."""

@@ -18,7 +18,6 @@ service manager starts it again.
 from __future__ import annotations
 
 import logging
-import signal
 import ssl
 import threading
 import time
@@ -29,28 +28,30 @@ import orjson
 
 from bridge import __version__, coordination, records
 from bridge.agent.access import AccessPolicy
+from bridge.agent.answers import RelayAnswers
 from bridge.agent.coordinator import PeerCoordinator
 from bridge.agent.identity import IdentityResolver
 from bridge.agent.impact import ImpactMeter
+from bridge.agent.ledger import DecisionLedger
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.peerkeys import PeerPins, answer_key
 from bridge.agent.policy import LocalPolicy, PolicyConfig
 from bridge.agent.poller import Poller
+from bridge.agent.posting import StartRequestPoster
 from bridge.agent.proof import DecisionProver
 from bridge.agent.relay import Relay
 from bridge.agent.state import BaselineStore, IdentityCache
 from bridge.config import AgentConfig, ConfigError
 from bridge.coordination import CoordinationPolicy, Verdict
-from bridge.fsutil import ensure_private_dir, watch_lock
 from bridge.imds.client import ImdsClient
 from bridge.imds.document import ScheduledEvent
 from bridge.listener import Limits, Listener, Request, Response, Route, json_response, probe_routes
-from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked, RecordMeta
+from bridge.pipeline import RecordMeta
 from bridge.pipeline.storing import REFUSED, until_stored
 from bridge.relay_api import DOCUMENT_PATH, PREPARATIONS_PATH, START_REQUESTS_PATH
 from bridge.retry import Backoff
 from bridge.rules import ApprovalRule
-from bridge.shell.statedir import EXIT_COMPONENT_FAILED
+from bridge.shell.service import Shell
 from bridge.signing import H_NONCE, KeyRing, NonceStore, RequestVerifier, sign_peer_answer
 from bridge.sinks import Sink, SinkError, create_sink
 
@@ -63,11 +64,17 @@ class Agent:
     def __init__(self, config: AgentConfig, metrics: AgentMetrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or AgentMetrics()
-        self.stop_event = threading.Event()
-        self.health = Health(self.metrics, on_fatal=lambda _why: self.request_stop())
         self.sinks = self._build_sinks(config.sink)
         state_dir = Path(config.state_dir)
-        self.outbox = self._open_outbox(state_dir)
+        # State directory (locked, watched), outbox, delivery, health, stop: the services' one shell.
+        # A stop also wakes the poll loop (it may be backing off for seconds).
+        self.shell = Shell(
+            "agent", state_dir, self.sinks, self.metrics,
+            max_records=config.outbox_max_records, max_bytes=config.outbox_max_bytes,
+            on_stop=lambda: self.poller.wake() if hasattr(self, "poller") else None,
+        )  # fmt: skip
+        self.stop_event, self.health = self.shell.stop_event, self.shell.health
+        self.outbox, self.workers = self.shell.outbox, self.shell.workers
         self.client = ImdsClient(
             config.imds_url,
             config.api_version,
@@ -77,6 +84,11 @@ class Agent:
             metrics=self.metrics,
         )
         self.identity = IdentityResolver(self.client, IdentityCache(state_dir), self.metrics)
+        # The relay's exactly-once part first: the poller asks it what this VM approved (a Scheduled
+        # event gone after it is completed) and hands it the first document (a POST a previous run
+        # left unanswered is resolved against it); the relay then reads documents from the poller.
+        answers = RelayAnswers(self.outbox, lambda: self.identity.current, self.metrics, config.api_version)
+        self.poster = StartRequestPoster(self.client, DecisionLedger(state_dir), answers)
         self.poller = Poller(
             self.client,
             self.outbox,
@@ -86,51 +98,29 @@ class Agent:
             interval=config.poll_interval,
             api_version=config.api_version,
             health=self.health,
+            approved=self.poster.approved,
+            first_document=self.poster.resolve_interrupted,
         )
-        self.workers = [
-            DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter", health=self.health)
-            for s in self.sinks
-        ]
-        self.relay, self.verifier = self._build_relay(state_dir)
+        self.relay, self.verifier = self._build_relay(state_dir, answers)
         self._answer_key_value: Any = None
         self._answer_key_lock = threading.Lock()
-        self.poller.approved = self.relay.approved
-        self.poller.first_document.append(self.relay.resolve_interrupted)
         self.impact = ImpactMeter(
             state_dir, self.outbox, lambda: self.identity.current,
-            approved=self.relay.approved, boot_id_file=Path(config.boot_id_file),
+            approved=self.poster.approved, boot_id_file=Path(config.boot_id_file),
         )  # fmt: skip
         self.poller.listeners.append(self.impact.on_change)
         self.poller.after_poll.append(self.impact.tick)
         self.policy = self._build_policy()
         self.api: Listener | None = self._build_listener(config, state_dir) if config.listen else None
 
-    def _open_outbox(self, state_dir: Path) -> Outbox:
-        try:
-            ensure_private_dir(state_dir)
-            return Outbox(
-                state_dir / "outbox",
-                [s.id for s in self.sinks],
-                max_records=self.config.outbox_max_records,
-                max_bytes=self.config.outbox_max_bytes,
-                metrics=self.metrics,
-            )
-        except OutboxLocked as exc:
-            raise ConfigError(f"state_dir: {exc}") from None
-        except OSError as exc:
-            raise ConfigError(f"state_dir: cannot use {state_dir}: {exc.strerror}") from None
-
-    def _build_relay(self, state_dir: Path) -> tuple[Relay, RequestVerifier]:
+    def _build_relay(self, state_dir: Path, answers: RelayAnswers) -> tuple[Relay, RequestVerifier]:
         relay = Relay(
             self.client,
-            lambda: self.poller.current.document if self.poller.current else None,
+            self.poller,
             lambda: self.identity.current,
-            self.outbox,
-            self.metrics,
-            state_dir,
+            self.poster,
+            answers,
             require_this_vm=self.config.relay_require_this_vm,
-            api_version=self.config.api_version,
-            refresh=self.poller.refresh,
             prover=self._build_prover(),
         )
         try:
@@ -379,21 +369,14 @@ class Agent:
 
     def start(self) -> None:
         """Start everything but the poll loop (used by :meth:`run` and by in-process embedding)."""
-        for worker in self.workers:
-            try:
-                worker.open_at_start()
-            except SinkError as err:
-                raise ConfigError(f"sink {worker.sink.name}: {err}") from None
-        for worker in self.workers:
-            worker.start()
+        # Delivery, and the state directory watched: deleted under a running agent, records would go
+        # into unlinked files and be gone at the next start; it stops (exit 70) and is started afresh.
+        self.shell.start()
         if self.api is not None:
             self.api.start()
         self.identity.start(self.stop_event)
         if self.config.heartbeat_interval > 0:
             threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
-        # A state directory deleted under a running agent: records would go into unlinked files
-        # and be gone at the next start. Stop (exit 70) so the service manager starts it afresh.
-        watch_lock(self.outbox.lock_lost, lambda why: self.health.failed("stateDir", why), self.stop_event)
         log.info(
             "agent started",
             extra={
@@ -420,7 +403,7 @@ class Agent:
 
     def run(self, install_signals: bool = True) -> int:
         if install_signals:
-            self._install_signal_handlers()
+            self.shell.install_signals()
         self.start()
         # Give the identity a moment (it is normally cached or answers in milliseconds) so the first
         # record names the VM properly; never wait long: events may be seconds from starting.
@@ -429,42 +412,23 @@ class Agent:
             self.poller.run(self.stop_event)
         finally:
             self.shutdown()
-        fatal = self.health.fatal
-        if fatal is not None:
-            log.critical("agent stopped because a component failed", extra={"reason": fatal})
-            return EXIT_COMPONENT_FAILED
-        return 0
+        return self.shell.exit_code()
 
     def request_stop(self) -> None:
         """Stop the agent: the poll loop ends now, not at its next poll (it may be backing off)."""
-        self.stop_event.set()
-        poller = getattr(self, "poller", None)  # a component may fail while the agent is being built
-        if poller is not None:
-            poller.wake()
+        self.shell.request_stop()
 
     def shutdown(self) -> None:
         self.request_stop()
         started = time.monotonic()
-        for worker in self.workers:
-            worker.stop(self.config.shutdown_timeout)
-        for worker in self.workers:
-            worker.join(self.config.shutdown_timeout + 5)
-        left = {w.sink.name: self.outbox.depth(w.sink.id) for w in self.workers}
+        left = self.shell.drain(self.config.shutdown_timeout)
         if self.api is not None:
             self.api.stop()
         if self.policy is not None:
             self.policy.close()
         self.impact.close()
         self.client.close()
-        self.outbox.close()
+        self.shell.close()
         log.info(
             "agent stopped", extra={"undelivered": left, "drainSeconds": round(time.monotonic() - started, 3)}
         )
-
-    def _install_signal_handlers(self) -> None:
-        def on_signal(signum: int, _frame: Any) -> None:
-            log.info("stopping", extra={"signal": signal.Signals(signum).name})
-            self.request_stop()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)

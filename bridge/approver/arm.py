@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import quote
 
 from bridge.azure_ids import ScopeRefused, event_scope, parent_scope, parse_allowed_scope
+from bridge.relay_api import Outcome
 from bridge.retry import parse_retry_after
 from bridge.transports.arm import arm_pipeline
 
@@ -49,7 +50,7 @@ _GUID = re.compile(r"^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4
 class ArmAnswer:
     """What ARM said about one acknowledgement, as the approver audits it."""
 
-    outcome: str  # approved | refused | failed | unknown
+    outcome: Outcome  # approved | refused | failed | unknown
     # None | armNotFound | armNotSupported | armConflict | armForbidden | armRejected | armPartial |
     # armUnexpected | armUnavailable | armScopeRefused
     reason: str | None

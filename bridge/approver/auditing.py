@@ -23,7 +23,7 @@ from bridge.decisions import Decision
 from bridge.observability import ErrorStreak
 from bridge.pipeline import Outbox, OutboxWriteError, RecordMeta
 from bridge.pipeline.storing import until_stored
-from bridge.relay_api import Outcome, fits
+from bridge.relay_api import EventResult, Outcome, RelayAnswer, fits
 from bridge.retry import Backoff
 from bridge.signing import sign_record
 from bridge.streams import Message
@@ -43,22 +43,22 @@ class Ending:
     outcome: str
     reason: str | None = None
     detail: str | None = None
-    results: tuple[dict[str, Any], ...] = ()
+    results: tuple[EventResult, ...] = ()
     relay: str | None = None
     path: str | None = None
     arm_correlation_id: str | None = None
 
     @classmethod
-    def of_answer(cls, answer: dict[str, Any]) -> Ending:
-        """An agent's relay answer (or the ARM path's, shaped alike: bridge.approver.relaying)."""
+    def of_answer(cls, answer: RelayAnswer) -> Ending:
+        """An agent's relay answer (or the ARM path's, typed alike: bridge.approver.relaying)."""
         return cls(
-            answer.get("outcome", "failed"),
-            answer.get("reason"),
-            answer.get("detail"),
-            tuple(answer.get("results") or ()),
-            relay=answer.get("relay"),
-            path=answer.get("path"),
-            arm_correlation_id=answer.get("armCorrelationId"),
+            answer.outcome,
+            answer.reason,
+            answer.detail,
+            answer.results,
+            relay=answer.relay,
+            path=answer.path,
+            arm_correlation_id=answer.arm_correlation_id,
         )
 
 
@@ -189,9 +189,7 @@ def _audit_record(
         return value if fits(key, value) else None
 
     event_id = text("eventId")
-    results = list(ending.results) or (
-        [{"eventId": event_id, "result": "refused", "detail": ending.reason}] if event_id else []
-    )
+    results = list(ending.results) or ([EventResult(event_id, "refused", ending.reason)] if event_id else [])
     return records.approval_record(
         "approver" if coordination is None else "coordinator",
         decision_id=text("decisionId"),
@@ -202,10 +200,7 @@ def _audit_record(
         outcome=ending.outcome if ending.outcome in AUDIT_OUTCOMES else "failed",
         reason=ending.reason,
         detail=(ending.detail or None) and str(ending.detail)[:500],
-        results=[
-            {"eventId": r.get("eventId", ""), "result": r.get("result", "refused"), "detail": r.get("detail")}
-            for r in results
-        ],
+        results=[{"eventId": r.event_id, "result": r.result, "detail": r.detail} for r in results],
         path=ending.path,
         arm_correlation_id=ending.arm_correlation_id,
         coordination=coordination,

@@ -46,7 +46,7 @@ from bridge.approver.store import DecisionStore
 from bridge.decisions import Decision, DecisionRefused, ValidationPolicy, loads_strict, validate
 from bridge.observability import RateLimitedLog
 from bridge.pipeline import OutboxFull, OutboxWriteError
-from bridge.relay_api import RelayDecision
+from bridge.relay_api import RelayAnswer, RelayDecision
 from bridge.retry import Backoff
 from bridge.streams import Message
 
@@ -271,7 +271,7 @@ class DecisionLife:
         self,
         decision: Decision,
         message: Message,
-        answer: dict[str, Any],
+        answer: RelayAnswer,
         *,
         sync: bool = True,
         coordination: dict[str, Any] | None = None,
@@ -303,7 +303,7 @@ class DecisionLife:
 
     def relay(
         self, decision: Decision, body: dict[str, Any], *, fallback: bool = True
-    ) -> tuple[dict[str, Any] | None, Unreached | None]:
+    ) -> tuple[RelayAnswer | None, Unreached | None]:
         return self.relayer.relay([decision], [body], fallback=fallback)[0]
 
     # -- decisions no agent answered: parked, retried, or ended at their expiry --------------------

@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
 from bridge.decisions import Decision
 from bridge.eligibility import check_event
+from bridge.relay_api import EventResult, Outcome, RelayAnswer
 from bridge.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class Relayer:
 
     def relay(
         self, decisions: list[Decision], bodies: list[dict[str, Any]], *, fallback: bool = True
-    ) -> list[tuple[dict[str, Any] | None, Unreached | None]]:
+    ) -> list[tuple[RelayAnswer | None, Unreached | None]]:
         """Relay decisions for one VM in one request (their order kept), to each candidate agent in
         turn (fleet failover), ``attempts`` rounds; ``(None, Unreached)`` for each when none answered
         (the approver parks them and tries again later). ``fallback``: the ARM path may be taken now
@@ -82,7 +83,7 @@ class Relayer:
                         extra={"relay": url, "error": str(exc), "attempt": attempt + 1},
                     )
                     continue
-                return [({**answer, "relay": url, "path": "relay"}, None) for answer in answers]
+                return [(replace(answer, relay=url, path="relay"), None) for answer in answers]
             if attempt + 1 < self.attempts and not self.stop_event.is_set():
                 self.stop_event.wait(backoff.next_delay())
         why = "; ".join(errors[-3:])
@@ -91,7 +92,7 @@ class Relayer:
             return self._through_arm(decisions)
         return [(None, Unreached(why, never_sent))] * len(bodies)
 
-    def _through_arm(self, decisions: list[Decision]) -> list[tuple[dict[str, Any] | None, Unreached | None]]:
+    def _through_arm(self, decisions: list[Decision]) -> list[tuple[RelayAnswer | None, Unreached | None]]:
         """Acknowledge each decision's event through Azure Resource Manager (bridge.approver.arm), on
         the target VM's resource, or another VM's of the event when the target's is not known; only
         once the rule every approving path applies (bridge.eligibility) let it: the agents' relays
@@ -99,7 +100,7 @@ class Relayer:
         assert self.arm is not None
         return [self._acknowledge(decision) for decision in decisions]
 
-    def _acknowledge(self, decision: Decision) -> tuple[dict[str, Any] | None, Unreached | None]:
+    def _acknowledge(self, decision: Decision) -> tuple[RelayAnswer | None, Unreached | None]:
         assert self.arm is not None
         event_id = decision.event_id
         scope = self.router.scope_vm(decision)
@@ -114,14 +115,12 @@ class Relayer:
         )
         if refusal is not None:
             detail = f"not acknowledged through ARM: {refusal.detail}"
-            refused = {"eventId": event_id, "result": refusal.result, "detail": refusal.detail}
+            refused = EventResult(event_id, refusal.result, refusal.detail)
             return _answer(decision, "refused", refusal.result, detail, refused, None), None
         answer = self.arm.acknowledge(scope.resource_id, event_id, self.router.azure_parent(event_id))
-        result: dict[str, Any] = {
-            "eventId": event_id,
-            "result": "approved" if answer.outcome == "approved" else "armError",
-            "detail": answer.detail,
-        }
+        result = EventResult(
+            event_id, "approved" if answer.outcome == "approved" else "armError", answer.detail
+        )
         return _answer(
             decision, answer.outcome, answer.reason, answer.detail, result, answer.correlation_id
         ), None
@@ -129,20 +128,20 @@ class Relayer:
 
 def _answer(
     decision: Decision,
-    outcome: str,
+    outcome: Outcome,
     reason: str | None,
     detail: str | None,
-    result: dict[str, Any],
+    result: EventResult,
     correlation_id: str | None,
-) -> dict[str, Any]:
-    """The ARM path's answer, shaped like an agent's (the approver audits both alike)."""
-    return {
-        "decisionId": decision.decision_id,
-        "outcome": outcome,
-        "reason": reason,
-        "detail": detail,
-        "results": [result],
-        "relay": "arm",
-        "path": "arm",
-        "armCorrelationId": correlation_id,
-    }
+) -> RelayAnswer:
+    """The ARM path's answer, typed like an agent's (the approver audits both alike)."""
+    return RelayAnswer(
+        decision.decision_id,
+        outcome,
+        reason,
+        (result,),
+        detail=detail,
+        relay="arm",
+        path="arm",
+        arm_correlation_id=correlation_id,
+    )

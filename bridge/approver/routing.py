@@ -34,7 +34,7 @@ from bridge.records.azure import AzureEvent, Finding
 from bridge.records.ids import AZURE_EVENT, PREPARATION, RECONCILIATION, SCHEDULED_EVENTS
 from bridge.records.reader import Reader, Record
 from bridge.records.scheduled_events import ScheduledEvents
-from bridge.relay_api import DOCUMENT_PATH, START_REQUESTS_PATH, request_body
+from bridge.relay_api import DOCUMENT_PATH, START_REQUESTS_PATH, RelayAnswer, RelayAnswerError, request_body
 from bridge.signing import KeyRing, sign_request
 from bridge.streams import DecisionSource
 from bridge.streams.follow import follow
@@ -112,14 +112,14 @@ class RelayClient:
         self._http_timeout = (min(CONNECT_TIMEOUT, timeout), timeout)
         self._verify: str | bool = ca_file or True  # TLS verification is never off
 
-    def start_requests(self, relay_url: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Relay one decision; its answer (``outcome``, ``results``, ...)."""
+    def start_requests(self, relay_url: str, body: dict[str, Any]) -> RelayAnswer:
+        """Relay one decision; its answer, read once (:meth:`RelayAnswer.from_json`)."""
         status, answer = self._post(relay_url, body)
         if status != 200 or not isinstance(answer, dict):
-            return _refused_by_agent(status, answer)
-        return answer
+            return _refused_by_agent(body, status, answer)
+        return _read_answer(body, answer)
 
-    def start_requests_many(self, relay_url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def start_requests_many(self, relay_url: str, bodies: list[dict[str, Any]]) -> list[RelayAnswer]:
         """Relay several decisions for one VM in one request (``{"decisions": [...]}``, their order
         kept): the agent checks each and posts their events in one StartRequests. An agent older than
         that answers 400 to the list; each decision is then relayed on its own."""
@@ -129,11 +129,11 @@ class RelayClient:
         if status == 400:
             return [self.start_requests(relay_url, body) for body in bodies]
         if status != 200 or not isinstance(answer, dict):
-            return [_refused_by_agent(status, answer)] * len(bodies)
+            return [_refused_by_agent(body, status, answer) for body in bodies]
         answers = answer.get("answers")
         if not isinstance(answers, list) or len(answers) != len(bodies):
             raise RelayUnavailable(f"{relay_url}: answer does not hold one answer per decision")
-        return [a if isinstance(a, dict) else _refused_by_agent(status, a) for a in answers]
+        return [_read_answer(body, a) for body, a in zip(bodies, answers, strict=True)]
 
     def _post(self, relay_url: str, body: dict[str, Any]) -> tuple[int, Any]:
         """POST a relay request; (status, decoded answer). An outage is :class:`RelayUnavailable`."""
@@ -379,7 +379,21 @@ class FleetRouter:
             observe(record)
 
 
-def _refused_by_agent(status: int, answer: Any) -> dict[str, Any]:
+def _refused_by_agent(body: dict[str, Any], status: int, answer: object) -> RelayAnswer:
     """400/401/403/415: the agent refused the request itself; that is an outcome, not an outage."""
     error = answer.get("error") if isinstance(answer, dict) else answer
-    return {"outcome": "refused", "reason": f"relayHttp{status}", "detail": str(error)[:200], "results": []}
+    return RelayAnswer(
+        str(body.get("decisionId", "")), "refused", f"relayHttp{status}", detail=str(error)[:200]
+    )
+
+
+def _read_answer(body: dict[str, Any], answer: object) -> RelayAnswer:
+    """An agent's answer to one decision, read once. One this approver cannot read (another API, a
+    bug) is audited ``failed`` with why, never guessed at: the agent's own audit says what it did."""
+    try:
+        return RelayAnswer.from_json(answer)
+    except RelayAnswerError as exc:
+        log.error(
+            "an agent's answer is unreadable", extra={"decisionId": body.get("decisionId"), "error": str(exc)}
+        )
+        return RelayAnswer(str(body.get("decisionId", "")), "failed", "unreadableAnswer", detail=str(exc))

@@ -20,8 +20,6 @@ Around it: :mod:`bridge.approver.build` makes an approver from its configuration
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -44,12 +42,11 @@ from bridge.approver.store import DecisionStore
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.decisions import SigningKey, ValidationPolicy
 from bridge.errors import BridgeError
-from bridge.fsutil import lock_lost
 from bridge.listener import Listener, probe_routes
 from bridge.observability import ErrorStreak
-from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked
 from bridge.retry import Backoff
-from bridge.shell.statedir import EXIT_COMPONENT_FAILED, lock_state_dir, watch_state_dir
+from bridge.shell.service import Shell
+from bridge.shell.statedir import EXIT_COMPONENT_FAILED
 from bridge.sinks import Sink
 from bridge.streams import DecisionSource, Message, SourceError
 
@@ -96,21 +93,12 @@ class Approver:
             self.metrics.fleet.counts = router.view.counts
             refused = self.metrics.fleet_claims_refused
             router.view.on_refused = lambda reason: refused.labels(reason).inc()
-        self.stop_event = threading.Event()
-        self.health = Health(self.metrics, on_fatal=lambda _why: self.stop_event.set())
-        self._lock_fd = lock if lock is not None else lock_state_dir(state_dir)
+        # State directory (locked, watched), outbox, delivery, health, stop: the services' one shell.
+        self.shell = Shell("approver", state_dir, sinks, self.metrics, lock=lock)
+        self.stop_event, self.health = self.shell.stop_event, self.shell.health
+        self.outbox, self.workers = self.shell.outbox, self.shell.workers
         self.state_dir = state_dir
         self.store = DecisionStore(state_dir)
-        try:
-            self.outbox = Outbox(state_dir / "outbox", [s.id for s in sinks], metrics=self.metrics)
-        except OutboxLocked as exc:
-            from bridge.config import ConfigError
-
-            raise ConfigError(f"state_dir: {exc}") from None
-        self.workers = [
-            DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter", health=self.health)
-            for s in sinks
-        ]
         self.relayer = Relayer(
             router, relay, attempts=relay_attempts, stop_event=self.stop_event, arm=arm, arm_mode=arm_mode
         )
@@ -205,7 +193,7 @@ class Approver:
 
     def lock_lost(self) -> str | None:
         """Why the state directory's lock no longer guards it, or None (bridge.fsutil.lock_lost)."""
-        return lock_lost(self._lock_fd, self.state_dir)
+        return self.shell.lock_lost()
 
     def ready(self) -> tuple[bool, str]:
         """Ready when a decision published now would be acted on at once: the decisions source is open
@@ -237,8 +225,7 @@ class Approver:
 
     def run(self, install_signals: bool = True) -> int:
         if install_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: self.stop_event.set())
+            self.shell.install_signals()
         self._start_components()
         try:
             if not self._open_source():
@@ -246,16 +233,11 @@ class Approver:
             self._consume()
         finally:
             self.shutdown()
-        if self.health.fatal is not None:
-            log.critical("approver stopped because a component failed", extra={"reason": self.health.fatal})
-            return EXIT_COMPONENT_FAILED
-        return 0
+        return self.shell.exit_code()
 
     def _start_components(self) -> None:
         decision_module.warm_up()
-        for worker in self.workers:
-            worker.open_at_start()
-            worker.start()
+        self.shell.start()  # delivery, and the state directory watched (deleted: exit 70)
         self.router.start(self.stop_event)
         if self.standby is not None:
             threading.Thread(
@@ -264,11 +246,6 @@ class Approver:
         threading.Thread(
             target=self.life.parking.run, args=(self.stop_event,), name="parking", daemon=True
         ).start()
-        # A state directory deleted under a running approver (issue 23): it would go on writing into
-        # unlinked files, and a second approver could start on the same path. Stop (exit 70).
-        watch_state_dir(
-            self._lock_fd, self.state_dir, lambda why: self.health.failed("stateDir", why), self.stop_event
-        )
         if self.coordinator is not None:
             threading.Thread(
                 target=self.coordinator.run, args=(self.stop_event,), name="coordinator", daemon=True
@@ -343,10 +320,7 @@ class Approver:
     def close(self) -> None:
         """Release the state directory: the decision store, the outbox and the lock."""
         self.store.close()
-        self.outbox.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        self.shell.close()
 
     def shutdown(self) -> None:
         self.stop_event.set()
@@ -354,10 +328,7 @@ class Approver:
             self.api.stop()
         self.life.lanes.close()  # lanes see the stop and leave unfinished decisions uncommitted
         self.commits.commit_ready()  # what did finish is committed (a re-read would be harmless)
-        for worker in self.workers:
-            worker.stop(10.0)
-        for worker in self.workers:
-            worker.join(15.0)
+        left = self.shell.drain(10.0)
         self.source.close()
         self.close()
-        log.info("approver stopped")
+        log.info("approver stopped", extra={"undelivered": left})

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -42,13 +41,13 @@ from bridge.errors import BridgeError
 from bridge.fsutil import datasync, ensure_private_dir
 from bridge.listener import Listener, Request, Response, json_response, probe_routes
 from bridge.observability import ErrorStreak, RateLimitedLog
-from bridge.pipeline import DeliveryWorker, Health, Outbox, RecordMeta
+from bridge.pipeline import RecordMeta
 from bridge.pipeline.storing import until_stored
 from bridge.records import encode
 from bridge.records.ids import HEARTBEAT, SCHEDULED_EVENTS
 from bridge.records.reader import Reader
 from bridge.retry import Backoff
-from bridge.shell.statedir import EXIT_COMPONENT_FAILED, lock_state_dir, watch_state_dir
+from bridge.shell.service import Shell
 from bridge.signing import load_key_from, sign_record
 from bridge.sinks import Sink, create_sink
 from bridge.streams import DecisionSource, Message, create_source, topology
@@ -82,14 +81,10 @@ class AzureChannel:
         self.events_sources = list(events_sources)
         self.state_dir = state_dir
         self.metrics = AzureChannelMetrics()
-        self.stop_event = threading.Event()
-        self.health = Health(self.metrics, on_fatal=lambda _why: self.stop_event.set())
-        self._lock_fd = lock_state_dir(state_dir)
-        self.outbox = Outbox(state_dir / "outbox", [s.id for s in sinks], metrics=self.metrics)
-        self.workers = [
-            DeliveryWorker(s, self.outbox, self.metrics, state_dir / "dead-letter", health=self.health)
-            for s in sinks
-        ]
+        # State directory (locked, watched), outbox, delivery, health, stop: the services' one shell.
+        self.shell = Shell("azure channel", state_dir, sinks, self.metrics)
+        self.stop_event, self.health = self.shell.stop_event, self.shell.health
+        self.outbox, self.workers = self.shell.outbox, self.shell.workers
         self.tracker = EventTracker(state_path=state_dir / "azure-states.jsonl")  # survives restarts
         self.reconciler = Reconciler(grace, pins_path=state_dir / "agent-pins.jsonl")  # survive restarts
         self.metrics.reconciler_counts(self.reconciler.counts, lambda: dict(self.reconciler.refused))
@@ -133,11 +128,8 @@ class AzureChannel:
 
     def run(self, install_signals: bool = True) -> int:
         if install_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: self.stop_event.set())
-        for worker in self.workers:
-            worker.open_at_start()
-            worker.start()
+            self.shell.install_signals()
+        self.shell.start()  # delivery, and the state directory watched (deleted: exit 70)
         threads = [
             threading.Thread(target=self._read, args=(i, s), name=f"azure-{i}", daemon=True)
             for i, s in enumerate(self.sources)
@@ -153,11 +145,6 @@ class AzureChannel:
             )
         for thread in threads:
             thread.start()
-        # A state directory deleted under it: stop (exit 70) as the agent and the approver do, rather
-        # than go on writing into unlinked files (issue 32: Azure's channel never watched it).
-        watch_state_dir(
-            self._lock_fd, self.state_dir, lambda why: self.health.failed("stateDir", why), self.stop_event
-        )
         if self.api is not None:
             self.api.start()
         log.info(
@@ -169,7 +156,7 @@ class AzureChannel:
         for thread in threads:
             thread.join(10.0)
         self.shutdown()
-        return EXIT_COMPONENT_FAILED if self.health.fatal is not None else 0
+        return self.shell.exit_code()
 
     def _read(self, index: int, source: DecisionSource) -> None:
         """Read one Azure channel source; commit a poll's messages once their records are durable."""
@@ -356,15 +343,9 @@ class AzureChannel:
             self.reconciler.save_pins()
         if self.api is not None:
             self.api.stop()
-        for worker in self.workers:
-            worker.stop(10.0)
-        for worker in self.workers:
-            worker.join(15.0)
-        self.outbox.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-        log.info("azure channel stopped")
+        left = self.shell.drain(10.0)
+        self.shell.close()
+        log.info("azure channel stopped", extra={"undelivered": left})
 
 
 def build(config: Any) -> AzureChannel:

@@ -259,10 +259,10 @@ def test_a_component_that_fails_stops_the_agent_with_exit_code_70(tmp_path: Path
 
     import requests
 
-    from bridge.agent.service import EXIT_COMPONENT_FAILED
     from bridge.agent.service import Agent as AgentService
     from bridge.config import AgentConfig
     from bridge.imds.emulator import EmulatorServer
+    from bridge.shell.statedir import EXIT_COMPONENT_FAILED
 
     with EmulatorServer(port=0, rate_limit=0) as emu:
         config = AgentConfig(

@@ -27,6 +27,7 @@ from bridge.approver.routing import LocalRouter, RelayUnavailable
 from bridge.approver.store import DecisionStore
 from bridge.decisions import ValidationPolicy, new_decision, sign
 from bridge.pipeline import Outbox
+from bridge.relay_api import EventResult, RelayAnswer
 from bridge.signing import KeyRing
 from bridge.streams import Message, Position
 
@@ -112,16 +113,15 @@ class ScriptedRelay:
         self.steps = list(steps)
         self.calls: list[list[str]] = []
 
-    def start_requests_many(self, url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def start_requests_many(self, url: str, bodies: list[dict[str, Any]]) -> list[RelayAnswer]:
         self.calls.append([b["decisionId"] for b in bodies])
         step = self.steps.pop(0) if self.steps else "answer"
         if isinstance(step, BaseException):
             raise step
         return [
-            {"decisionId": b["decisionId"], "outcome": "approved",
-             "results": [{"eventId": b["eventIds"][0], "result": "approved"}]}
+            RelayAnswer(b["decisionId"], "approved", None, (EventResult(b["eventIds"][0], "approved"),))
             for b in bodies
-        ]  # fmt: skip
+        ]
 
 
 class Rig:
