@@ -239,7 +239,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _decide(args: argparse.Namespace) -> int:
-    from bridge.decide import decide
+    from bridge.commands.decide import decide
 
     return decide(args)
 
@@ -266,10 +266,10 @@ def _keygen(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     if args.console:
-        from bridge.demo_console import run_console_demo
+        from bridge.commands.demo_console import run_console_demo
 
         return run_console_demo(Path(args.output) / "console")
-    from bridge.demo import run_demo
+    from bridge.commands.demo import run_demo
     from bridge.imds.emulator.scenarios import SCENARIOS
 
     if args.scenario not in SCENARIOS:  # a typo: one line, not a traceback (issue 33)
@@ -281,7 +281,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _agent(args: argparse.Namespace) -> int:
     from bridge.config import load_agent_config
-    from bridge.observability import setup_logging
+    from bridge.support.observability import setup_logging
 
     config = load_agent_config(args)
     setup_logging(config.log_level)
@@ -292,7 +292,7 @@ def _agent(args: argparse.Namespace) -> int:
 
 def _approver(args: argparse.Namespace) -> int:
     from bridge.config import load_approver_config
-    from bridge.observability import setup_logging
+    from bridge.support.observability import setup_logging
 
     config = load_approver_config(args)
     setup_logging(config.log_level)
@@ -303,7 +303,7 @@ def _approver(args: argparse.Namespace) -> int:
 
 def _console(args: argparse.Namespace) -> int:
     from bridge.config import load_console_config
-    from bridge.observability import setup_logging
+    from bridge.support.observability import setup_logging
 
     config = load_console_config(args)
     setup_logging(config.log_level)
@@ -319,7 +319,7 @@ def _console(args: argparse.Namespace) -> int:
 def _azure_channel(args: argparse.Namespace) -> int:
     from bridge.azure.service import build
     from bridge.config import load_azure_channel_config
-    from bridge.observability import setup_logging
+    from bridge.support.observability import setup_logging
 
     config = load_azure_channel_config(args)
     setup_logging(config.log_level)

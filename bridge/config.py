@@ -13,7 +13,7 @@ environment < command-line flag.
 A wrong value is refused at start-up with a message naming the setting, the value and where it came
 from (flag, variable or file), never with a traceback. Unknown keys in the TOML file are refused too:
 a typo must not silently fall back to a default on a production VM. The services and the installers
-(:mod:`bridge.install_config`) go through the same loaders, so a file the installer accepts is a file
+(:mod:`bridge.commands.install_config`) go through the same loaders, so a file the installer accepts is a file
 the service starts with.
 """
 

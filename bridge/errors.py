@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import re
 
-from bridge.redaction import redact
+from bridge.support.redaction import redact
 
 _KIND = re.compile(r"[a-z][a-z0-9_]{0,31}")  # a metric label value: bounded, no message text
 

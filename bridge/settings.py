@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from bridge.http.netaddr import parse_listen
 from bridge.imds.document import API_VERSIONS
-from bridge.netaddr import parse_listen
 from bridge.rules import ApprovalRule
 
 ENV_PREFIX = "SE_BRIDGE_"

@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from bridge.fsutil import append_durably, write_atomic
+from bridge.support.fsutil import append_durably, write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from bridge.apiguard import ApiGuard, Refusal
-from bridge.listener import Request
+from bridge.http.apiguard import ApiGuard, Refusal
+from bridge.http.listener import Request
 from bridge.relay_api import READ_PATHS, START_REQUESTS_PATH
 from bridge.signing import RequestVerifier
 
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 class AccessPolicy(ApiGuard):
-    """The agent's guard: :class:`~bridge.apiguard.ApiGuard`'s checks, and the signed relay."""
+    """The agent's guard: :class:`~bridge.http.apiguard.ApiGuard`'s checks, and the signed relay."""
 
     def __init__(
         self,

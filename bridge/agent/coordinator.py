@@ -43,9 +43,9 @@ from bridge import coordination
 from bridge.agent.peerkeys import PeerPins
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.imds.document import SCHEDULED, ScheduledEvent
-from bridge.observability import RateLimitedLog
 from bridge.relay_api import PREPARATIONS_PATH
 from bridge.signing import H_NONCE, KeyRing, sign_request, verify_peer_answer
+from bridge.support.observability import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from bridge.agent.metrics import AgentMetrics
 from bridge.agent.state import IdentityCache
 from bridge.imds.client import ImdsClient, ImdsError
 from bridge.imds.instance import VmIdentity, fallback_identity, identity_from_instance
-from bridge.observability import ErrorStreak
-from bridge.retry import Backoff
+from bridge.support.observability import ErrorStreak
+from bridge.support.retry import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -43,12 +43,12 @@ from typing import Any
 import orjson
 
 from bridge.agent.diff import Change
-from bridge.fsutil import write_atomic
 from bridge.imds.document import EventsDocument
 from bridge.imds.instance import VmIdentity
 from bridge.pipeline import Outbox, RecordMeta
 from bridge.records import encode, impact_record
-from bridge.timeutil import rfc3339
+from bridge.support.fsutil import write_atomic
+from bridge.support.timeutil import rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from bridge.fsutil import write_atomic
+from bridge.support.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 

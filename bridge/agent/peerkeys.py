@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from bridge.fsutil import append_durably
+from bridge.support.fsutil import append_durably
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from bridge.coordination import PREPARE_FAILED, PREPARED
 from bridge.imds.document import SCHEDULED, EventsDocument, ScheduledEvent
 from bridge.imds.instance import VmIdentity
 from bridge.rules import ApprovalRule
-from bridge.timeutil import rfc3339
+from bridge.support.timeutil import rfc3339
 
 log = logging.getLogger(__name__)
 

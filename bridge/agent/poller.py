@@ -37,10 +37,10 @@ from bridge.imds.document import (
     EventsDocument,
     parse_document,
 )
-from bridge.observability import ErrorStreak
 from bridge.pipeline import Health, Outbox, OutboxFull, OutboxWriteError, RecordMeta
 from bridge.records import encode, scheduled_events_record
-from bridge.retry import Backoff
+from bridge.support.observability import ErrorStreak
+from bridge.support.retry import Backoff
 
 log = logging.getLogger(__name__)
 

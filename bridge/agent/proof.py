@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from bridge.decisions import DecisionKeys, DecisionRefused, verify_for_agent
-from bridge.observability import ErrorStreak
 from bridge.relay_api import RelayDecision
+from bridge.support.observability import ErrorStreak
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from bridge.eligibility import EventFacts, check_event
 from bridge.imds.client import ImdsClient
 from bridge.imds.document import EventsDocument, ScheduledEvent
 from bridge.imds.instance import VmIdentity
-from bridge.observability import ErrorStreak
 from bridge.relay_api import EventResult, RelayAnswer, RelayDecision, RelayRequestError, parse_request
+from bridge.support.observability import ErrorStreak
 
 log = logging.getLogger(__name__)
 

@@ -43,17 +43,17 @@ from bridge.agent.relay import Relay
 from bridge.agent.state import BaselineStore, IdentityCache
 from bridge.config import AgentConfig, ConfigError
 from bridge.coordination import CoordinationPolicy, Verdict
+from bridge.http.listener import Limits, Listener, Request, Response, Route, json_response, probe_routes
 from bridge.imds.client import ImdsClient
 from bridge.imds.document import ScheduledEvent
-from bridge.listener import Limits, Listener, Request, Response, Route, json_response, probe_routes
 from bridge.pipeline import RecordMeta
 from bridge.pipeline.storing import REFUSED, until_stored
 from bridge.relay_api import DOCUMENT_PATH, PREPARATIONS_PATH, START_REQUESTS_PATH
-from bridge.retry import Backoff
 from bridge.rules import ApprovalRule
 from bridge.shell.service import Shell
 from bridge.signing import H_NONCE, KeyRing, NonceStore, RequestVerifier, sign_peer_answer
 from bridge.sinks import Sink, SinkError, create_sink
+from bridge.support.retry import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import orjson
 
-from bridge.fsutil import write_atomic
 from bridge.imds.document import DocumentError, EventsDocument, document_from_json
 from bridge.imds.instance import VmIdentity
 from bridge.pipeline import Outbox
+from bridge.support.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 from bridge.azure_ids import ScopeRefused, event_scope, parent_scope, parse_allowed_scope
 from bridge.relay_api import Outcome
-from bridge.retry import parse_retry_after
+from bridge.support.retry import parse_retry_after
 from bridge.transports.arm import arm_pipeline
 
 DEFAULT_ENDPOINT = "https://management.azure.com"

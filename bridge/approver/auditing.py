@@ -20,13 +20,13 @@ from bridge.approver.dispatch import Slot
 from bridge.approver.metrics import ApproverMetrics
 from bridge.approver.store import DecisionStore
 from bridge.decisions import Decision
-from bridge.observability import ErrorStreak
 from bridge.pipeline import Outbox, OutboxWriteError, RecordMeta
 from bridge.pipeline.storing import until_stored
 from bridge.relay_api import EventResult, Outcome, RelayAnswer, fits
-from bridge.retry import Backoff
 from bridge.signing import sign_record
 from bridge.streams import Message
+from bridge.support.observability import ErrorStreak
+from bridge.support.retry import Backoff
 
 log = logging.getLogger("bridge.approver.service")  # one logger name for the approver's decisions
 T = TypeVar("T")

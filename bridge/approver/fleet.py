@@ -48,12 +48,12 @@ import orjson
 
 from bridge.azure_ids import ScopeRefused, event_scope, parent_scope
 from bridge.eligibility import EventFacts
-from bridge.fsutil import write_atomic
-from bridge.observability import RateLimitedLog
 from bridge.records.azure import AzureEvent, Finding
 from bridge.records.scheduled_events import ScheduledEvents
 from bridge.signing import KeyRing
-from bridge.timeutil import epoch_of
+from bridge.support.fsutil import write_atomic
+from bridge.support.observability import RateLimitedLog
+from bridge.support.timeutil import epoch_of
 
 log = logging.getLogger(__name__)
 

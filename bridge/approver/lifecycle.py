@@ -44,11 +44,11 @@ from bridge.approver.relaying import Relayer, Unreached
 from bridge.approver.routing import FleetRouter, LocalRouter
 from bridge.approver.store import DecisionStore
 from bridge.decisions import Decision, DecisionRefused, ValidationPolicy, loads_strict, validate
-from bridge.observability import RateLimitedLog
 from bridge.pipeline import OutboxFull, OutboxWriteError
 from bridge.relay_api import RelayAnswer, RelayDecision
-from bridge.retry import Backoff
 from bridge.streams import Message
+from bridge.support.observability import RateLimitedLog
+from bridge.support.retry import Backoff
 
 log = logging.getLogger("bridge.approver.service")  # one logger name for the approver's decisions
 

@@ -20,7 +20,7 @@ from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, Relay
 from bridge.decisions import Decision
 from bridge.eligibility import check_event
 from bridge.relay_api import EventResult, Outcome, RelayAnswer
-from bridge.retry import Backoff
+from bridge.support.retry import Backoff
 
 log = logging.getLogger(__name__)
 

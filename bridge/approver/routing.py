@@ -29,7 +29,7 @@ import orjson
 from bridge.approver.fleet import FleetView, Vm
 from bridge.decisions import Decision
 from bridge.eligibility import EventFacts
-from bridge.netaddr import UnixHTTPConnection
+from bridge.http.netaddr import UnixHTTPConnection
 from bridge.records.azure import AzureEvent, Finding
 from bridge.records.ids import AZURE_EVENT, PREPARATION, RECONCILIATION, SCHEDULED_EVENTS
 from bridge.records.reader import Reader, Record

@@ -27,7 +27,6 @@ from typing import Any
 
 from bridge import __version__
 from bridge import decisions as decision_module
-from bridge.apiguard import guarded_listener
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.auditing import AUDIT_OUTCOMES, AuditWriter
 from bridge.approver.coordinated import CoordinatedApprovals
@@ -42,13 +41,14 @@ from bridge.approver.store import DecisionStore
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.decisions import SigningKey, ValidationPolicy
 from bridge.errors import BridgeError
-from bridge.listener import Listener, probe_routes
-from bridge.observability import ErrorStreak
-from bridge.retry import Backoff
+from bridge.http.apiguard import guarded_listener
+from bridge.http.listener import Listener, probe_routes
 from bridge.shell.service import Shell
 from bridge.shell.statedir import EXIT_COMPONENT_FAILED
 from bridge.sinks import Sink
 from bridge.streams import DecisionSource, Message, SourceError
+from bridge.support.observability import ErrorStreak
+from bridge.support.retry import Backoff
 
 __all__ = ["AUDIT_OUTCOMES", "EXIT_COMPONENT_FAILED", "Approver"]
 
@@ -192,7 +192,7 @@ class Approver:
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def lock_lost(self) -> str | None:
-        """Why the state directory's lock no longer guards it, or None (bridge.fsutil.lock_lost)."""
+        """Why the state directory's lock no longer guards it, or None (bridge.support.fsutil.lock_lost)."""
         return self.shell.lock_lost()
 
     def ready(self) -> tuple[bool, str]:

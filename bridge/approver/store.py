@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 
-from bridge.fsutil import datasync, write_atomic
 from bridge.streams.base import Position
+from bridge.support.fsutil import datasync, write_atomic
 
 COMPACT_AT = 20_000
 KEEP_SECONDS = 7 * 24 * 3600.0

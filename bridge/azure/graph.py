@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.errors import BridgeError
-from bridge.retry import parse_retry_after
+from bridge.support.retry import parse_retry_after
 from bridge.transports.arm import arm_pipeline
 
 API_VERSION = "2024-04-01"

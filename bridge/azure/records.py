@@ -15,7 +15,7 @@ from bridge import __version__
 from bridge.azure.events import AzureEvent, VmRef
 from bridge.azure.tracker import News
 from bridge.records import SCHEMA_VERSION, derived_id
-from bridge.timeutil import rfc3339
+from bridge.support.timeutil import rfc3339
 
 AZURE_EVENT = "azureScheduledEvent"
 RECONCILIATION = "reconciliation"

@@ -30,7 +30,6 @@ from typing import Any
 import orjson
 
 from bridge import __version__
-from bridge.apiguard import guarded_listener
 from bridge.azure.events import AzureEvent, AzureEventRefused, deliveries, from_event_grid, from_graph_row
 from bridge.azure.graph import ResourceGraphReader
 from bridge.azure.metrics import AzureChannelMetrics
@@ -38,20 +37,21 @@ from bridge.azure.reconcile import Reconciler
 from bridge.azure.records import azure_event_record
 from bridge.azure.tracker import EventTracker
 from bridge.errors import BridgeError
-from bridge.fsutil import datasync, ensure_private_dir
-from bridge.listener import Listener, Request, Response, json_response, probe_routes
-from bridge.observability import ErrorStreak, RateLimitedLog
+from bridge.http.apiguard import guarded_listener
+from bridge.http.listener import Listener, Request, Response, json_response, probe_routes
 from bridge.pipeline import RecordMeta
 from bridge.pipeline.storing import until_stored
 from bridge.records import encode
 from bridge.records.ids import HEARTBEAT, SCHEDULED_EVENTS
 from bridge.records.reader import Reader
-from bridge.retry import Backoff
 from bridge.shell.service import Shell
 from bridge.signing import load_key_from, sign_record
 from bridge.sinks import Sink, create_sink
 from bridge.streams import DecisionSource, Message, create_source, topology
 from bridge.streams.follow import follow
+from bridge.support.fsutil import datasync, ensure_private_dir
+from bridge.support.observability import ErrorStreak, RateLimitedLog
+from bridge.support.retry import Backoff
 
 log = logging.getLogger(__name__)
 

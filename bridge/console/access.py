@@ -35,7 +35,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from bridge.console.identity import IdentityUnproven, TokenVerifier
-from bridge.netaddr import host_name
+from bridge.http.netaddr import host_name
 
 AUTH_MODES = ("entra", "oauth2-proxy", "lab")
 #: A lab session's life.

@@ -51,7 +51,7 @@ from bridge.records.preparation import Preparation
 from bridge.records.reader import Reader, Record
 from bridge.records.scheduled_events import ChangeView, EventView, ScheduledEvents
 from bridge.signing import KeyRing
-from bridge.timeutil import epoch_of
+from bridge.support.timeutil import epoch_of
 
 #: Timeline entries kept per event (an event has a few per VM: scheduled, started, gone).
 MAX_TIMELINE = 400

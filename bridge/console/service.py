@@ -3,7 +3,7 @@
 Wiring: the events stream readers (every instance reads everything, like the fleet approver's
 events reader: :func:`bridge.streams.follow.follow`) feed the :class:`~bridge.console.board.Board`;
 the web app (:mod:`bridge.console.app`) serves it with uvicorn; decisions go out through a
-:class:`~bridge.decide.DecisionPublisher`. ``/healthz``, ``/readyz`` (ready once every
+:class:`~bridge.sinks.publisher.DecisionPublisher`. ``/healthz``, ``/readyz`` (ready once every
 stream was read to its end) and ``/metrics`` like every service; SIGTERM stops serving, then the
 readers. Nothing here is imported by the agent (the ``console`` extra).
 """
@@ -23,14 +23,14 @@ from bridge.console.access import Access
 from bridge.console.app import Console
 from bridge.console.board import Board
 from bridge.console.identity import TokenVerifier
-from bridge.decide import DecisionPublisher
 from bridge.decisions import load_signing_key
-from bridge.fsutil import ensure_private_dir
-from bridge.netaddr import parse_listen
+from bridge.http.netaddr import parse_listen
 from bridge.signing import KeyRing, load_key
 from bridge.sinks import SinkError
+from bridge.sinks.publisher import DecisionPublisher
 from bridge.streams import DecisionSource, SourceError, create_source, topology
 from bridge.streams.follow import follow
+from bridge.support.fsutil import ensure_private_dir
 
 log = logging.getLogger(__name__)
 

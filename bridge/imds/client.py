@@ -40,7 +40,7 @@ from bridge import __version__
 from bridge.errors import BridgeError
 from bridge.imds.document import DEFAULT_API_VERSION
 from bridge.imds.instance import INSTANCE_API_VERSION
-from bridge.retry import Backoff, parse_retry_after
+from bridge.support.retry import Backoff, parse_retry_after
 
 DEFAULT_IMDS_URL = "http://169.254.169.254"
 #: The longest wait a ``Retry-After`` from IMDS can impose (docs/operations.md: "never longer than

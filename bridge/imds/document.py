@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from bridge.timeutil import format_datetime, parse_imds_time
+from bridge.support.timeutil import format_datetime, parse_imds_time
 
 DEFAULT_API_VERSION = "2020-07-01"
 # Every published scheduledevents api-version, oldest first.

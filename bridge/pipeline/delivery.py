@@ -26,14 +26,14 @@ from pathlib import Path
 
 import orjson
 
-from bridge.fsutil import append_durably, ensure_private_dir
-from bridge.observability import ErrorStreak
 from bridge.pipeline.entry import Entry
 from bridge.pipeline.health import Health
 from bridge.pipeline.metrics import PipelineMetrics
 from bridge.pipeline.outbox import Outbox
 from bridge.pipeline.sink import Outcome, Sink, SinkError
-from bridge.retry import Backoff
+from bridge.support.fsutil import append_durably, ensure_private_dir
+from bridge.support.observability import ErrorStreak
+from bridge.support.retry import Backoff
 
 log = logging.getLogger(__name__)
 

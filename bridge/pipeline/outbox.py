@@ -57,7 +57,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bridge.fsutil import (
+from bridge.pipeline import frames
+from bridge.pipeline.entry import Entry, RecordMeta
+from bridge.pipeline.frame_index import FrameIndex, Loc, run_end
+from bridge.pipeline.metrics import PipelineMetrics
+from bridge.support.fsutil import (
     DirectoryLocked,
     datasync,
     ensure_private_dir,
@@ -66,11 +70,7 @@ from bridge.fsutil import (
     sync_dir,
     write_atomic,
 )
-from bridge.observability import ErrorStreak
-from bridge.pipeline import frames
-from bridge.pipeline.entry import Entry, RecordMeta
-from bridge.pipeline.frame_index import FrameIndex, Loc, run_end
-from bridge.pipeline.metrics import PipelineMetrics
+from bridge.support.observability import ErrorStreak
 
 log = logging.getLogger(__name__)
 
@@ -544,7 +544,7 @@ class Outbox:
 
     def lock_lost(self) -> str | None:
         """Why this outbox's directory lock no longer guards it (the state directory was deleted),
-        or None: :func:`bridge.fsutil.lock_lost`."""
+        or None: :func:`bridge.support.fsutil.lock_lost`."""
         return lock_lost(self._lock_fd, self.dir)
 
     def close(self) -> None:

@@ -25,8 +25,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from bridge.errors import BridgeError
-from bridge.observability import redact
 from bridge.pipeline.entry import Entry
+from bridge.support.observability import redact
 
 
 class SinkError(BridgeError):

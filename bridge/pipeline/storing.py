@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from bridge.pipeline.outbox import OutboxFull
-from bridge.retry import Backoff
+from bridge.support.retry import Backoff
 
 T = TypeVar("T")
 

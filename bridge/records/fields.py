@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bridge.schemas import validate_document
-from bridge.timeutil import epoch_of
+from bridge.support.timeutil import epoch_of
 
 #: Names (VMs, scale sets, groups) longer than this are not Azure's (VM names are at most 64
 #: characters, a scale-set instance adds ``_<n>``): a record carrying one is refused, so no map a

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from bridge import __version__
-from bridge.timeutil import rfc3339
+from bridge.support.timeutil import rfc3339
 
 if TYPE_CHECKING:  # the writer's types; readers (sinks, services) never load the IMDS layer
     from bridge.imds.instance import VmIdentity

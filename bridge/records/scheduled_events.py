@@ -71,7 +71,7 @@ def build(
 
 def document_view(vm: VmIdentity, document: EventsDocument, observed_at: float) -> dict[str, Any]:
     """``GET /v1/document``: the current document, as a record would show it."""
-    from bridge.timeutil import rfc3339
+    from bridge.support.timeutil import rfc3339
 
     return {
         "observedAt": rfc3339(observed_at),

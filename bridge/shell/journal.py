@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from bridge.fsutil import append_durably, write_atomic
+from bridge.support.fsutil import append_durably, write_atomic
 
 
 class Journal:

@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
-from bridge.fsutil import lock_lost
 from bridge.pipeline import DeliveryWorker, Health, Outbox, OutboxLocked, PipelineMetrics, Sink, SinkError
 from bridge.settings import ConfigError
 from bridge.shell.statedir import EXIT_COMPONENT_FAILED, lock_state_dir, watch_state_dir
+from bridge.support.fsutil import lock_lost
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Shell:
         self.release()
 
     def lock_lost(self) -> str | None:
-        """Why the state directory's lock no longer guards it, or None (bridge.fsutil.lock_lost)."""
+        """Why the state directory's lock no longer guards it, or None (bridge.support.fsutil.lock_lost)."""
         return lock_lost(self._lock_fd, self.state_dir)
 
     def release(self) -> None:

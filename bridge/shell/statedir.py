@@ -10,8 +10,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from bridge.fsutil import DirectoryLocked, ensure_private_dir, lock_directory, lock_lost, watch_lock
 from bridge.settings import ConfigError
+from bridge.support.fsutil import DirectoryLocked, ensure_private_dir, lock_directory, lock_lost, watch_lock
 
 #: The exit code of a service that stopped because a part of it failed for good (its state directory
 #: deleted under it, a sink's disk gone): the service manager starts it afresh. One value for every

@@ -36,7 +36,7 @@ from bridge.records.approval import Approval
 from bridge.records.azure import Finding
 from bridge.records.reader import RECORD_TYPES, Record
 from bridge.records.scheduled_events import ScheduledEvents
-from bridge.timeutil import epoch_of
+from bridge.support.timeutil import epoch_of
 
 Style = Literal["teams", "slack"]
 CHAT_FORMATS = ("teams", "slack", "template")

@@ -11,8 +11,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
-from bridge.fsutil import datasync
 from bridge.pipeline import Entry, SinkError, SynchronousSink
+from bridge.support.fsutil import datasync
 
 
 class FileSink(SynchronousSink):

@@ -47,9 +47,9 @@ from bridge.pipeline import Entry, Outcome, Sink, SinkError
 from bridge.pipeline.entry import RecordMeta
 from bridge.records.fields import Refused
 from bridge.records.reader import Reader, event_ids
-from bridge.retry import parse_retry_after
 from bridge.schemas import load_schema
 from bridge.sinks.base import config_error, owner
+from bridge.support.retry import parse_retry_after
 from bridge.transports.azure import IDENTITIES, check_client_id, make_credential
 
 DEFAULT_AUDIENCE = "https://monitor.azure.com"

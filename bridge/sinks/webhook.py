@@ -8,7 +8,7 @@ Why it looks like this:
   collide with it or be sent to the server. The fragment (``#format=cloudevents&timeout=5``) is
   never sent over HTTP, so the URL before ``#`` is used exactly as given and the options stay local.
 * **Secrets never come from the spec.** The spec is logged and exported as a metric label (through
-  :func:`~bridge.redaction.redact`, which masks ``sig=``, user info and the path tokens of Slack,
+  :func:`~bridge.support.redaction.redact`, which masks ``sig=``, user info and the path tokens of Slack,
   Teams, Discord and ``/hooks/`` URLs); the HMAC key, the Event Grid key and
   secret header values come from an environment variable or a file named in the spec. An inline
   ``header.Authorization=...`` is refused rather than risk printing it.
@@ -53,15 +53,15 @@ import requests
 import urllib3
 
 from bridge import __version__
-from bridge.netaddr import is_loopback
+from bridge.http.netaddr import is_loopback
 from bridge.pipeline import CONTENT_TYPE, Entry, SinkError, SynchronousSink
 from bridge.records.fields import Refused
 from bridge.records.ids import APPROVAL, RECONCILIATION, SCHEDULED_EVENTS
 from bridge.records.reader import Reader
-from bridge.redaction import secrets_in
-from bridge.retry import parse_retry_after
 from bridge.sinks.base import config_error, owner
 from bridge.sinks.chat import CHAT_FORMATS, ChatOptions, chat_body
+from bridge.support.redaction import secrets_in
+from bridge.support.retry import parse_retry_after
 from bridge.transports.base import Owner
 from bridge.transports.secrets import SecretRef
 
@@ -599,6 +599,6 @@ def _excerpt(answer: bytes) -> str:
 
 
 def _now_rfc3339() -> str:
-    from bridge.timeutil import rfc3339
+    from bridge.support.timeutil import rfc3339
 
     return rfc3339(time.time())

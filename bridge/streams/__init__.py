@@ -20,8 +20,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from bridge.redaction import redact
 from bridge.streams.base import DecisionSource, Message, Position, SourceError
+from bridge.support.redaction import redact
 
 __all__ = ["DecisionSource", "Message", "Position", "SourceError", "create_source"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.errors import BridgeError
-from bridge.redaction import redact
+from bridge.support.redaction import redact
 from bridge.transports.base import Owner
 
 

@@ -55,14 +55,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from bridge.fsutil import ensure_private_dir, write_atomic
-from bridge.redaction import redact
 from bridge.streams.base import DecisionSource, Message, Position, SourceError
 from bridge.streams.eventhubs_options import (
     OWNER,
     parse_source_spec,
 )
 from bridge.streams.eventhubs_store import STORE_OPTIONS, StoreHealth, stable_owner_store
+from bridge.support.fsutil import ensure_private_dir, write_atomic
+from bridge.support.redaction import redact
 from bridge.transports.azure import EXTRA_HINT
 from bridge.transports.eventhubs import (
     Abandoned,

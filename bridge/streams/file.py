@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from bridge.fsutil import ensure_private_dir, write_atomic
 from bridge.streams.base import DecisionSource, Message, Position
 from bridge.streams.filewatch import FileWrites
+from bridge.support.fsutil import ensure_private_dir, write_atomic
 
 
 class FileSource(DecisionSource):

@@ -30,7 +30,7 @@ import socket
 import urllib.parse
 from pathlib import Path
 
-from bridge.fsutil import write_atomic
+from bridge.support.fsutil import write_atomic
 
 INSTANCE_FILE = "instance-id"
 #: What Event Hubs admits per partition and consumer group (non-epoch receivers).

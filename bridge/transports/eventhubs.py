@@ -47,7 +47,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 
 from bridge import __version__
 from bridge.errors import BridgeError
-from bridge.redaction import redact
+from bridge.support.redaction import redact
 from bridge.transports.azure import EXTRA_HINT, IDENTITIES, check_client_id, make_credential
 from bridge.transports.base import Owner, numeric_option, query_options
 from bridge.transports.secrets import SecretRef

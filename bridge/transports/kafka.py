@@ -42,7 +42,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 from confluent_kafka import KafkaError
 
 from bridge.errors import BridgeError
-from bridge.redaction import redact
+from bridge.support.redaction import redact
 from bridge.transports.azure import IDENTITIES, check_client_id, make_credential
 from bridge.transports.base import Owner, numeric_option, query_options
 from bridge.transports.secrets import SecretRef

@@ -14,7 +14,7 @@
 #      --force-config was not given (a hand-edited config is never clobbered by accident), after
 #      validating it with the installed package's own configuration table;
 #   6. installs hardened systemd units for the agent and the approver, enables and (re)starts them,
-#      and waits until every enabled service answers /healthz (python -m bridge.install_health).
+#      and waits until every enabled service answers /healthz (python -m bridge.commands.install_health).
 # The state directories (/var/lib/se-bridge, /var/lib/se-bridge-approver) are created when missing
 # and never removed: the outbox and the baseline document survive upgrades.
 #
@@ -294,7 +294,7 @@ SEB_SETTINGS_FILE=$SETTINGS_FILE SEB_SETTINGS_B64=$SETTINGS_B64 SEB_SECRETS=$SEC
 SEB_SINKS=$SINKS SEB_POLL_INTERVAL=$POLL_INTERVAL SEB_APPROVER_SOURCE=$APPROVER_SOURCE \
 SEB_APPROVER_RELAY=$APPROVER_RELAY SEB_APPROVER_MODE=$APPROVER_MODE SEB_APPROVER_KEYS=$APPROVER_KEYS \
 SEB_APPROVER_SINKS=$APPROVER_SINKS SEB_FORCE=$FORCE_CONFIG SEB_OWNER=$OWNER SEB_RESULT=$RESULT \
-    "$VENV/bin/python" -m bridge.install_config || die "configuration refused (nothing was changed)"
+    "$VENV/bin/python" -m bridge.commands.install_config || die "configuration refused (nothing was changed)"
 CONFIG_RESULT=$(sed -n 's/^config=//p' "$RESULT")
 APPROVER_ON=$(sed -n 's/^approver=//p' "$RESULT")
 log "config $ETC/config.toml: $CONFIG_RESULT; approver: $([ "$APPROVER_ON" = 1 ] && echo enabled || echo disabled)"
@@ -384,7 +384,7 @@ fi
 # Every enabled service (the agent, and the approver when configured) must answer /healthz on the
 # listener its config names; a failing start is reported here, so the VM extension shows it as failed
 # instead of a service restarted every 5 s behind a successful deployment.
-if ! "$VENV/bin/python" -m bridge.install_health "$ETC/config.toml" --timeout 60; then
+if ! "$VENV/bin/python" -m bridge.commands.install_health "$ETC/config.toml" --timeout 60; then
     journalctl -u se-bridge-agent.service -n 40 --no-pager >&2 || true
     if [ "$APPROVER_ON" = 1 ]; then
         journalctl -u se-bridge-approver.service -n 40 --no-pager >&2 || true

@@ -417,7 +417,7 @@ try {
     $env:SEB_APPROVER_STATE = $stateDirs['se-bridge-approver']; $env:SEB_LOGS = $logs
     $env:SEB_SETTINGS_FILE = $settingsPath; $env:SEB_SETTINGS_B64 = $SettingsB64; $env:SEB_SECRETS = $secretsJson
     $env:SEB_FORCE = if ($ForceConfig) { '1' } else { '0' }; $env:SEB_OWNER = ''; $env:SEB_RESULT = $result
-    Invoke-Native $venvPython @('-m', 'bridge.install_config') 'configuration (nothing was changed)'
+    Invoke-Native $venvPython @('-m', 'bridge.commands.install_config') 'configuration (nothing was changed)'
     $rendered = Get-Content $result | ConvertFrom-StringData
     $approverOn = $rendered.approver -eq '1'
     Write-Step "config $DataRoot\config.toml: $($rendered.config); approver: $(if ($approverOn) { 'enabled' } else { 'disabled' })"
@@ -452,7 +452,7 @@ try {
     }
     # Every enabled service must answer /healthz (a wildcard listener is probed on loopback: Windows
     # cannot connect to 0.0.0.0); otherwise the extension fails instead of reporting success.
-    & $venvPython -m bridge.install_health (Join-Path $DataRoot 'config.toml') --timeout 60
+    & $venvPython -m bridge.commands.install_health (Join-Path $DataRoot 'config.toml') --timeout 60
     if ($LASTEXITCODE -ne 0) {
         foreach ($name in $services) {
             Get-Content (Join-Path $logs "$name.log") -Tail 40 -ErrorAction SilentlyContinue | Write-Host

@@ -5,7 +5,7 @@ checked).
 Paths: ``deploy/vm-extension.bicep`` (a VM, a scale set, the fleet agents of docs/deploy.md; the
 Windows installer receives the same settings), ``deploy/linux/cloud-init.yaml``. Each one's settings
 are taken from the artifact itself (the Bicep output evaluated by ``tests/tools/bicep_output.py``, the
-cloud-init file's ``settings.json``), rendered by ``python -m bridge.install_config`` (what both
+cloud-init file's ``settings.json``), rendered by ``python -m bridge.commands.install_config`` (what both
 installers run) and loaded by ``load_agent_config`` and ``load_approver_config`` plus the topology
 checks the approver makes before contacting anything. Then the services are started from each rendered
 config as the units start them (``--config``), against the emulator: only the IMDS address, the
@@ -89,7 +89,8 @@ def docs_fleet_agent_settings() -> dict[str, Any]:
 
 
 def render(settings: dict[str, Any], tmp_path: Path) -> Path:
-    """``python -m bridge.install_config`` as the installers run it; the file system under tmp_path."""
+    """``python -m bridge.commands.install_config`` as the installers run it; the file system under
+    tmp_path."""
     etc = tmp_path / "etc"
     text = json.dumps(settings).replace("/etc/se-bridge/", f"{etc}/")
     secrets = tmp_path / "secrets.json"
@@ -108,7 +109,11 @@ def render(settings: dict[str, Any], tmp_path: Path) -> Path:
     }
     etc.mkdir(parents=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "bridge.install_config"], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bridge.commands.install_config"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return etc / "config.toml"

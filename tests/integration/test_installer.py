@@ -147,11 +147,11 @@ def test_installer_is_posix_sh() -> None:
 
 
 def test_both_installers_render_config_with_the_packaged_renderer() -> None:
-    """One renderer, in the package (bridge/install_config.py): no copy in either script."""
+    """One renderer, in the package (bridge/commands/install_config.py): no copy in either script."""
     linux = INSTALLER.read_text()
     windows = (ROOT / "deploy" / "windows" / "install.ps1").read_text()
-    assert '"$VENV/bin/python" -m bridge.install_config' in linux
-    assert "@('-m', 'bridge.install_config')" in windows
+    assert '"$VENV/bin/python" -m bridge.commands.install_config' in linux
+    assert "@('-m', 'bridge.commands.install_config')" in windows
     assert "def write_private" not in linux and "def write_private" not in windows
 
 
@@ -329,7 +329,7 @@ def test_installed_agent_forwards_a_scenario_to_the_file_sink(installed: Install
 def test_the_installer_waits_for_every_enabled_service(installed: Install, tmp_path: Path) -> None:
     """Issue 11: only the agent's /healthz was awaited, so an approver exiting at start was restarted
     every 5 s behind a successful extension. Both services start from the installed config.toml (with
-    only their ports, IMDS and the relay moved for the test) and ``bridge.install_health``, what both
+    only their ports, IMDS and the relay moved for the test) and ``bridge.commands.install_health``, what both
     installers run, waits for both; with the approver down it fails and names it."""
     from brokers import free_port
 
@@ -348,7 +348,7 @@ def test_the_installer_waits_for_every_enabled_service(installed: Install, tmp_p
 
     def health(timeout: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [python, "-m", "bridge.install_health", config, "--timeout", timeout],
+            [python, "-m", "bridge.commands.install_health", config, "--timeout", timeout],
             env=env, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
 

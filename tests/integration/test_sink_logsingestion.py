@@ -157,13 +157,13 @@ def test_a_missing_rule_is_dead_lettered_and_a_refused_token_is_retried(
 
 
 def test_the_installers_config_carries_the_sink_and_the_agent_loads_it(tmp_path: Path) -> None:
-    """The deploy path (bridge.install_config, what the extension and the VM Application run) renders the
-    agent's TOML with the Azure Monitor sink beside the records hub; the agent's own loader accepts it
-    and each sink is built from it."""
+    """The deploy path (bridge.commands.install_config, what the extension and the VM Application run)
+    renders the agent's TOML with the Azure Monitor sink beside the records hub; the agent's own loader
+    accepts it and each sink is built from it."""
     import argparse
 
+    from bridge.commands.install_config import apply_agent_inputs, render_toml, validate
     from bridge.config import load_agent_config
-    from bridge.install_config import apply_agent_inputs, render_toml, validate
 
     monitor = "azuremonitor://se-dcr-ab12.westeurope-1.ingest.monitor.azure.com/dcr-0123456789abcdef0123456789abcdef"
     monitor += "?credential=managed&client_id=0f8fad5b-d9cb-469f-a165-70867728950e"

@@ -244,8 +244,8 @@ def _toml(s: Setting, value: str) -> str:
 def test_the_installer_gives_the_agent_the_approvers_public_decision_keys_only(capsys) -> None:  # type: ignore[no-untyped-def]
     """Issue 31: the agent proves every relayed decision with public keys; an approver key given as
     a PEM public key goes to the agent too, a shared (HMAC) one never (it could sign for every VM)."""
+    from bridge.commands.install_config import give_agent_the_public_decision_keys
     from bridge.decisions import generate_key_pair
-    from bridge.install_config import give_agent_the_public_decision_keys
 
     _, public = generate_key_pair()
     secrets = {"approverKeys": {"ops-2027": public.decode(), "ops-2026": "s" * 40}}

@@ -30,7 +30,7 @@ from bridge.pipeline import (
     SinkError,
 )
 from bridge.pipeline.delivery import _Window
-from bridge.retry import Backoff
+from bridge.support.retry import Backoff
 
 
 class AsyncSink(Sink):

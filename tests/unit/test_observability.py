@@ -8,7 +8,7 @@ import logging
 import orjson
 import pytest
 
-from bridge.observability import ErrorStreak, JsonFormatter, redact
+from bridge.support.observability import ErrorStreak, JsonFormatter, redact
 
 
 @pytest.mark.parametrize(

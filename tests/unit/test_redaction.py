@@ -1,4 +1,4 @@
-"""The table of secret shapes (bridge/redaction.py): every shape masked, the structure around it kept,
+"""The table of secret shapes (bridge/support/redaction.py): every shape masked, the structure around it kept,
 on raw text and on JSON log lines; and what reaches an operator from a sink (its name, its errors,
 the dead-letter file, the sink-info metric label) carries none of them.
 
@@ -30,13 +30,13 @@ from peers.http_receiver import Answer, HttpReceiver
 from procs import wait_until
 from prometheus_client import generate_latest
 
-import bridge.redaction
-from bridge.observability import JsonFormatter
-from bridge.observability import redact as redact_from_observability
+import bridge.support.redaction
 from bridge.pipeline import DeliveryWorker, Outbox, PipelineMetrics, RecordMeta, Sink, SinkError
-from bridge.redaction import SHAPES, is_secret_name, redact, secrets_in
-from bridge.retry import Backoff
 from bridge.sinks import create_sink
+from bridge.support.observability import JsonFormatter
+from bridge.support.observability import redact as redact_from_observability
+from bridge.support.redaction import SHAPES, is_secret_name, redact, secrets_in
+from bridge.support.retry import Backoff
 
 GUID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
 TEAMS_PREFIX = f"https://contoso.webhook.office.com/webhookb2/{GUID}@{GUID}/IncomingWebhook/"
@@ -304,7 +304,7 @@ def test_the_table_is_well_formed_and_observability_reexports_redact() -> None:
 
 
 def test_redaction_is_a_leaf_of_the_standard_library() -> None:
-    tree = ast.parse(Path(bridge.redaction.__file__).read_text())
+    tree = ast.parse(Path(bridge.support.redaction.__file__).read_text())
     imported = {
         (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
         for node in ast.walk(tree)
@@ -651,7 +651,7 @@ def test_library_request_lines_at_debug_level_carry_no_token(path: str) -> None:
 
     import requests
 
-    from bridge.observability import setup_logging
+    from bridge.support.observability import setup_logging
 
     class Ok(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:

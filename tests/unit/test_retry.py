@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bridge.imds.client import IMDS_MAX_RETRY_AFTER
-from bridge.retry import Backoff, parse_retry_after
+from bridge.support.retry import Backoff, parse_retry_after
 
 
 @pytest.mark.parametrize(

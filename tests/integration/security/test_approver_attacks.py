@@ -194,10 +194,10 @@ def test_a_message_whose_processing_fails_is_ended_not_retried_for_ever(
     import bridge.approver.service as service_module
     from bridge.approver.routing import LocalRouter, RelayClient
     from bridge.decisions import DecisionKeys, ValidationPolicy
-    from bridge.retry import Backoff
     from bridge.signing import KeyRing
     from bridge.sinks import create_sink
     from bridge.streams.file import FileSource
+    from bridge.support.retry import Backoff
 
     class BrokenRouter(LocalRouter):
         calls: dict[str, int] = {}

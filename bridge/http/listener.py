@@ -56,7 +56,7 @@ from typing import Any
 
 import orjson
 
-from bridge.netaddr import is_loopback
+from bridge.http.netaddr import is_loopback
 
 #: Triage connections: socket -> (bytes read so far, deadline, peer address).
 _Heads = dict[socket.socket, tuple[bytearray, float, Any]]
@@ -445,7 +445,7 @@ class Listener:
             self.unix_path = Path(address[len("unix:") :])
             self._server: _Bounded = self._bind_unix(self.unix_path)
         else:
-            from bridge.netaddr import parse_listen
+            from bridge.http.netaddr import parse_listen
 
             host, port = parse_listen(address)
             server_class = _TCP6Server if ":" in host else _TCPServer

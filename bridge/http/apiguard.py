@@ -22,10 +22,10 @@ import hmac
 import logging
 from collections.abc import Callable
 
-from bridge.listener import Listener, Request, Response, Route, json_response
-from bridge.netaddr import host_name, is_loopback
-from bridge.observability import ErrorStreak
+from bridge.http.listener import Listener, Request, Response, Route, json_response
+from bridge.http.netaddr import host_name, is_loopback
 from bridge.signing import load_key_from
+from bridge.support.observability import ErrorStreak
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bridge.fsutil import ensure_private_dir
+from bridge.support.fsutil import ensure_private_dir
 
 VMS = 3
 EVENT_EVERY = 120.0  # seconds between two new user Reboots

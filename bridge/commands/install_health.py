@@ -1,8 +1,8 @@
 """Wait until every service an installed ``config.toml`` enables answers ``/healthz``.
 
 The installers (deploy/linux/install.sh, deploy/windows/install.ps1) run
-``<venv>/bin/python -m bridge.install_health <config.toml>`` after (re)starting the services, so the VM
-extension fails when a service does not come up: an approver that exits at start (a configuration
+``<venv>/bin/python -m bridge.commands.install_health <config.toml>`` after (re)starting the services,
+so the VM extension fails when a service does not come up: an approver that exits at start (a configuration
 its loader refuses, a topology that would lose decisions) used to be restarted every 5 s for ever
 while the extension reported success, because only the agent was probed.
 
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from bridge.config import ConfigError, load_agent_config, load_approver_config
-from bridge.netaddr import UnixHTTPConnection, parse_listen
+from bridge.http.netaddr import UnixHTTPConnection, parse_listen
 
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
@@ -69,7 +69,7 @@ def wait(listeners: dict[str, str], timeout: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bridge.install_health", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bridge.commands.install_health", description=__doc__)
     parser.add_argument("config", type=Path)
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)

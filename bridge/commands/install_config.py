@@ -1,8 +1,9 @@
 """Render and validate ``config.toml`` for the installers (deploy/linux/install.sh, install.ps1).
 
-Both installers run ``<venv>/bin/python -m bridge.install_config`` after installing the package, so the
-package's own loaders (:func:`bridge.config.load_agent_config`, :func:`bridge.config.load_approver_config`,
-the very functions the services start with) decide what a valid configuration is: unknown keys, bad
+Both installers run ``<venv>/bin/python -m bridge.commands.install_config`` after installing the
+package, so the package's own loaders (:func:`bridge.config.load_agent_config`,
+:func:`bridge.config.load_approver_config`, the very functions the services start with) decide
+what a valid configuration is: unknown keys, bad
 values and missing required settings are refused here, before any service is restarted, and an
 existing ``config.toml`` is kept unless ``SEB_FORCE=1``. Inputs come as ``SEB_*`` environment variables
 (set by the installers, documented in docs/deploy.md); secrets arrive as a JSON document or base64

@@ -2,7 +2,7 @@
 
 Why it looks like this:
 
-* **One table, one rule.** Log lines (:class:`~bridge.observability.JsonFormatter`), sink and source
+* **One table, one rule.** Log lines (:class:`~bridge.support.observability.JsonFormatter`), sink and source
   errors (``SinkError``), sink names (the ``se_bridge_sink_info{sink,name}`` label, dead-letter files)
   all go through :func:`redact`. Every shape of secret the bridge knows about is one row of
   :data:`SHAPES`: a name, a compiled pattern, and what it keeps. A new shape is a new row and a new

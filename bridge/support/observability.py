@@ -3,7 +3,7 @@
 Why one module: every operator-facing text (a JSON log line, an error message, a metric label) must
 follow one rule: no secret ever leaves the process. Everything that may carry one (sink specs, URLs,
 exception texts) goes through :func:`redact` first; the shapes of secret it knows are one table in
-:mod:`bridge.redaction` (a leaf module, re-exported here), and the log writer applies it last.
+:mod:`bridge.support.redaction` (a leaf module, re-exported here), and the log writer applies it last.
 The metric series themselves are declared by their layer (:mod:`bridge.pipeline.metrics`,
 :mod:`bridge.agent.metrics`); their labels are bounded sets, never event ids, record ids or URLs.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
-from bridge.redaction import MASK, is_secret_name, redact
-from bridge.timeutil import rfc3339
+from bridge.support.redaction import MASK, is_secret_name, redact
+from bridge.support.timeutil import rfc3339
 
 __all__ = ["ErrorStreak", "JsonFormatter", "RateLimitedLog", "redact", "setup_logging"]
 

@@ -34,15 +34,15 @@ import orjson
 from bridge.agent.service import Agent
 from bridge.approver.build import build_approver
 from bridge.config import AgentConfig, ApproverConfig
-from bridge.fsutil import ensure_private_dir, write_atomic
 from bridge.imds.emulator import EmulatorServer
-from bridge.observability import setup_logging
 from bridge.records.approval import Approval
 from bridge.records.fields import Refused
 from bridge.records.impact import Impact
 from bridge.records.reader import Reader, Record
 from bridge.records.scheduled_events import EventView, ScheduledEvents
-from bridge.timeutil import epoch_of
+from bridge.support.fsutil import ensure_private_dir, write_atomic
+from bridge.support.observability import setup_logging
+from bridge.support.timeutil import epoch_of
 
 MAX_SECONDS = 120.0
 
