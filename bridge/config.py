@@ -36,27 +36,25 @@ from bridge.imds.document import API_VERSIONS, DEFAULT_API_VERSION
 from bridge.settings import (
     CONFIG_ENV,
     ENV_PREFIX,
+    ArmSettings,
+    AzureKeySettings,
     ConfigBase,
     ConfigError,
+    CoordinationDeadlineSettings,
+    LogSettings,
+    ReadTokenSettings,
+    RecordSigningSettings,
     Setting,
     add_arguments,
-    arm_audience_setting,
-    arm_ca_file_setting,
-    arm_client_id_setting,
-    arm_credential_setting,
-    arm_endpoint_setting,
     arm_scope_spec,
     auto_approve_rule,
     boolean,
     choice,
-    coordinate_deadline_setting,
-    coordinate_on_deadline_setting,
     format_size,
     imds_base_url,
     integer,
     key_spec,
     known_api_version,
-    level_name,
     listen_address,
     load_config,
     number,
@@ -90,7 +88,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class AgentConfig(ConfigBase):
+class AgentConfig(CoordinationDeadlineSettings, ReadTokenSettings, LogSettings):
     """``se-bridge agent``: flags, ``SE_BRIDGE_<NAME>``, the ``[agent]`` table or the file's top level."""
 
     toml_section: ClassVar[str] = "agent"
@@ -171,7 +169,6 @@ class AgentConfig(ConfigBase):
         "On SIGTERM, seconds to keep delivering queued records before exiting.",
         metavar="SECONDS",
     )
-    log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
     heartbeat_interval: float = setting(
         300.0,
         number(0, 86400),
@@ -242,13 +239,6 @@ class AgentConfig(ConfigBase):
         "local user can then approve; a warning is logged at start).",
         metavar="BOOL",
     )
-    read_token_file: str | None = setting(
-        None,
-        optional_text,
-        "File holding a token (at least 32 bytes) that non-loopback callers of /metrics and /v1/document "
-        "send as 'Authorization: Bearer <token>' (Prometheus: authorization.credentials_file).",
-        metavar="PATH",
-    )
     relay_require_this_vm: bool = setting(
         True, boolean, "Refuse to approve events whose Resources do not name this VM.", metavar="BOOL"
     )
@@ -310,8 +300,6 @@ class AgentConfig(ConfigBase):
         "Resources give it; Azure DNS resolves VM names inside a VNet).",
         metavar="URL",
     )
-    coordinate_deadline: float = coordinate_deadline_setting()
-    coordinate_on_deadline: str = coordinate_on_deadline_setting()
     coordinate_takeover: float = setting(
         10.0,
         number(1, 600),
@@ -322,7 +310,14 @@ class AgentConfig(ConfigBase):
 
 
 @dataclass(frozen=True)
-class ApproverConfig(ConfigBase):
+class ApproverConfig(
+    RecordSigningSettings,
+    ArmSettings,
+    AzureKeySettings,
+    CoordinationDeadlineSettings,
+    ReadTokenSettings,
+    LogSettings,
+):
     """``se-bridge approver``: flags, ``SE_BRIDGE_APPROVER_<NAME>`` (so one environment can hold both
     services' variables) or the ``[approver]`` table (never the file's top level, which is the agent's)."""
 
@@ -377,23 +372,6 @@ class ApproverConfig(ConfigBase):
         "Fleet mode: the events stream the agents publish to (learns each "
         "agent's address and each event's VMs).",
         metavar="SPEC",
-        multiple=True,
-    )
-    sign_key: str | None = setting(
-        None,
-        optional_key_spec,
-        "KEYID=PATH: sign every audit record (HMAC-SHA256, bridge.signing.sign_record), so that the ops "
-        "console given the same key (--approver-key) shows approvals only from the approvers: any agent "
-        "can write the events stream.",
-        metavar="KEYID=PATH",
-    )
-    azure_key: tuple[str, ...] = setting(
-        (),
-        key_spec,
-        "Fleet mode: KEYID=PATH of se-bridge azure-channel's --sign-key; its records on the events stream "
-        "are acted on (an event's parent as the ARM scope, VMs nobody watches) only when they verify with "
-        "one of these keys. None: Azure's channel is not used. Repeat for several.",
-        metavar="KEYID=PATH",
         multiple=True,
     )
     standby_after: float = setting(
@@ -461,13 +439,6 @@ class ApproverConfig(ConfigBase):
         "unix:/path.sock, or 'off'.",
         metavar="HOST:PORT|unix:PATH",
     )
-    read_token_file: str | None = setting(
-        None,
-        optional_text,
-        "File holding a token (at least 32 bytes) that non-loopback scrapers of /metrics send as "
-        "'Authorization: Bearer <token>'.",
-        metavar="PATH",
-    )
     arm: str = setting(
         "off",
         choice("off", "fallback", "only"),
@@ -475,13 +446,9 @@ class ApproverConfig(ConfigBase):
         "event could be reached; only, for VMs without the agent.",
         metavar="MODE",
     )
-    arm_endpoint: str = arm_endpoint_setting()
     arm_api_version: str = setting(
         "2025-11-01", text, "api-version of ScheduledEvents_Acknowledge.", metavar="V"
     )
-    arm_audience: str | None = arm_audience_setting()
-    arm_credential: str = arm_credential_setting()
-    arm_client_id: str | None = arm_client_id_setting()
     arm_scope: tuple[str, ...] = setting(
         (),
         arm_scope_spec,
@@ -491,7 +458,6 @@ class ApproverConfig(ConfigBase):
         metavar="SCOPE",
         multiple=True,
     )
-    arm_ca_file: str | None = arm_ca_file_setting()
     coordinate: bool = setting(
         False,
         boolean,
@@ -499,8 +465,6 @@ class ApproverConfig(ConfigBase):
         "prepared (agents run with coordinate=fleet), or at the deadline (docs/approvals.md).",
         metavar="BOOL",
     )
-    coordinate_deadline: float = coordinate_deadline_setting()
-    coordinate_on_deadline: str = coordinate_on_deadline_setting()
     coordinate_key: str | None = setting(
         None,
         optional_key_spec,
@@ -509,7 +473,6 @@ class ApproverConfig(ConfigBase):
         "--decision-key). Required with --coordinate.",
         metavar="KEYID=PATH",
     )
-    log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
 
 
 #: The derived tables (read-only views of the dataclasses above; nothing is declared here).

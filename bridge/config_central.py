@@ -14,20 +14,17 @@ from typing import ClassVar
 
 from bridge.settings import (
     ENV_PREFIX,
-    ConfigBase,
-    arm_audience_setting,
-    arm_ca_file_setting,
-    arm_client_id_setting,
-    arm_credential_setting,
-    arm_endpoint_setting,
+    ArmSettings,
+    AzureKeySettings,
+    LogSettings,
+    ReadTokenSettings,
+    RecordSigningSettings,
     choice,
     guid_text,
     key_spec,
-    level_name,
     listen_address,
     load_config,
     number,
-    optional_key_spec,
     optional_text,
     path,
     setting,
@@ -36,7 +33,7 @@ from bridge.settings import (
 
 
 @dataclass(frozen=True)
-class ConsoleConfig(ConfigBase):
+class ConsoleConfig(AzureKeySettings, ReadTokenSettings, LogSettings):
     """``se-bridge console``: flags, ``SE_BRIDGE_CONSOLE_<NAME>`` or the ``[console]`` table."""
 
     env_prefix: ClassVar[str] = ENV_PREFIX + "CONSOLE_"
@@ -96,13 +93,6 @@ class ConsoleConfig(ConfigBase):
         metavar="NAME",
         multiple=True,
     )
-    read_token_file: str | None = setting(
-        None,
-        optional_text,
-        "File holding a token (at least 32 bytes) Prometheus sends as 'Authorization: Bearer <token>' "
-        "for /metrics (without it, only a signed-in person reads /metrics).",
-        metavar="PATH",
-    )
     oidc_issuer: str | None = setting(
         None,
         optional_text,
@@ -146,14 +136,6 @@ class ConsoleConfig(ConfigBase):
         metavar="SECONDS",
     )
     history_days: float = setting(30.0, number(1, 366), "Days of closed events kept.", metavar="DAYS")
-    azure_key: tuple[str, ...] = setting(
-        (),
-        key_spec,
-        "KEYID=PATH of se-bridge azure-channel's --sign-key: its records (VMs nobody watches, Azure's "
-        "outcomes) are shown only when they verify. None: Azure's channel is not shown. Repeat for several.",
-        metavar="KEYID=PATH",
-        multiple=True,
-    )
     approver_key: tuple[str, ...] = setting(
         (),
         key_spec,
@@ -165,11 +147,10 @@ class ConsoleConfig(ConfigBase):
     decision_ttl: float = setting(
         900.0, number(30, 86400), "Seconds a decision made in the console stays valid.", metavar="SECONDS"
     )
-    log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
 
 
 @dataclass(frozen=True)
-class AzureChannelConfig(ConfigBase):
+class AzureChannelConfig(RecordSigningSettings, ArmSettings, ReadTokenSettings, LogSettings):
     """``se-bridge azure-channel``: flags, ``SE_BRIDGE_AZURE_<NAME>`` or the ``[azure_channel]`` table."""
 
     env_prefix: ClassVar[str] = ENV_PREFIX + "AZURE_"
@@ -214,13 +195,6 @@ class AzureChannelConfig(ConfigBase):
         "Where /healthz, /readyz, /metrics and /v1/unwatched are served, HOST:PORT, or off.",
         metavar="HOST:PORT",
     )
-    read_token_file: str | None = setting(
-        None,
-        optional_text,
-        "File holding the token remote callers of /metrics and /v1/unwatched must send (Authorization: "
-        "Bearer); local callers need none. Without one, those paths answer local callers only.",
-        metavar="PATH",
-    )
     state_dir: Path = setting(  # noqa: RUF009 - setting() returns a dataclasses.field
         Path("/var/lib/se-bridge/azure-channel"),
         path,
@@ -229,13 +203,6 @@ class AzureChannelConfig(ConfigBase):
     )
     group: str = setting(
         "se-bridge-azure-channel", text, "Consumer group prefix of the events readers.", metavar="NAME"
-    )
-    sign_key: str | None = setting(
-        None,
-        optional_key_spec,
-        "KEYID=PATH: sign every record, so fleet approvers given the same key (--azure-key) may act on "
-        "them (the ARM scope of an event no agent reported). Unsigned records are shown, never acted on.",
-        metavar="KEYID=PATH",
     )
     graph_subscription: tuple[str, ...] = setting(
         (),
@@ -251,12 +218,6 @@ class AzureChannelConfig(ConfigBase):
         "Seconds between two Resource Graph polls (Resource Graph allows 15 queries per 5 s per user).",
         metavar="SECONDS",
     )
-    arm_endpoint: str = arm_endpoint_setting()
-    arm_audience: str | None = arm_audience_setting()
-    arm_credential: str = arm_credential_setting()
-    arm_client_id: str | None = arm_client_id_setting()
-    arm_ca_file: str | None = arm_ca_file_setting()
-    log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
 
 
 def load_console_config(

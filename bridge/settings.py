@@ -267,65 +267,6 @@ class Setting:
         return self.info.metavar
 
 
-def arm_endpoint_setting() -> Any:
-    """The ARM settings the approver (acknowledgements) and Azure's channel (Resource Graph) share."""
-    return setting(
-        "https://management.azure.com",
-        https_url,
-        "ARM endpoint (sovereign clouds: https://management.usgovcloudapi.net, ...).",
-        metavar="URL",
-    )
-
-
-def arm_audience_setting() -> Any:
-    return setting(None, optional_text, "Token audience (default: the endpoint).", metavar="URL")
-
-
-def arm_credential_setting() -> Any:
-    return setting(
-        "managed",
-        choice("managed", "default"),
-        "Entra ID credential: managed identity or azure-identity's default chain.",
-        metavar="KIND",
-    )
-
-
-def arm_client_id_setting() -> Any:
-    return setting(
-        None, optional_text, "Client id of a user-assigned managed identity for ARM.", metavar="UUID"
-    )
-
-
-def arm_ca_file_setting() -> Any:
-    return setting(
-        None,
-        optional_text,
-        "CA bundle for the ARM endpoint (a private endpoint's proxy); default: system CAs.",
-        metavar="PATH",
-    )
-
-
-def coordinate_deadline_setting() -> Any:
-    """The agent's and the fleet approver's (both coordinate: bridge.coordination)."""
-    return setting(
-        120.0,
-        number(0, 86400),
-        "Seconds before the event's NotBefore when a coordinator stops waiting for unprepared VMs "
-        "(then --coordinate-on-deadline applies).",
-        metavar="SECONDS",
-    )
-
-
-def coordinate_on_deadline_setting() -> Any:
-    return setting(
-        "platform",
-        choice("platform", "approve"),
-        "At the deadline with VMs not prepared: 'platform' approves nothing (the platform starts the "
-        "event at NotBefore, every VM gets its full notice); 'approve' approves anyway.",
-        metavar="POLICY",
-    )
-
-
 #: Every service's TOML table (each configuration class adds its own): a table named otherwise in a
 #: config file is a typo (``[agnet]``), refused by name rather than read as "no settings" (issue 33).
 TOML_TABLES: set[str] = set()
@@ -349,6 +290,116 @@ class ConfigBase:
         super().__init_subclass__(**kwargs)
         if cls.toml_section:
             TOML_TABLES.add(cls.toml_section)
+
+
+# -- settings several services share ----------------------------------------------------------------
+# Declared once, as mixins the services' configuration classes inherit (issue 32: 19 setting names were
+# declared in 2 to 4 classes, and the copies drifted). A mixin has no TOML table of its own: its
+# settings are read from the table of the class that inherits it.
+
+
+@dataclass(frozen=True)
+class LogSettings(ConfigBase):
+    """Every service's."""
+
+    log_level: str = setting("info", level_name, "debug, info, warning or error.", metavar="LEVEL")
+
+
+@dataclass(frozen=True)
+class ReadTokenSettings(ConfigBase):
+    """Every service's read paths (``/metrics``; the agent's ``/v1/document``, Azure's channel's
+    ``/v1/unwatched``) for callers that are not local."""
+
+    read_token_file: str | None = setting(
+        None,
+        optional_text,
+        "File holding a token (at least 32 bytes) that remote callers of the read paths (/metrics, and "
+        "the agent's /v1/document or Azure's channel's /v1/unwatched) send as 'Authorization: Bearer "
+        "<token>' (Prometheus: authorization.credentials_file). Without one, only local callers read "
+        "them (the console: a signed-in person).",
+        metavar="PATH",
+    )
+
+
+@dataclass(frozen=True)
+class ArmSettings(ConfigBase):
+    """The approver's (acknowledgements) and Azure's channel's (Resource Graph)."""
+
+    arm_endpoint: str = setting(
+        "https://management.azure.com",
+        https_url,
+        "ARM endpoint (sovereign clouds: https://management.usgovcloudapi.net, ...).",
+        metavar="URL",
+    )
+    arm_audience: str | None = setting(
+        None, optional_text, "Token audience (default: the endpoint).", metavar="URL"
+    )
+    arm_credential: str = setting(
+        "managed",
+        choice("managed", "default"),
+        "Entra ID credential: managed identity or azure-identity's default chain.",
+        metavar="KIND",
+    )
+    arm_client_id: str | None = setting(
+        None, optional_text, "Client id of a user-assigned managed identity for ARM.", metavar="UUID"
+    )
+    arm_ca_file: str | None = setting(
+        None,
+        optional_text,
+        "CA bundle for the ARM endpoint (a private endpoint's proxy); default: system CAs.",
+        metavar="PATH",
+    )
+
+
+@dataclass(frozen=True)
+class CoordinationDeadlineSettings(ConfigBase):
+    """The agent's and the fleet approver's (both coordinate: bridge.coordination)."""
+
+    coordinate_deadline: float = setting(
+        120.0,
+        number(0, 86400),
+        "Seconds before the event's NotBefore when a coordinator stops waiting for unprepared VMs "
+        "(then --coordinate-on-deadline applies).",
+        metavar="SECONDS",
+    )
+    coordinate_on_deadline: str = setting(
+        "platform",
+        choice("platform", "approve"),
+        "At the deadline with VMs not prepared: 'platform' approves nothing (the platform starts the "
+        "event at NotBefore, every VM gets its full notice); 'approve' approves anyway.",
+        metavar="POLICY",
+    )
+
+
+@dataclass(frozen=True)
+class RecordSigningSettings(ConfigBase):
+    """The approver's (its audits) and Azure's channel's (its events and findings)."""
+
+    sign_key: str | None = setting(
+        None,
+        optional_key_spec,
+        "KEYID=PATH: sign every record this service publishes (HMAC-SHA256, bridge.signing.sign_record). "
+        "A reader given the same key believes them (the console's --approver-key for the approvers' "
+        "audits; the fleet approvers' and the console's --azure-key for Azure's channel); unsigned ones "
+        "are never acted on, since any agent can write the events stream.",
+        metavar="KEYID=PATH",
+    )
+
+
+@dataclass(frozen=True)
+class AzureKeySettings(ConfigBase):
+    """The fleet approver's and the console's: Azure's channel believed only when it signed."""
+
+    azure_key: tuple[str, ...] = setting(
+        (),
+        key_spec,
+        "KEYID=PATH of se-bridge azure-channel's --sign-key: its records on the events stream (an "
+        "event's parent, VMs nobody watches, Azure's outcomes) count only when they verify with one of "
+        "these keys (any agent can write the stream). None: Azure's channel is not used. Repeat for "
+        "several.",
+        metavar="KEYID=PATH",
+        multiple=True,
+    )
 
 
 Config = TypeVar("Config", bound=ConfigBase)

@@ -35,11 +35,14 @@ def counts(root: Path) -> dict[str, int]:
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
                 if length > 300 and "emulator" not in path.parts:
                     big.append(f"{path.name}:{node.name}")
-                if node.name in CONFIG_CLASSES or any(
-                    isinstance(b, ast.Name) and b.id.endswith("Settings") for b in node.bases
-                ):
+                if node.name in CONFIG_CLASSES or node.name.endswith("Settings"):
                     for item in node.body:
-                        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        annotation = ast.unparse(item.annotation) if isinstance(item, ast.AnnAssign) else ""
+                        if (
+                            isinstance(item, ast.AnnAssign)
+                            and isinstance(item.target, ast.Name)
+                            and not (annotation.startswith("ClassVar"))
+                        ):
                             fields[item.target.id][node.name] = ast.unparse(item.annotation)
         dict_any += source.count("dict[str, Any]")
     repeated = {name: by for name, by in fields.items() if len(by) > 1}
