@@ -18,23 +18,21 @@ service manager starts it again.
 from __future__ import annotations
 
 import logging
-import ssl
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from bridge import __version__, coordination, records
 from bridge.agent.access import AccessPolicy
 from bridge.agent.answers import RelayAnswers
+from bridge.agent.api import AgentApi
 from bridge.agent.coordinator import PeerCoordinator
 from bridge.agent.identity import IdentityResolver
 from bridge.agent.impact import ImpactMeter
 from bridge.agent.ledger import DecisionLedger
 from bridge.agent.metrics import AgentMetrics
-from bridge.agent.peerkeys import PeerPins, answer_key
+from bridge.agent.peerkeys import PeerPins
 from bridge.agent.policy import LocalPolicy, PolicyConfig
 from bridge.agent.poller import Poller
 from bridge.agent.posting import StartRequestPoster
@@ -43,15 +41,14 @@ from bridge.agent.relay import Relay
 from bridge.agent.state import BaselineStore, IdentityCache
 from bridge.config import AgentConfig, ConfigError
 from bridge.coordination import CoordinationPolicy, Verdict
-from bridge.http.listener import Limits, Listener, Request, Response, Route, json_response, probe_routes
+from bridge.http.listener import Listener
 from bridge.imds.client import ImdsClient
 from bridge.imds.document import ScheduledEvent
 from bridge.pipeline import RecordMeta
 from bridge.pipeline.storing import REFUSED, until_stored
-from bridge.relay_api import DOCUMENT_PATH, PREPARATIONS_PATH, START_REQUESTS_PATH
 from bridge.rules import ApprovalRule
 from bridge.shell.service import Shell
-from bridge.signing import H_NONCE, KeyRing, NonceStore, RequestVerifier, sign_peer_answer
+from bridge.signing import KeyRing, NonceStore, RequestVerifier
 from bridge.sinks import Sink, SinkError, create_sink
 from bridge.support.retry import Backoff
 
@@ -64,7 +61,7 @@ class Agent:
     def __init__(self, config: AgentConfig, metrics: AgentMetrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or AgentMetrics()
-        self.sinks = self._build_sinks(config.sink)
+        self.sinks = build_sinks(config.sink, self.metrics)
         state_dir = Path(config.state_dir)
         # State directory (locked, watched), outbox, delivery, health, stop: the services' one shell.
         # A stop also wakes the poll loop (it may be backing off for seconds).
@@ -102,8 +99,6 @@ class Agent:
             first_document=self.poster.resolve_interrupted,
         )
         self.relay, self.verifier = self._build_relay(state_dir, answers)
-        self._answer_key_value: Any = None
-        self._answer_key_lock = threading.Lock()
         self.impact = ImpactMeter(
             state_dir, self.outbox, lambda: self.identity.current,
             approved=self.poster.approved, boot_id_file=Path(config.boot_id_file),
@@ -111,7 +106,15 @@ class Agent:
         self.poller.listeners.append(self.impact.on_change)
         self.poller.after_poll.append(self.impact.tick)
         self.policy = self._build_policy()
-        self.api: Listener | None = self._build_listener(config, state_dir) if config.listen else None
+        # The HTTP API (probes, /metrics, /v1/document, /v1/preparations, the relay): bridge.agent.api.
+        self.access: AccessPolicy | None = None
+        self.api: Listener | None = None
+        if config.listen:
+            api = AgentApi(
+                config, self.metrics, self.verifier, self.relay, self.poller, lambda: self.identity.current,
+                lambda: self.policy, self.health, self._ready_gauged,
+            )  # fmt: skip
+            self.access, self.api = api.access, api.listener
 
     def _build_relay(self, state_dir: Path, answers: RelayAnswers) -> tuple[Relay, RequestVerifier]:
         relay = Relay(
@@ -259,50 +262,6 @@ class Agent:
         if until_stored(store, self.stop_event, refused, Backoff(base=0.5, cap=10.0)) is None:
             log.error("agent stopping: record not stored", extra={"record": record})
 
-    def _build_listener(self, config: AgentConfig, state_dir: Path) -> Listener:
-        tls = None
-        if config.listen_tls_cert or config.listen_tls_key:
-            if not (config.listen_tls_cert and config.listen_tls_key):
-                raise ConfigError("listen_tls_cert and listen_tls_key go together")
-            tls = (config.listen_tls_cert, config.listen_tls_key)
-        refused = self.metrics.http_refused
-        try:
-            self.access = AccessPolicy(
-                self.verifier,
-                config.listen,
-                allow_unsigned_loopback=config.relay_allow_unsigned_loopback,
-                read_token_file=config.read_token_file,
-                on_refused=lambda reason: refused.labels(reason).inc(),
-            )
-            return Listener(
-                config.listen,
-                self._routes(),
-                guard=self.access,
-                tls=tls,
-                limits=Limits(
-                    max_connections=config.listen_max_connections,
-                    request_seconds=config.listen_request_timeout,
-                ),
-                on_refused=lambda reason: refused.labels(reason).inc(),
-            )
-        except ValueError as exc:
-            raise ConfigError(f"listen: {exc}") from None
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"listen: cannot serve on {config.listen}: {exc}") from None
-
-    def _build_sinks(self, specs: tuple[str, ...]) -> list[Sink]:
-        sinks: list[Sink] = []
-        for spec in specs:
-            try:
-                sink = create_sink(spec)
-            except SinkError as err:
-                raise ConfigError(f"sink: {err}") from None
-            if any(s.id == sink.id for s in sinks):
-                raise ConfigError(f"sink: {sink.name} is configured twice")
-            sinks.append(sink)
-            self.metrics.sink_info.labels(sink.id, sink.name).set(1)
-        return sinks
-
     # -- HTTP endpoints ---------------------------------------------------------------------------
 
     def ready(self) -> tuple[bool, str]:
@@ -320,50 +279,6 @@ class Agent:
         ok, reason = self.ready()
         self.metrics.ready.set(1 if ok else 0)
         return ok, reason
-
-    def _routes(self) -> dict[tuple[str, str], Route]:
-        def document(_: Request) -> Response:
-            obs = self.poller.current
-            if obs is None:
-                return json_response(503, {"error": "no document observed yet"})
-            return json_response(
-                200, records.document_view(self.identity.current, obs.document, obs.observed_at)
-            )
-
-        return {
-            **probe_routes(self.health.report, self._ready_gauged, self.metrics.registry),
-            ("GET", DOCUMENT_PATH): document,
-            ("GET", PREPARATIONS_PATH): self._preparations,
-            ("POST", START_REQUESTS_PATH): self._start_requests,
-        }
-
-    def _preparations(self, request: Request) -> Response:
-        """``GET /v1/preparations``: this VM's reports per event (what peer coordinators ask). A
-        signed request gets an answer signed with this VM's own key (bridge.agent.peerkeys), bound to
-        its nonce: a peer believes no answer it cannot prove came from this VM's agent."""
-        reports = self.policy.preparations() if self.policy is not None else {}
-        answer: dict[str, Any] = {"vm": self.identity.current.name, "preparations": reports}
-        nonce = request.headers.get(H_NONCE)
-        if nonce:  # this VM's own key: no other VM can sign for it
-            answer = sign_peer_answer(self._answer_key(), nonce, answer)
-        return json_response(200, answer)
-
-    def _answer_key(self) -> Any:
-        """This VM's own Ed25519 answer key, read (or made) at the first peer question: an agent no
-        peer asks never imports the crypto library for it."""
-        with self._answer_key_lock:
-            if self._answer_key_value is None:
-                self._answer_key_value = answer_key(Path(self.config.state_dir))
-            return self._answer_key_value
-
-    def _start_requests(self, request: Request) -> Response:
-        """``POST /v1/start-requests``; the access policy authenticated the caller already."""
-        try:
-            parsed = orjson.loads(request.body)
-        except orjson.JSONDecodeError:
-            parsed = None
-        status, answer = self.relay.handle(parsed, request.requester)
-        return json_response(status, answer)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -397,6 +312,7 @@ class Agent:
                 extra={"pollInterval": self.config.poll_interval, "imdsMaxRps": self.config.imds_max_rps},
             )
         if self.api is not None:
+            assert self.access is not None
             how = self.access.describe()
             level = logging.WARNING if self.access.allow_unsigned_loopback else logging.INFO
             log.log(level, f"API access: {how}", extra={"listen": self.config.listen})
@@ -432,3 +348,18 @@ class Agent:
         log.info(
             "agent stopped", extra={"undelivered": left, "drainSeconds": round(time.monotonic() - started, 3)}
         )
+
+
+def build_sinks(specs: tuple[str, ...], metrics: AgentMetrics) -> list[Sink]:
+    """The agent's sinks, each once (a spec given twice is refused: one destination, two cursors)."""
+    sinks: list[Sink] = []
+    for spec in specs:
+        try:
+            sink = create_sink(spec)
+        except SinkError as err:
+            raise ConfigError(f"sink: {err}") from None
+        if any(s.id == sink.id for s in sinks):
+            raise ConfigError(f"sink: {sink.name} is configured twice")
+        sinks.append(sink)
+        metrics.sink_info.labels(sink.id, sink.name).set(1)
+    return sinks

@@ -40,6 +40,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,14 +177,21 @@ class FleetView:
         self._azure: OrderedDict[str, AzureFacts] = OrderedDict()  # upper-cased EventId -> Azure's word
         self.max_vms = max_vms
         self.pin = pin
-        self._pins_path = None if state_dir is None else state_dir / PINS_FILE
+        self._pins = PinFile(None if state_dir is None or not pin else state_dir / PINS_FILE)
         self.on_refused = on_refused  # reason -> None (a metric)
         self._refusals = RateLimitedLog(log, every=60.0, level=logging.ERROR)
         self._swept = time.monotonic()
         self._refs = 0  # VM names all events together name (RESOURCE_BUDGET)
         self._pins_dirty = False  # a pin was forgotten: the file is rewritten at the next sweep
         self._high_water_logged = False
-        self._load_pins()
+        for vm in self._pins.load():
+            self._vms[vm.name.lower()] = vm
+            if vm._id:
+                self._by_id[vm._id] = vm.name.lower()
+        now = time.time()
+        for vm in self._vms.values():
+            vm.seen = now  # a loaded pin is idle from this start on, not from before it
+        self._rewrite_pins()  # compacted: one line per VM, whatever the file went through
 
     # -- what the router and the coordinator ask -------------------------------------------------
 
@@ -314,7 +322,7 @@ class FleetView:
             self._vms[key] = claim
             if claim._id:
                 self._by_id[claim._id] = key
-            self._append_pin(claim)
+            self._pins.append(claim)
             log.debug("fleet: VM learned", extra={"vmName": claim.name, "privateIp": claim.private_ip})
             return claim
         changed = known.differs(claim)
@@ -405,6 +413,12 @@ class FleetView:
                 if vm.events and gone.intersection(vm.events):
                     vm.events = tuple(e for e in vm.events if e not in gone)
 
+    def _rewrite_pins(self) -> None:
+        with self._lock:
+            vms = list(self._vms.values())
+            self._pins_dirty = False
+        self._pins.rewrite(vms)
+
     def _proven(self, record: AzureEvent | Finding) -> bool:
         """Whether the azure-channel service signed the record (``--azure-key``; the reader verified
         it): every agent writes to the events stream, so an unsigned or forged record would choose
@@ -433,45 +447,47 @@ class FleetView:
             vmName=shown,
         )
 
-    # -- pins -------------------------------------------------------------------------------------
 
-    def _load_pins(self) -> None:
-        if self._pins_path is None or not self.pin:
-            return
+class PinFile:
+    """``fleet-pins.jsonl``: one VM's pinned identity a line, appended at first sight (no fsync: a pin
+    lost in a crash is pinned again at the VM's next record), rewritten compacted at each start and
+    when pins were forgotten. ``path`` None: nothing is kept (a view without a state directory)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def load(self) -> list[Vm]:
+        if self.path is None:
+            return []
         try:
-            lines = self._pins_path.read_bytes().splitlines()
+            lines = self.path.read_bytes().splitlines()
         except FileNotFoundError:
-            return
+            return []
+        vms = []
         for line in lines:
             try:
                 data = orjson.loads(line)
-                vm = Vm(str(data["name"]), str(data["vmId"]), str(data["resourceId"]), str(data["privateIp"]))
+                vms.append(
+                    Vm(str(data["name"]), str(data["vmId"]), str(data["resourceId"]), str(data["privateIp"]))
+                )
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue  # a torn last line after a crash: that VM is pinned again on its next record
-            self._vms[vm.name.lower()] = vm
-            if vm._id:
-                self._by_id[vm._id] = vm.name.lower()
-        now = time.time()
-        for vm in self._vms.values():
-            vm.seen = now  # a loaded pin is idle from this start on, not from before it
-        self._rewrite_pins()  # compacted: one line per VM, whatever the file went through
+        return vms
 
-    def _rewrite_pins(self) -> None:
-        if self._pins_path is None or not self.pin:
+    def rewrite(self, vms: Iterable[Vm]) -> None:
+        if self.path is None:
             return
-        with self._lock:
-            data = b"".join(_pin_line(v) for v in self._vms.values())
-            self._pins_dirty = False
+        data = b"".join(_pin_line(v) for v in vms)
         try:
-            write_atomic(self._pins_path, data)
+            write_atomic(self.path, data)
         except OSError as exc:  # the forgotten pins come back at a restart, and idle out again
             log.error("fleet: pins not rewritten", extra={"error": str(exc)})
 
-    def _append_pin(self, vm: Vm) -> None:
-        if self._pins_path is None or not self.pin:
+    def append(self, vm: Vm) -> None:
+        if self.path is None:
             return
         try:
-            with open(self._pins_path, "ab") as pins:
+            with open(self.path, "ab") as pins:
                 pins.write(_pin_line(vm))
         except OSError as exc:  # kept in memory; pinned again from its next record after a restart
             log.error("fleet: pin not saved", extra={"error": str(exc), "vmName": vm.name})
