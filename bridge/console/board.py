@@ -37,7 +37,7 @@ from typing import Any
 from bridge.imds.document import STATUS_RANK
 from bridge.records.approval import Approval
 from bridge.records.azure import AzureEvent, Finding
-from bridge.records.fields import Envelope, Refused
+from bridge.records.fields import Envelope, Refused, VmRef
 from bridge.records.heartbeat import Heartbeat
 from bridge.records.ids import (
     APPROVAL,
@@ -79,6 +79,22 @@ class VmRow:
     heartbeat: float = 0.0  # the interval its agent announced, 0 before its first heartbeat
     events: tuple[str, ...] = ()  # open events its latest record shows
     unwatched: tuple[str, ...] = ()  # open events Azure announced for it and no agent reported
+
+    def take(self, vm: VmRef, at: float, heartbeat: float) -> None:
+        """What a record of this VM's (pinned) agent says of it."""
+        self.vm_id = self.vm_id or vm.vm_id
+        self.resource_group = vm.resource_group or self.resource_group
+        self.scale_set = vm.scale_set or self.scale_set
+        self.location = vm.location or self.location
+        self.zone = vm.zone or self.zone
+        self.last_seen = max(self.last_seen, at)
+        self.heartbeat = heartbeat or self.heartbeat
+
+    def ended(self, event_id: str) -> None:
+        """Azure says the event ended: no longer flagged unwatched here."""
+        if event_id in self.unwatched:
+            self.unwatched = tuple(e for e in self.unwatched if e != event_id)
+            self.events = tuple(e for e in self.events if e != event_id or e in self.unwatched)
 
     def to_json(self, now: float, silent_after: float) -> dict[str, Any]:
         return {
@@ -122,6 +138,41 @@ class EventRow:
     azure_outcome: str | None = None  # Completed | Canceled, as Azure's own channel said
     #: Each reporting VM's own Resources (lower-cased VM -> names): what approving through it releases.
     reports: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def note(self, change: ChangeView, vm: str, incarnation: int, at: float) -> None:
+        """One VM's change of this event, on its timeline."""
+        self.timeline.append(
+            {
+                "vm": vm,
+                "change": change.change,
+                "eventStatus": change.status,
+                "at": at,
+                "incarnation": incarnation,
+            }
+        )
+
+    def update(self, item: EventView, at: float, reporter: str | None) -> None:
+        """Take what a record says of this event: ``reporter`` the VM whose agent reported it (its own
+        Resources kept apart: what approving through it releases), None for Azure's channel (its
+        Resources only until an agent reports). A late VM's Scheduled never undoes Started."""
+        resources = item.resources
+        self.event_type = item.event_type or self.event_type
+        self.source = item.source or self.source
+        if STATUS_RANK.get(item.status, 0) >= STATUS_RANK.get(self.status, 0):
+            self.status = item.status or self.status
+        self.not_before = item.not_before if item.not_before is not None else self.not_before
+        self.description = item.description or self.description
+        self.duration = item.duration
+        if reporter is None:
+            self.resources = self.resources or resources
+        else:
+            self.reports[reporter] = resources if resources != self.resources else self.resources
+            union = tuple(dict.fromkeys(r for names in self.reports.values() for r in names))
+            self.resources = union if union != self.resources else self.resources
+        if self.status == "Scheduled" and self.scheduled_at is None:
+            self.scheduled_at = at
+        if self.status == "Started" and self.started_at is None:
+            self.started_at = at
 
     def names(self) -> set[str]:
         return {r.lower() for r in self.resources}
@@ -202,7 +253,7 @@ class Board:
         # Closed events by id, the oldest closure first. Kept as rows, not summaries: a VM whose
         # records come late (its partition behind the others) can still show an event the others
         # already dropped; the row is then reopened, not counted as a second event.
-        self._closed: OrderedDict[str, EventRow] = OrderedDict()
+        self._closed = History(history_days)
         self.listeners: list[Callable[[Message], None]] = []
 
     # -- reading the stream -------------------------------------------------------------------------
@@ -240,13 +291,7 @@ class Board:
                 return None
             if row is None:
                 row = self._vms[key] = VmRow(vm.name)
-            row.vm_id = row.vm_id or vm.vm_id
-            row.resource_group = vm.resource_group or row.resource_group
-            row.scale_set = vm.scale_set or row.scale_set
-            row.location = vm.location or row.location
-            row.zone = vm.zone or row.zone
-            row.last_seen = max(row.last_seen, record.observed_at or now)
-            row.heartbeat = heartbeat or row.heartbeat
+            row.take(vm, record.observed_at or now, heartbeat)
         if heartbeat:  # a page judges silence by lastSeen: every heartbeat moves it on
             self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})
         return row
@@ -267,7 +312,9 @@ class Board:
                 event.reporters.add(row.name.lower())
                 changed.append(event)
             for change in record.changes:
-                self._timeline(change, row.name, record, at)
+                changed_event = self._events.get(change.event_id.upper())
+                if changed_event is not None:
+                    changed_event.note(change, row.name, record.incarnation, at)
             for gone in set(row.events) - set(shown) - set(row.unwatched):
                 closed = self._unreport(gone, row.name.lower(), record, at)
                 if closed is not None:
@@ -290,39 +337,11 @@ class Board:
             return None
         event = self._events.get(event_id)
         if event is None:
-            event = self._closed.pop(event_id, None) or EventRow(event_id, first_seen=at)
+            event = self._closed.pop(event_id) or EventRow(event_id, first_seen=at)
             event.outcome, event.ended_at = None, None
             self._events[event_id] = event
-        event.event_type = item.event_type or event.event_type
-        event.source = item.source or event.source
-        if STATUS_RANK.get(item.status, 0) >= STATUS_RANK.get(event.status, 0):
-            event.status = item.status or event.status  # a late VM's Scheduled does not undo Started
-        event.not_before = item.not_before if item.not_before is not None else event.not_before
-        event.description = item.description or event.description
-        event.duration = item.duration
-        if reporter is None:
-            event.resources = event.resources or resources  # Azure's word, until an agent reports
-        else:
-            event.reports[reporter] = resources if resources != event.resources else event.resources
-            union = dict.fromkeys(r for names in event.reports.values() for r in names)
-            event.resources = tuple(union) if tuple(union) != event.resources else event.resources
-        if event.status == "Scheduled" and event.scheduled_at is None:
-            event.scheduled_at = at
-        if event.status == "Started" and event.started_at is None:
-            event.started_at = at
+        event.update(item, at, reporter)
         return event
-
-    def _timeline(self, change: ChangeView, vm: str, record: ScheduledEvents, at: float) -> None:
-        event = self._events.get(change.event_id.upper())
-        if event is None:
-            return
-        event.timeline.append({
-            "vm": vm,
-            "change": change.change,
-            "eventStatus": change.status,
-            "at": at,
-            "incarnation": record.incarnation,
-        })  # fmt: skip
 
     def _unreport(self, event_id: str, vm_key: str, record: ScheduledEvents, at: float) -> EventRow | None:
         """A VM's latest record no longer shows the event; once none does, it is closed."""
@@ -335,40 +354,8 @@ class Board:
         del self._events[event_id]
         gone = record.change_of(event_id)
         event.outcome = (gone.change if gone else "") or event.outcome or "gone"
-        self._close(event_id, event, at)
+        self._closed.close(event_id, event, at)
         return event
-
-    def _close(self, event_id: str, event: EventRow, at: float) -> None:
-        """Into the history, compacted, and the history kept to ``history_days`` and HISTORY_LIMIT
-        (issue 33: each closed event kept ~8.7 KB, mostly its timeline, for up to 50 000 events,
-        and ``--history-days`` only filtered the page: 406-483 MB after 20 waves at 10 000 VMs)."""
-        event.ended_at = at
-        _compact(event)
-        self._closed[event_id] = event
-        self._closed.move_to_end(event_id)
-        horizon = at - self.history_days * 86400
-        while self._closed and (
-            len(self._closed) > HISTORY_LIMIT or (next(iter(self._closed.values())).ended_at or at) < horizon
-        ):
-            self._closed.popitem(last=False)
-
-    @staticmethod
-    def _closure(event: EventRow) -> dict[str, Any]:
-        not_before = epoch_of(event.not_before)
-        return {
-            "eventId": event.event_id,
-            "eventType": event.event_type,
-            "outcome": event.outcome,
-            "endedAt": event.ended_at,
-            "approvedBy": event.approved_by,
-            "resources": event.resources,
-            "noticeSeconds": None
-            if event.started_at is None or event.scheduled_at is None
-            else round(event.started_at - event.scheduled_at, 1),
-            "approvalLeadSeconds": None
-            if event.approved_at is None or not_before is None
-            else round(not_before - event.approved_at, 1),
-        }
 
     def _azure_event(self, record: AzureEvent, now: float) -> None:
         """Azure's own channel (bridge.azure), signed by its key (the reader verified it): an event
@@ -382,14 +369,12 @@ class Board:
                 if event is not None and not event.reporters:
                     del self._events[key]
                     event.outcome = event.outcome or status.lower()
-                    self._close(key, event, at)
+                    self._closed.close(key, event, at)
                 event = event or self._closed.get(key)
                 if event is not None:
                     event.azure_outcome = status
                     for row in self._vms.values():
-                        if key in row.unwatched:
-                            row.unwatched = tuple(e for e in row.unwatched if e != key)
-                            row.events = tuple(e for e in row.events if e != key or e in row.unwatched)
+                        row.ended(key)
             elif event is None or not event.reporters:
                 event = self._event_from(item, at)
         if event is not None:
@@ -437,33 +422,8 @@ class Board:
             while len(self._mine) > MAX_MINE:
                 self._mine.popitem(last=False)
 
-    def _approval_proven(self, record: Approval, event: EventRow) -> bool:
-        """An approver's audit counts when an approver signed it (the reader verified the signature
-        with the approvers' keys); an agent's (its relay, its local policy, its coordinator) when
-        that VM's pinned agent wrote it and the event names the VM."""
-        if record.component == "approver":
-            return record.signed_by is not None
-        vm = record.vm
-        if vm is None or vm.key not in event.names():
-            return False
-        row = self._vms.get(vm.key)
-        return row is not None and (not row.vm_id or not vm.vm_id or row.vm_id.lower() == vm.vm_id)
-
     def _approval(self, record: Approval, now: float) -> None:
-        audit: dict[str, Any] = {
-            "decisionId": record.decision_id,
-            "component": record.component,
-            "outcome": record.outcome,
-            "reason": record.reason or "",
-            "decisionReason": record.decision_reason or "",
-            "detail": record.detail or "",
-            "issuedBy": record.issued_by or "",
-            "path": record.path or "",
-            "requester": record.requester or "",
-            "coordination": record.coordination,
-            "at": record.observed_at or now,
-            "vm": None if record.vm is None else record.vm.name,
-        }
+        audit = _audit_of(record, now)
         events = [e.upper() for e in record.event_ids]
         mine = record.unverified.get("decisionId")
         if not events and mine is not None and mine in self._mine:  # refused before it was proven
@@ -474,7 +434,7 @@ class Board:
                 event = self._events.get(event_id) or self._closed.get(event_id)  # the audit came late
                 if event is None:
                     continue
-                if not self._approval_proven(record, event):
+                if not _approval_proven(record, event, self._vms.get(record.vm.key) if record.vm else None):
                     self.refused["unprovenApproval"] += 1
                     continue
                 shown.append(event_id)
@@ -524,7 +484,7 @@ class Board:
                 return None
             return {
                 **closed.detail(),
-                **self._closure(closed),
+                **_closure(closed),
                 "resources": list(closed.resources),
                 "open": False,
             }
@@ -536,43 +496,16 @@ class Board:
             return event if event is not None and event.status == "Scheduled" else None
 
     def history(self, days: float | None = None, group: str = "", now: float | None = None) -> dict[str, Any]:
-        """Closed events per day and type, notice given and approval lead time, for the last days."""
+        """Closed events per day and type, notice given and approval lead time, for the last days
+        (``group``: a resource group's or a scale set's VMs only)."""
         now = time.time() if now is None else now
-        since = now - (days or self.history_days) * 86400
         with self._lock:
-            rows = [self._closure(e) for e in self._closed.values() if (e.ended_at or 0) >= since]
-            if group:
-                names = {
-                    v.name.lower() for v in self._vms.values() if group in (v.resource_group, v.scale_set)
-                }
-                rows = [h for h in rows if names.intersection(r.lower() for r in h["resources"])]
-        per_day: dict[str, dict[str, int]] = {}
-        for h in rows:
-            day = time.strftime("%Y-%m-%d", time.gmtime(h["endedAt"] or now))
-            per_day.setdefault(day, {})
-            per_day[day][h["eventType"] or "?"] = per_day[day].get(h["eventType"] or "?", 0) + 1
-        notice = [h["noticeSeconds"] for h in rows if h["noticeSeconds"] is not None]
-        lead = [h["approvalLeadSeconds"] for h in rows if h["approvalLeadSeconds"] is not None]
-        return {
-            "days": sorted(per_day.items()),
-            "events": [
-                {
-                    k: h[k]
-                    for k in (
-                        "eventId",
-                        "eventType",
-                        "outcome",
-                        "endedAt",
-                        "noticeSeconds",
-                        "approvalLeadSeconds",
-                        "approvedBy",
-                    )
-                }
-                for h in rows[-500:]
-            ],
-            "noticeSeconds": _spread(notice),
-            "approvalLeadSeconds": _spread(lead),
-        }
+            names = (
+                {v.name.lower() for v in self._vms.values() if group in (v.resource_group, v.scale_set)}
+                if group
+                else None
+            )
+            return self._closed.summary(days or self.history_days, names, now)
 
     def counts(self) -> tuple[int, int, int]:
         """(VMs, silent VMs, open events): the console's gauges."""
@@ -580,6 +513,114 @@ class Board:
         with self._lock:
             silent = sum(1 for v in self._vms.values() if v.silent(now, self.silent_after))
             return len(self._vms), silent, len(self._events)
+
+
+def _approval_proven(record: Approval, event: EventRow, row: VmRow | None) -> bool:
+    """An approver's audit counts when an approver signed it (the reader verified the signature with
+    the approvers' keys); an agent's (its relay, its local policy, its coordinator) when that VM's
+    pinned agent (``row``) wrote it and the event names the VM."""
+    if record.component == "approver":
+        return record.signed_by is not None
+    vm = record.vm
+    if vm is None or vm.key not in event.names():
+        return False
+    return row is not None and (not row.vm_id or not vm.vm_id or row.vm_id.lower() == vm.vm_id)
+
+
+def _audit_of(record: Approval, now: float) -> dict[str, Any]:
+    """An approval record as an event's page lists it."""
+    return {
+        "decisionId": record.decision_id,
+        "component": record.component,
+        "outcome": record.outcome,
+        "reason": record.reason or "",
+        "decisionReason": record.decision_reason or "",
+        "detail": record.detail or "",
+        "issuedBy": record.issued_by or "",
+        "path": record.path or "",
+        "requester": record.requester or "",
+        "coordination": record.coordination,
+        "at": record.observed_at or now,
+        "vm": None if record.vm is None else record.vm.name,
+    }
+
+
+class History:
+    """Closed events by id, the oldest closure first, kept to ``days`` days and HISTORY_LIMIT events
+    (issue 33: each closed event kept ~8.7 KB, mostly its timeline, for up to 50 000 events, and
+    ``--history-days`` only filtered the page: 406-483 MB after 20 waves at 10 000 VMs). Kept as
+    rows, not summaries: a VM whose records come late (its partition behind the others) can still
+    show an event the others already dropped; the row is then reopened, not counted twice. The
+    board's lock guards it."""
+
+    def __init__(self, days: float) -> None:
+        self.days = days
+        self._rows: OrderedDict[str, EventRow] = OrderedDict()
+
+    def get(self, event_id: str) -> EventRow | None:
+        return self._rows.get(event_id)
+
+    def pop(self, event_id: str) -> EventRow | None:
+        return self._rows.pop(event_id, None)
+
+    def close(self, event_id: str, event: EventRow, at: float) -> None:
+        """Into the history, compacted; the oldest beyond the bounds forgotten."""
+        event.ended_at = at
+        _compact(event)
+        self._rows[event_id] = event
+        self._rows.move_to_end(event_id)
+        horizon = at - self.days * 86400
+        while self._rows and (
+            len(self._rows) > HISTORY_LIMIT or (next(iter(self._rows.values())).ended_at or at) < horizon
+        ):
+            self._rows.popitem(last=False)
+
+    def summary(self, days: float, names: set[str] | None, now: float) -> dict[str, Any]:
+        """The history page's figures (``names``: only events naming one of these VMs)."""
+        since = now - days * 86400
+        rows = [_closure(e) for e in self._rows.values() if (e.ended_at or 0) >= since]
+        if names is not None:
+            rows = [h for h in rows if names.intersection(r.lower() for r in h["resources"])]
+        per_day: dict[str, dict[str, int]] = {}
+        for h in rows:
+            day = time.strftime("%Y-%m-%d", time.gmtime(h["endedAt"] or now))
+            per_day.setdefault(day, {})
+            per_day[day][h["eventType"] or "?"] = per_day[day].get(h["eventType"] or "?", 0) + 1
+        notice = [h["noticeSeconds"] for h in rows if h["noticeSeconds"] is not None]
+        lead = [h["approvalLeadSeconds"] for h in rows if h["approvalLeadSeconds"] is not None]
+        shown = (
+            "eventId",
+            "eventType",
+            "outcome",
+            "endedAt",
+            "noticeSeconds",
+            "approvalLeadSeconds",
+            "approvedBy",
+        )
+        return {
+            "days": sorted(per_day.items()),
+            "events": [{k: h[k] for k in shown} for h in rows[-500:]],
+            "noticeSeconds": _spread(notice),
+            "approvalLeadSeconds": _spread(lead),
+        }
+
+
+def _closure(event: EventRow) -> dict[str, Any]:
+    not_before = epoch_of(event.not_before)
+    return {
+        "eventId": event.event_id,
+        "eventType": event.event_type,
+        "outcome": event.outcome,
+        "endedAt": event.ended_at,
+        "approvedBy": event.approved_by,
+        "resources": event.resources,
+        "noticeSeconds": None
+        if event.started_at is None or event.scheduled_at is None
+        else round(event.started_at - event.scheduled_at, 1),
+        "approvalLeadSeconds": None
+        if event.approved_at is None or not_before is None
+        else round(not_before - event.approved_at, 1),
+    }
 
 
 #: What a closed event keeps: the history needs its summary; its page the last of its timeline.
