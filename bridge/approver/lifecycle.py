@@ -123,9 +123,8 @@ class DecisionLife:
             per_lane=PER_LANE,
         )
         self.claims = Claims()
-        self.parking = Parking(self.resubmit, self.expire_parked)
-        self._parked_log = RateLimitedLog(log, every=10.0, level=logging.WARNING)
-        self._skipped_log = RateLimitedLog(log, every=60.0)
+        self.parked = ParkedDecisions(self)
+        self.parking = self.parked.parking
 
     def add(self, message: Message, slot: Slot | None = None) -> bool:
         """Hand a message to its VM's lane; False when stopping before there was room."""
@@ -181,11 +180,11 @@ class DecisionLife:
         the id of the real decision that follows it)."""
         message = slot.message
         try:
-            decision = self._validated(slot, time.time() if now is None else now)
+            decision = validated(slot, self.policy, time.time() if now is None else now)
         except DecisionRefused as refusal:
             return self._refused(slot, refusal)
         if not self.router.owns(decision):
-            return self._skipped(decision)
+            return _skipped(decision, self.router, self.metrics)
         earlier = self.store.get(decision.decision_id)
         if earlier is not None and earlier["state"] == "final":
             if earlier.get("position") == str(message.position):
@@ -221,25 +220,13 @@ class DecisionLife:
             None, slot.message, ending, record_final=False, unverified=claims_of(slot.fields)
         )
 
-    def _skipped(self, decision: Decision) -> Result:
-        """Another VM's approver acts on it (local mode): no audit here, but never unseen, since a
-        target no VM has is skipped by every approver (one line a minute, with the count)."""
-        self.metrics.skipped.labels("otherVm").inc()
-        self._skipped_log.log(
-            "decision for another VM skipped (its own approver acts on it)",
-            decisionId=decision.decision_id,
-            target=decision.target,
-            thisVm=sorted(self.router.this_vm() or ()) if isinstance(self.router, LocalRouter) else None,
-        )
-        return {"outcome": "skipped", "reason": "otherVm"}
-
     def _relay_and_finish(self, chunk: list[Prepared], alone: bool) -> dict[int, Result]:
         """One relay request for a chunk, each answer audited, one sync; the final results."""
         try:
             answers = self.relayer.relay(
                 [p.decision for p in chunk],
                 [p.body for p in chunk],
-                fallback=self._may_fall_back(chunk),
+                fallback=self.parked.may_fall_back(chunk),
             )
         except Exception:
             if alone:
@@ -252,7 +239,7 @@ class DecisionLife:
         for p, (answer, unreached) in zip(chunk, answers, strict=True):
             if answer is None:
                 assert unreached is not None
-                self._park(p.slot, p.decision, unreached)  # its "started" is durable already
+                self.parked.park(p.slot, p.decision, unreached)  # its "started" is durable already
                 continue
             try:
                 done.append((p, self.finish_relayed(p.decision, p.slot.message, answer, sync=False)))
@@ -279,28 +266,6 @@ class DecisionLife:
         ending = Ending.of_answer(answer)
         return self.audit.finish(decision, message, ending, sync=sync, coordination=coordination)
 
-    def _validated(self, slot: Slot, now: float) -> Decision:
-        """The decision in the slot's message once every check passed; :class:`DecisionRefused`
-        otherwise. Nothing here raises anything else: a message that cannot be read is a refusal,
-        never a retry (a poison message must not wedge the source)."""
-        payload = slot.message.payload
-        if len(payload) > MAX_MESSAGE_BYTES:
-            raise DecisionRefused(
-                "tooLarge", f"message of {len(payload)} bytes (at most {MAX_MESSAGE_BYTES})"
-            )
-        if slot.fields is None:
-            raise DecisionRefused("schema", "message is not a JSON object")
-        try:
-            strict = loads_strict(payload)  # I-JSON: no member twice (bridge.decisions)
-        except ValueError as exc:
-            raise DecisionRefused("schema", f"not I-JSON: {exc}") from None
-        try:
-            return validate(strict, self.policy, now)
-        except DecisionRefused:
-            raise
-        except Exception as exc:  # a check that could not run proves nothing: refuse
-            raise DecisionRefused("schema", f"cannot be validated: {type(exc).__name__}: {exc}") from None
-
     def relay(
         self, decision: Decision, body: dict[str, Any], *, fallback: bool = True
     ) -> tuple[RelayAnswer | None, Unreached | None]:
@@ -308,77 +273,11 @@ class DecisionLife:
 
     # -- decisions no agent answered: parked, retried, or ended at their expiry --------------------
 
-    def _may_fall_back(self, chunk: list[Prepared]) -> bool:
-        """Whether the ARM fallback may be taken in this round: after ``ARM_AFTER`` rounds without an
-        agent, none of which can have reached one (else the agent may have posted already); at once
-        for VMs no agent watches, as Azure's signed reconciliation says (no agent to wait for)."""
-        if any(p.slot.standby for p in chunk):
-            rounds = ARM_AFTER + STANDBY_ARM_EXTRA  # the owner's turn first (STANDBY_ARM_EXTRA)
-            return all(
-                not p.slot.maybe_sent
-                and p.slot.unreached + 1 >= rounds
-                and not self.owner_finished(p.slot.message)
-                for p in chunk
-            )
-        if all(self.router.nobody_watches(p.decision) for p in chunk):
-            return True
-        return all(not p.slot.maybe_sent and p.slot.unreached + 1 >= ARM_AFTER for p in chunk)
-
-    def _park(self, slot: Slot, decision: Decision, unreached: Unreached) -> None:
-        """No agent answered: keep the decision, uncommitted, and relay it again after a backoff
-        (0.5 s doubling to ``PARKED_MAX_DELAY``), until an agent answers or the decision expires."""
-        slot.decision = decision
-        slot.unreached += 1
-        slot.maybe_sent = slot.maybe_sent or not unreached.never_sent
-        slot.unreached_since = slot.unreached_since or time.time()
-        delay = min(PARKED_MAX_DELAY, 0.5 * 2 ** (slot.unreached - 1)) * random.uniform(0.8, 1.0)
-        self.parking.park(slot, delay, decision.expires)
-        self.metrics.parked.set(self.parking.count)
-        self._parked_log.log(
-            "decision waits for an agent of its event (not committed; retried until it expires)",
-            decisionId=decision.decision_id,
-            target=decision.target,
-            attempts=slot.unreached,
-            retryInSeconds=round(delay, 2),
-            error=unreached.why,
-        )
-
     def resubmit(self, slot: Slot) -> bool:
-        self.metrics.parked.set(self.parking.count)
-        if self._owner_took_it(slot):
-            return True
-        return self.lanes.add(lane_of(slot.fields), slot, self.stop_event)
-
-    def _owner_took_it(self, slot: Slot) -> bool:
-        """The standby's copy of a decision its owner has finished meanwhile: dropped, unaudited (the
-        owner's audit is the decision's one final outcome)."""
-        if not (slot.standby and self.owner_finished(slot.message)):
-            return False
-        log.info(
-            "standby: the owner finished the decision; its copy is dropped",
-            extra={"position": str(slot.message.position)},
-        )
-        self.commits.finished(slot)
-        return True
+        return self.parked.resubmit(slot)
 
     def expire_parked(self, slot: Slot) -> None:
-        """A parked decision expired before any agent answered: its one final outcome. ``failed``
-        when provably no request reached an agent (nothing was posted), ``unknown`` when one may
-        have (connected, no answer: the agent's ledger and audit tell)."""
-        if self._owner_took_it(slot):
-            self.metrics.parked.set(self.parking.count)
-            return
-        outcome = "unknown" if slot.maybe_sent else "failed"
-        since = slot.unreached_since or time.time()
-        detail = (
-            f"no agent of the event answered in {slot.unreached} attempts over {time.time() - since:.0f} s "
-            f"before the decision expired{'; one may have reached an agent' if slot.maybe_sent else ''}"
-        )
-        ending = Ending(outcome, "expired", detail)
-        finish = lambda: self.audit.finish(slot.decision, slot.message, ending)  # noqa: E731
-        if self.audit.until_stored(finish, slot.message) is not None:
-            self.commits.finished(slot)
-        self.metrics.parked.set(self.parking.count)
+        self.parked.expire(slot)
 
     # -- many decisions at once: lanes (bridge.approver.dispatch) ---------------------------------------
 
@@ -485,6 +384,127 @@ class DecisionLife:
             f"processing failed {POISON_ATTEMPTS} times; see the approver log",
         )
         self.audit.finish(slot.fields, slot.message, ending, record_final=started)
+
+
+class ParkedDecisions:
+    """Decisions no agent answered: kept uncommitted, relayed again after a backoff (0.5 s doubling
+    to ``PARKED_MAX_DELAY``) until an agent answers, and ended at their expiry with their one final
+    outcome. A standby's copy its owner finished meanwhile is dropped, never audited."""
+
+    def __init__(self, life: DecisionLife) -> None:
+        self.life = life
+        self.parking = Parking(self.resubmit, self.expire)
+        self._parked_log = RateLimitedLog(log, every=10.0, level=logging.WARNING)
+
+    def may_fall_back(self, chunk: list[Prepared]) -> bool:
+        """Whether the ARM fallback may be taken in this round: after ``ARM_AFTER`` rounds without an
+        agent, none of which can have reached one (else the agent may have posted already); at once
+        for VMs no agent watches, as Azure's signed reconciliation says (no agent to wait for)."""
+        if any(p.slot.standby for p in chunk):
+            rounds = ARM_AFTER + STANDBY_ARM_EXTRA  # the owner's turn first (STANDBY_ARM_EXTRA)
+            return all(
+                not p.slot.maybe_sent
+                and p.slot.unreached + 1 >= rounds
+                and not self.life.owner_finished(p.slot.message)
+                for p in chunk
+            )
+        if all(self.life.router.nobody_watches(p.decision) for p in chunk):
+            return True
+        return all(not p.slot.maybe_sent and p.slot.unreached + 1 >= ARM_AFTER for p in chunk)
+
+    def park(self, slot: Slot, decision: Decision, unreached: Unreached) -> None:
+        """No agent answered: keep the decision, uncommitted, and relay it again after a backoff
+        (0.5 s doubling to ``PARKED_MAX_DELAY``), until an agent answers or the decision expires."""
+        slot.decision = decision
+        slot.unreached += 1
+        slot.maybe_sent = slot.maybe_sent or not unreached.never_sent
+        slot.unreached_since = slot.unreached_since or time.time()
+        delay = min(PARKED_MAX_DELAY, 0.5 * 2 ** (slot.unreached - 1)) * random.uniform(0.8, 1.0)
+        self.parking.park(slot, delay, decision.expires)
+        self.life.metrics.parked.set(self.parking.count)
+        self._parked_log.log(
+            "decision waits for an agent of its event (not committed; retried until it expires)",
+            decisionId=decision.decision_id,
+            target=decision.target,
+            attempts=slot.unreached,
+            retryInSeconds=round(delay, 2),
+            error=unreached.why,
+        )
+
+    def resubmit(self, slot: Slot) -> bool:
+        self.life.metrics.parked.set(self.parking.count)
+        if self.owner_took_it(slot):
+            return True
+        return self.life.lanes.add(lane_of(slot.fields), slot, self.life.stop_event)
+
+    def owner_took_it(self, slot: Slot) -> bool:
+        """The standby's copy of a decision its owner has finished meanwhile: dropped, unaudited (the
+        owner's audit is the decision's one final outcome)."""
+        if not (slot.standby and self.life.owner_finished(slot.message)):
+            return False
+        log.info(
+            "standby: the owner finished the decision; its copy is dropped",
+            extra={"position": str(slot.message.position)},
+        )
+        self.life.commits.finished(slot)
+        return True
+
+    def expire(self, slot: Slot) -> None:
+        """A parked decision expired before any agent answered: its one final outcome. ``failed``
+        when provably no request reached an agent (nothing was posted), ``unknown`` when one may
+        have (connected, no answer: the agent's ledger and audit tell)."""
+        if self.owner_took_it(slot):
+            self.life.metrics.parked.set(self.parking.count)
+            return
+        outcome = "unknown" if slot.maybe_sent else "failed"
+        since = slot.unreached_since or time.time()
+        detail = (
+            f"no agent of the event answered in {slot.unreached} attempts over {time.time() - since:.0f} s "
+            f"before the decision expired{'; one may have reached an agent' if slot.maybe_sent else ''}"
+        )
+        ending = Ending(outcome, "expired", detail)
+        finish = lambda: self.life.audit.finish(slot.decision, slot.message, ending)  # noqa: E731
+        if self.life.audit.until_stored(finish, slot.message) is not None:
+            self.life.commits.finished(slot)
+        self.life.metrics.parked.set(self.parking.count)
+
+
+#: One line a minute for decisions of another VM (local mode), with the count.
+_SKIPPED_LOG = RateLimitedLog(log, every=60.0)
+
+
+def _skipped(decision: Decision, router: LocalRouter | FleetRouter, metrics: ApproverMetrics) -> Result:
+    """Another VM's approver acts on it (local mode): no audit here, but never unseen, since a
+    target no VM has is skipped by every approver (one line a minute, with the count)."""
+    metrics.skipped.labels("otherVm").inc()
+    _SKIPPED_LOG.log(
+        "decision for another VM skipped (its own approver acts on it)",
+        decisionId=decision.decision_id,
+        target=decision.target,
+        thisVm=sorted(router.this_vm() or ()) if isinstance(router, LocalRouter) else None,
+    )
+    return {"outcome": "skipped", "reason": "otherVm"}
+
+
+def validated(slot: Slot, policy: ValidationPolicy, now: float) -> Decision:
+    """The decision in the slot's message once every check passed; :class:`DecisionRefused`
+    otherwise. Nothing here raises anything else: a message that cannot be read is a refusal,
+    never a retry (a poison message must not wedge the source)."""
+    payload = slot.message.payload
+    if len(payload) > MAX_MESSAGE_BYTES:
+        raise DecisionRefused("tooLarge", f"message of {len(payload)} bytes (at most {MAX_MESSAGE_BYTES})")
+    if slot.fields is None:
+        raise DecisionRefused("schema", "message is not a JSON object")
+    try:
+        strict = loads_strict(payload)  # I-JSON: no member twice (bridge.decisions)
+    except ValueError as exc:
+        raise DecisionRefused("schema", f"not I-JSON: {exc}") from None
+    try:
+        return validate(strict, policy, now)
+    except DecisionRefused:
+        raise
+    except Exception as exc:  # a check that could not run proves nothing: refuse
+        raise DecisionRefused("schema", f"cannot be validated: {type(exc).__name__}: {exc}") from None
 
 
 def _chunks(prepared: list[Prepared]) -> list[list[Prepared]]:

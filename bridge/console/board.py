@@ -495,7 +495,9 @@ class Board:
             event = self._events.get(event_id.upper())
             return event if event is not None and event.status == "Scheduled" else None
 
-    def history(self, days: float | None = None, group: str = "", now: float | None = None) -> dict[str, Any]:
+    def history(
+        self, days: float | None = None, group: str = "", now: float | None = None
+    ) -> dict[str, object]:
         """Closed events per day and type, notice given and approval lead time, for the last days
         (``group``: a resource group's or a scale set's VMs only)."""
         now = time.time() if now is None else now
@@ -575,7 +577,7 @@ class History:
         ):
             self._rows.popitem(last=False)
 
-    def summary(self, days: float, names: set[str] | None, now: float) -> dict[str, Any]:
+    def summary(self, days: float, names: set[str] | None, now: float) -> dict[str, object]:
         """The history page's figures (``names``: only events naming one of these VMs)."""
         since = now - days * 86400
         rows = [_closure(e) for e in self._rows.values() if (e.ended_at or 0) >= since]

@@ -234,12 +234,12 @@ def test_the_standbys_copy_leaves_arm_to_the_owner_and_is_dropped_once_the_owner
     owner = lifecycle.Prepared(0, owner_slot, decision, {})
     standby = lifecycle.Prepared(1, standby_slot, decision, {})
     owner_slot.unreached = standby_slot.unreached = lifecycle.ARM_AFTER - 1
-    assert rig.life._may_fall_back([owner]) is True
-    assert rig.life._may_fall_back([standby]) is False  # the owner's turn first
+    assert rig.life.parked.may_fall_back([owner]) is True
+    assert rig.life.parked.may_fall_back([standby]) is False  # the owner's turn first
     standby_slot.unreached = lifecycle.ARM_AFTER + lifecycle.STANDBY_ARM_EXTRA - 1
-    assert rig.life._may_fall_back([standby]) is True  # the owner is gone, after all
+    assert rig.life.parked.may_fall_back([standby]) is True  # the owner is gone, after all
     finished.add(str(standby_slot.message.position))
-    assert rig.life._may_fall_back([standby]) is False  # the owner did it: never a second ARM call
+    assert rig.life.parked.may_fall_back([standby]) is False  # the owner did it: never a second ARM call
     assert rig.life.resubmit(standby_slot) is True and standby_slot.done  # dropped, not relayed again
     rig.life.expire_parked(standby_slot)
     assert rig.outcomes() == []  # no audit of its own: the owner's is the decision's one outcome
