@@ -42,12 +42,10 @@ Why it is built this way:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import threading
 import time
-import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -60,16 +58,14 @@ from bridge.streams.eventhubs_options import (
     OWNER,
     parse_source_spec,
 )
-from bridge.streams.eventhubs_store import STORE_OPTIONS, StoreHealth, stable_owner_store
+from bridge.streams.eventhubs_store import Checkpoints
 from bridge.support.fsutil import ensure_private_dir, write_atomic
 from bridge.support.redaction import redact
-from bridge.transports.azure import EXTRA_HINT
 from bridge.transports.eventhubs import (
     Abandoned,
     HubConnection,
     abandon,
     call_with_deadline,
-    identity_error,
     one_line,
 )
 
@@ -110,7 +106,7 @@ class EventHubsSource(DecisionSource):
         self._where = self.connection.where
         digest = hashlib.sha256(f"{self._where}/{self.consumer_group}".lower().encode()).hexdigest()[:12]
         ensure_private_dir(state_dir)
-        self._owner_path = state_dir / f"source-eventhubs-{digest}.owner"
+        owner_path = state_dir / f"source-eventhubs-{digest}.owner"
         self._positions_path = state_dir / f"source-eventhubs-{digest}.positions"
         self._cond = threading.Condition()
         self._queue: deque[tuple[str, int, str, bytes]] = deque()  # partition, sequence, offset, body
@@ -123,70 +119,37 @@ class EventHubsSource(DecisionSource):
         # Partitions claimed (ownership, /metrics): replaced under the lock, never mutated, so the HTTP
         # thread reads a consistent set without taking the lock.
         self._owned: frozenset[str] = frozenset()
-        self._health = StoreHealth()
         self._closing = False
         self._client: Any = None
         self._thread: threading.Thread | None = None
-        self._store: Any = None  # the SDK's (stable owner id), None without a checkpoint store
-        self._committer: Any = None  # our own store client for update_checkpoint
-        self._sdk_store: Any = None  # the blob store inside self._store
-        self._store_where = ""
-        self._positions: dict[str, dict[str, Any]] = {}
+        #: The checkpoint store (bridge.streams.eventhubs_store); None: positions in the state directory.
+        self._checkpoints = (
+            Checkpoints(
+                self.source_options,
+                self.connection,
+                owner_path,
+                self.hub,
+                self.name,
+                self.options.open_timeout,
+            )
+            if self.source_options.has_store
+            else None
+        )
+        # The SDK's store (stable owner id) and the source's own client for update_checkpoint.
+        self._store = self._checkpoints.store if self._checkpoints is not None else None
+        self._committer = self._checkpoints.committer if self._checkpoints is not None else None
+        self._store_where = self._checkpoints.where if self._checkpoints is not None else ""
+        self._positions = _read_positions(self._positions_path) if self._checkpoints is None else {}
         self._opened_at: float | None = None
-        if self.source_options.has_store:
-            self._build_stores()
-            self._check_store()
-        else:
-            self._positions = self._read_positions()
-        self._check_hub()
+        if self._checkpoints is not None:
+            self._checkpoints.check(self.consumer_group)
+        self._client = _reachable_client(self)
 
     @classmethod
     def create(cls, spec: str, state_dir: Path, group: str) -> EventHubsSource:
         return cls(spec, state_dir, group=group)
 
     # -- building ---------------------------------------------------------------------------------
-
-    def _owner_id(self) -> str:
-        try:
-            owner = self._owner_path.read_text().strip()
-        except FileNotFoundError:
-            owner = ""
-        if not owner:
-            owner = str(uuid.uuid4())
-            write_atomic(self._owner_path, owner.encode() + b"\n")
-        return owner
-
-    def _new_store(self) -> Any:
-        try:
-            from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
-        except ImportError as exc:
-            raise OWNER.refuse(
-                f"the checkpoint store needs azure-eventhub-checkpointstoreblob ({exc}); {EXTRA_HINT}"
-            ) from None
-        so = self.source_options
-        assert so.container is not None
-        if so.account_url is not None:
-            return BlobCheckpointStore(
-                so.account_url, so.container, credential=self.connection.azure_credential(), **STORE_OPTIONS
-            )
-        assert so.checkpoint is not None
-        text = so.checkpoint.resolve(OWNER).strip()
-        try:
-            return BlobCheckpointStore.from_connection_string(text, so.container, **STORE_OPTIONS)
-        except (ValueError, TypeError, KeyError) as exc:
-            # The SDK's parse errors are generic, but never echo anything derived from the secret.
-            raise OWNER.refuse(
-                f"the checkpoint connection string is not usable ({type(exc).__name__})"
-            ) from None
-
-    def _build_stores(self) -> None:
-        self._committer = self._new_store()
-        container = getattr(self._committer, "_container_client", None)  # its URL, for messages only
-        self._store_where = redact(
-            str(getattr(container, "url", self.source_options.container)).split("?")[0]
-        )
-        self._sdk_store = self._new_store()
-        self._store = stable_owner_store(self._sdk_store, self._owner_id(), self._health)
 
     def _build_client(self) -> Any:
         """A new consumer client (connects lazily: building it contacts nothing)."""
@@ -200,105 +163,6 @@ class EventHubsSource(DecisionSource):
         )
 
     # -- start-up checks --------------------------------------------------------------------------
-
-    def _check_store(self) -> None:
-        """List this hub's checkpoints (one request on the container): a refused credential or a
-        missing container is permanent, anything else is retried later."""
-        timeout = self.options.open_timeout
-
-        def check() -> Any:
-            return self._committer.list_checkpoints("se-bridge-start-check", self.hub, self.consumer_group)
-
-        try:
-            call_with_deadline(check, timeout, "eventhubs-source-check")
-        except Abandoned as stuck:
-            abandon(stuck.thread, None)
-            self._store_unreachable(f"no answer within {timeout:g} s")
-        except Exception as exc:
-            permanent, detail = self._classify_store_error(exc)
-            if permanent:
-                raise OWNER.refuse(f"checkpoint store {self._store_where}: {detail}") from None
-            self._store_unreachable(detail)
-
-    def _classify_store_error(self, exc: BaseException) -> tuple[bool, str]:
-        """(permanent, detail) of a failed container check."""
-        identity = identity_error(exc)  # Entra ID's refusal, or the account's (storage raises it too)
-        if identity is not None:
-            status = getattr(identity, "status_code", None)
-            if type(identity).__name__ == "CredentialUnavailableError" or status in (400, 401, 403):
-                return True, (
-                    "credential refused (no Entra ID token, or the storage account refused the key or the "
-                    f"identity: check the Storage Blob Data Contributor role): {one_line(identity)}"
-                )
-            return False, f"token request failed: {one_line(identity)}"
-        status = getattr(exc, "status_code", None)
-        if status in (401, 403):
-            return True, (
-                "credential refused by the storage account (check the key, or the Storage Blob Data "
-                f"Contributor role on the container): {one_line(exc)}"
-            )
-        if status == 404:
-            return True, (
-                f"container {self.source_options.container!r} not found (the infrastructure creates it; "
-                f"the source does not): {one_line(exc)}"
-            )
-        return False, one_line(exc)
-
-    def _store_unreachable(self, detail: str) -> None:
-        self._health.failure = f"unreachable at start: {detail}"
-        log.warning(
-            "checkpoint store unreachable at start; the source retries every load balancing round",
-            extra={
-                "source": self.name,
-                "store": self._store_where,
-                "error": redact(detail),
-                "retryEvery": self.source_options.load_balancing_interval,
-            },
-        )
-
-    def _check_hub(self) -> None:
-        """The hub's properties through a consumer client, classified like the sink does at start."""
-        client = self._build_client()
-        timeout = self.options.open_timeout
-        try:
-            props = call_with_deadline(client.get_eventhub_properties, timeout, "eventhubs-source-check")
-        except Abandoned as stuck:
-            abandon(stuck.thread, client)
-            self._hub_unreachable(f"no answer within {timeout:g} s")
-            return
-        except Exception as exc:
-            abandon(None, client)
-            error = self.connection.classify(exc, SourceError, opening=True)
-            if not error.retryable:
-                raise OWNER.refuse(str(error)) from None
-            self._hub_unreachable(str(error))
-            return
-        self._client = client
-        log.info(
-            "event hub reachable",
-            extra={
-                "source": self.name,
-                "hub": self.hub,
-                "consumerGroup": self.consumer_group,
-                "partitions": len((props or {}).get("partition_ids") or []),
-                "checkpoints": self._store_where or "state directory",
-            },
-        )
-
-    def _hub_unreachable(self, detail: str) -> None:
-        log.warning(
-            "event hubs namespace unreachable at start; the source retries",
-            extra={"source": self.name, "error": redact(detail)},
-        )
-
-    # -- local positions (no checkpoint store) ----------------------------------------------------
-
-    def _read_positions(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = orjson.loads(self._positions_path.read_bytes())
-        except (FileNotFoundError, orjson.JSONDecodeError):
-            return {}
-        return {str(k): v for k, v in data.items() if isinstance(v, dict) and "offset" in v}
 
     # -- receiving --------------------------------------------------------------------------------
 
@@ -388,14 +252,8 @@ class EventHubsSource(DecisionSource):
     def _on_partition_initialize(self, context: Any) -> None:
         with self._cond:
             self._owned = self._owned | {str(context.partition_id)}
-        log.info(
-            "partition claimed",
-            extra={
-                "source": self.name,
-                "partition": context.partition_id,
-                "consumerGroup": self.consumer_group,
-            },
-        )
+        extra = {"source": self.name, "partition": context.partition_id, "consumerGroup": self.consumer_group}
+        log.info("partition claimed", extra=extra)
 
     def _on_partition_close(self, context: Any, reason: Any) -> None:
         partition = str(context.partition_id)
@@ -406,14 +264,8 @@ class EventHubsSource(DecisionSource):
             self._queue = deque(item for item in self._queue if item[0] != partition)
             self._seen[partition] = self._handed.get(partition, -1)
             self._cond.notify_all()
-        log.info(
-            "partition released",
-            extra={
-                "source": self.name,
-                "partition": partition,
-                "reason": getattr(reason, "name", str(reason)),
-            },
-        )
+        why = getattr(reason, "name", str(reason))
+        log.info("partition released", extra={"source": self.name, "partition": partition, "reason": why})
 
     # -- the standby (bridge.approver.standby) ----------------------------------------------------
 
@@ -426,23 +278,18 @@ class EventHubsSource(DecisionSource):
 
     def group_progress(self) -> dict[str, int]:
         """The group's checkpoints (the sequence number of each partition's last finished event)."""
-        if self._committer is None:
+        if self._checkpoints is None:
             return {}
-        namespace = getattr(self._client, "_address", None)
-        namespace = getattr(namespace, "hostname", None) or self.options.namespace
-        try:
-            checkpoints = self._committer.list_checkpoints(namespace, self.hub, self.consumer_group)
-        except Exception as exc:
-            raise SourceError(
-                f"eventhubs source {self.name}: checkpoints unreadable: {one_line(exc)}", retryable=True
-            ) from None
-        return {str(c["partition_id"]): int(c["sequence_number"]) for c in checkpoints}
+        address = getattr(self._client, "_address", None)
+        return self._checkpoints.progress(
+            getattr(address, "hostname", None) or self.options.namespace, self.consumer_group
+        )
 
     def _take_error_locked(self) -> str | None:
         if self._errors:
             return self._errors.popleft()
-        if self._health.failure is not None:
-            return f"checkpoint store {self._store_where}: {self._health.failure}"
+        if self._checkpoints is not None and self._checkpoints.health.failure is not None:
+            return f"checkpoint store {self._store_where}: {self._checkpoints.health.failure}"
         return None
 
     def poll(self, timeout: float) -> list[Message]:
@@ -538,10 +385,52 @@ class EventHubsSource(DecisionSource):
                 log.debug("closing the consumer failed", extra={"error": one_line(exc)})
         if thread is not None:
             thread.join(10.0)
-        for store in (self._committer, self._sdk_store):
-            if store is not None:
-                with contextlib.suppress(Exception):
-                    store.close()
+        if self._checkpoints is not None:
+            self._checkpoints.close()
+
+
+def _reachable_client(source: EventHubsSource) -> Any:
+    """A consumer client once the hub's properties answered, classified like the sink does at
+    start: a permanent refusal stops the start (exit 2); anything else is logged and retried (None)."""
+    client = source._build_client()
+    timeout = source.options.open_timeout
+    try:
+        props = call_with_deadline(client.get_eventhub_properties, timeout, "eventhubs-source-check")
+    except Exception as exc:
+        if isinstance(exc, Abandoned):
+            abandon(exc.thread, client)
+            detail = f"no answer within {timeout:g} s"
+        else:
+            abandon(None, client)
+            error = source.connection.classify(exc, SourceError, opening=True)
+            if not error.retryable:
+                raise OWNER.refuse(str(error)) from None
+            detail = str(error)
+        log.warning(
+            "event hubs namespace unreachable at start; the source retries",
+            extra={"source": source.name, "error": redact(detail)},
+        )
+        return None
+    log.info(
+        "event hub reachable",
+        extra={
+            "source": source.name,
+            "hub": source.hub,
+            "consumerGroup": source.consumer_group,
+            "partitions": len((props or {}).get("partition_ids") or []),
+            "checkpoints": source._store_where or "state directory",
+        },
+    )
+    return client
+
+
+def _read_positions(path: Path) -> dict[str, dict[str, Any]]:
+    """This instance's own positions (no checkpoint store): the state directory's file."""
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, dict) and "offset" in v}
 
 
 def standby_group(group: str) -> str:
