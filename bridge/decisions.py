@@ -54,6 +54,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
 
+from bridge.schemas import JsonObject, JsonValue
 from bridge.signing import MIN_KEY_BYTES, KeyRing
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ class DecisionRefused(Exception):
         self.authentic = authentic
 
 
-def canonical(decision: dict[str, Any]) -> bytes:
+def canonical(decision: Mapping[str, Any]) -> bytes:
     """RFC 8785 canonical JSON of the decision without its signature (see the module docstring).
     A value RFC 8785 cannot represent (NaN, an integer beyond 2**53) is a ``ValueError``."""
     import rfc8785
@@ -86,18 +87,19 @@ def canonical(decision: dict[str, Any]) -> bytes:
         raise ValueError(f"not canonicalizable (RFC 8785): {exc}") from None
 
 
-def loads_strict(payload: bytes) -> Any:
+def loads_strict(payload: bytes) -> JsonValue:
     """JSON whose objects repeat no member (I-JSON); ``ValueError`` naming the first repeated one."""
 
-    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def no_repeats(pairs: list[tuple[str, JsonValue]]) -> JsonObject:
+        out: JsonObject = {}
         for key, value in pairs:
             if key in out:
                 raise ValueError(f"member {key[:64]!r} appears twice in one object")
             out[key] = value
         return out
 
-    return json.loads(payload, object_pairs_hook=no_repeats)
+    parsed: JsonValue = json.loads(payload, object_pairs_hook=no_repeats)
+    return parsed
 
 
 #: What signs a decision: an Ed25519 private key, or (migration only) an HMAC key's bytes.
@@ -145,7 +147,7 @@ def _public_from_pem(data: bytes, where: str) -> PublicKey:
     return PublicKey(der[len(_ED25519_SPKI_PREFIX) :])
 
 
-def sign(decision: dict[str, Any], key_id: str, key: SigningKey) -> dict[str, Any]:
+def sign(decision: Mapping[str, JsonValue], key_id: str, key: SigningKey) -> JsonObject:
     """``decision`` with its ``signature``: Ed25519 for a private key, HMAC-SHA256 for bytes."""
     body = canonical(decision)
     if isinstance(key, bytes):
@@ -290,10 +292,10 @@ def new_decision(
     reason: str | None = None,
     now: float | None = None,
     action: str = "approve",
-) -> dict[str, Any]:
+) -> JsonObject:
     issued = datetime.now(UTC) if now is None else datetime.fromtimestamp(now, UTC)
     expires = datetime.fromtimestamp(issued.timestamp() + ttl, UTC)
-    decision: dict[str, Any] = {
+    decision: JsonObject = {
         "schemaVersion": 1,
         "recordType": "decision",
         "decisionId": str(uuid.uuid4()),

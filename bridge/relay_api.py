@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, TypeGuard, cast, get_args
+from typing import Literal, cast, get_args
 
 import orjson
 
-from bridge.schemas import load_schema
+from bridge.schemas import JsonObject, load_schema
 
 #: The relay itself: approvals in, StartRequests out.
 START_REQUESTS_PATH = "/v1/start-requests"
@@ -79,8 +79,8 @@ class EventResult:
     result: Result
     detail: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"eventId": self.event_id, "result": self.result}
+    def to_json(self) -> JsonObject:
+        body: JsonObject = {"eventId": self.event_id, "result": self.result}
         if self.detail is not None:
             body["detail"] = self.detail
         return body
@@ -135,9 +135,9 @@ class RelayAnswer:
     path: str | None = None
     arm_correlation_id: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The answer as the agent sends it (and its ledger keeps it)."""
-        body: dict[str, Any] = {
+        body: JsonObject = {
             "decisionId": self.decision_id,
             "outcome": self.outcome,
             "reason": self.reason,
@@ -205,8 +205,9 @@ def _field_limits() -> dict[str, tuple[int, int]]:
 FIELD_LIMITS = _field_limits()
 
 
-def fits(name: str, value: Any) -> TypeGuard[str]:
-    """Whether ``value`` is a string within the decision schema's bounds for ``name``."""
+def fits(name: str, value: object) -> bool:
+    """Whether ``value`` is a string within the decision schema's bounds for ``name`` (a check, not
+    a narrowing: a TypeGuard narrows its first argument, the name)."""
     low, high = FIELD_LIMITS[name]
     return isinstance(value, str) and low <= len(value) <= high
 
@@ -224,13 +225,13 @@ class RelayDecision:
     target: str | None = None
     issued_by: str | None = None
     expires_at: str | None = None  # RFC 3339, as the decision has it: the agent checks it too
-    coordination: dict[str, Any] | None = field(default=None, compare=False)
+    coordination: JsonObject | None = field(default=None, compare=False)
     #: The signed decision itself (``decision`` in the body): the agent proves it with its own public
     #: keys and takes the event, target and expiry from it, never from the fields above (issue 31).
-    proof: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    proof: JsonObject | None = field(default=None, compare=False, repr=False)
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"decisionId": self.decision_id, "eventIds": list(self.event_ids)}
+    def to_json(self) -> JsonObject:
+        body: JsonObject = {"decisionId": self.decision_id, "eventIds": list(self.event_ids)}
         for key, value in (
             ("target", self.target),
             ("issuedBy", self.issued_by),
@@ -248,7 +249,7 @@ class RelayDecision:
         return None if self.expires_at is None else _timestamp(self.expires_at)
 
     @classmethod
-    def from_json(cls, body: Any) -> RelayDecision:
+    def from_json(cls, body: object) -> RelayDecision:
         """Parse and bound one decision of a request; :class:`RelayRequestError` names what is wrong."""
         if not isinstance(body, dict):
             raise RelayRequestError("body must be a JSON object")
@@ -284,13 +285,13 @@ class RelayDecision:
         )
 
 
-def request_body(decisions: list[dict[str, Any]]) -> dict[str, Any]:
+def request_body(decisions: list[JsonObject]) -> JsonObject:
     """The body that relays ``decisions`` (each a :meth:`RelayDecision.to_json`): one is sent as
     itself, several as ``{"decisions": [...]}``."""
-    return decisions[0] if len(decisions) == 1 else {"decisions": decisions}
+    return decisions[0] if len(decisions) == 1 else {"decisions": [d for d in decisions]}
 
 
-def parse_request(body: Any) -> tuple[list[RelayDecision], bool]:
+def parse_request(body: object) -> tuple[list[RelayDecision], bool]:
     """The decisions of a request and whether it was a list (answered with ``{"answers": [...]}``)."""
     if not (isinstance(body, dict) and "decisions" in body):
         return [RelayDecision.from_json(body)], False
@@ -303,7 +304,7 @@ def parse_request(body: Any) -> tuple[list[RelayDecision], bool]:
     return parsed, True
 
 
-def _timestamp(value: Any) -> float:
+def _timestamp(value: object) -> float:
     """A decision's ``expiresAt`` (RFC 3339, as the decision schema has it), checked by the agent
     too: a decision that waited for this agent (down, restarting) must not be approved after it
     expired."""
@@ -313,7 +314,7 @@ def _timestamp(value: Any) -> float:
         raise RelayRequestError("expiresAt must be an RFC 3339 date and time") from None
 
 
-def _coordination(account: Any) -> dict[str, Any] | None:
+def _coordination(account: object) -> JsonObject | None:
     """A coordinator's account of whom it waited for (bridge.coordination), copied to the audit
     record: bounded, and only in the shape the approval schema gives it (an audit record is never
     made invalid by a caller). Only an authenticated caller gets this far (the access policy)."""

@@ -12,12 +12,32 @@ decision in ``bench/fleet_bench.py``'s burst; ``jsonschema-rs`` checks the same 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
+
+#: A JSON value as orjson reads and writes it: what records, decisions and relay bodies are made of.
+#: The contract modules (relay_api, the agent's relay, records) type their JSON with it instead of
+#: ``Any`` (mypy's disallow_any_explicit holds there: issue 32).
+JsonValue: TypeAlias = "str | int | float | bool | list[JsonValue] | dict[str, JsonValue] | None"
+#: A JSON object.
+JsonObject: TypeAlias = "dict[str, JsonValue]"
+
+
+def json_list(items: Iterable[JsonValue]) -> list[JsonValue]:
+    """``items`` as a JSON array (a ``list[str]`` is no ``list[JsonValue]`` to mypy: lists are
+    invariant; an iterable is not)."""
+    return list(items)
+
+
+def json_object(fields: Mapping[str, JsonValue]) -> JsonObject:
+    """``fields`` as a JSON object (a ``dict[str, str]`` is no ``JsonObject`` to mypy, a mapping is)."""
+    return dict(fields)
+
 
 # recordType -> schema file. Every record the bridge writes or reads has one.
 SCHEMAS = {
@@ -56,7 +76,7 @@ def _validator(filename: str, part: str | None = None) -> Any:
     return jsonschema_rs.Draft202012Validator(schema, validate_formats=True)
 
 
-def validate_record(record: Any) -> list[str]:
+def validate_record(record: object) -> list[str]:
     """Every schema violation of ``record`` as readable text (empty list: valid)."""
     if not isinstance(record, dict):
         return ["record is not a JSON object"]
@@ -66,7 +86,7 @@ def validate_record(record: Any) -> list[str]:
     return validate_document(record, filename)
 
 
-def validate_document(document: Any, filename: str, part: str | None = None) -> list[str]:
+def validate_document(document: object, filename: str, part: str | None = None) -> list[str]:
     """Every violation of ``document`` against the schema in ``filename`` (or against the schema of
     its property ``part``: a block a caller hands in to be copied into a record), as readable text."""
     validator = _validator(filename, part)

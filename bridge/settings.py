@@ -35,9 +35,9 @@ class ConfigError(ValueError):
 # -- value parsers (raise ValueError with a short explanation) ---------------------------------------
 
 
-def number(low: float, high: float) -> Callable[[Any], float]:
-    def parse(value: Any) -> float:
-        if isinstance(value, bool):
+def number(low: float, high: float) -> Callable[[object], float]:
+    def parse(value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise ValueError("expected a number")
         v = float(value)
         if not low <= v <= high:
@@ -47,9 +47,11 @@ def number(low: float, high: float) -> Callable[[Any], float]:
     return parse
 
 
-def integer(low: int, high: int) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
+def integer(low: int, high: int) -> Callable[[object], int]:
+    def parse(value: object) -> int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError("expected a whole number")
+        if not isinstance(value, int | float | str):
             raise ValueError("expected a whole number")
         v = int(value)
         if not low <= v <= high:
@@ -59,7 +61,7 @@ def integer(low: int, high: int) -> Callable[[Any], int]:
     return parse
 
 
-def size(value: Any) -> int:
+def size(value: object) -> int:
     """Bytes, with an optional K/M/G (binary) suffix: ``64M``."""
     if isinstance(value, int) and not isinstance(value, bool):
         v = value
@@ -80,21 +82,21 @@ def format_size(value: int) -> str:
     return str(value)
 
 
-def known_api_version(value: Any) -> str:
+def known_api_version(value: object) -> str:
     v = str(value).strip()
     if v not in API_VERSIONS:
         raise ValueError(f"expected one of {', '.join(API_VERSIONS)}")
     return v
 
 
-def imds_base_url(value: Any) -> str:
+def imds_base_url(value: object) -> str:
     v = str(value).strip().rstrip("/")
     if not v.startswith("http://") or len(v) <= len("http://"):
         raise ValueError("expected http://host[:port] (IMDS is plain HTTP on a link-local address)")
     return v
 
 
-def listen_address(value: Any) -> str:
+def listen_address(value: object) -> str:
     v = str(value).strip()
     if v in ("", "off", "none"):
         return ""
@@ -106,14 +108,14 @@ def listen_address(value: Any) -> str:
     return v
 
 
-def level_name(value: Any) -> str:
+def level_name(value: object) -> str:
     v = str(value).strip().lower()
     if v not in ("debug", "info", "warning", "error"):
         raise ValueError("expected debug, info, warning or error")
     return v
 
 
-def boolean(value: Any) -> bool:
+def boolean(value: object) -> bool:
     if isinstance(value, bool):
         return value
     v = str(value).strip().lower()
@@ -124,8 +126,8 @@ def boolean(value: Any) -> bool:
     raise ValueError("expected true or false")
 
 
-def choice(*allowed: str) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
+def choice(*allowed: str) -> Callable[[object], str]:
+    def parse(value: object) -> str:
         v = str(value).strip().lower()
         if v not in allowed:
             raise ValueError(f"expected one of {', '.join(allowed)}")
@@ -134,7 +136,7 @@ def choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
-def key_spec(value: Any) -> str:
+def key_spec(value: object) -> str:
     v = text(value)
     key_id, sep, file = v.partition("=")
     if not sep or not key_id or not file:
@@ -142,39 +144,39 @@ def key_spec(value: Any) -> str:
     return v
 
 
-def optional_key_spec(value: Any) -> str | None:
+def optional_key_spec(value: object) -> str | None:
     return key_spec(value) if optional_text(value) else None
 
 
-def auto_approve_rule(value: Any) -> str:
+def auto_approve_rule(value: object) -> str:
     """The rule's text, once :class:`bridge.rules.ApprovalRule` could parse it (the agent parses it
     again when it builds its policy; refusing here names the setting and the source)."""
     ApprovalRule.parse(text(value))
     return text(value)
 
 
-def peer_spec(value: Any) -> str:
+def peer_spec(value: object) -> str:
     name, sep, url = text(value).partition("=")
     if not sep or not name.strip() or not url.startswith(("http://", "https://")):
         raise ValueError("expected NAME=URL with an http:// or https:// URL")
     return f"{name.strip().lower()}={url.strip()}"
 
 
-def https_url(value: Any) -> str:
+def https_url(value: object) -> str:
     v = str(value).strip().rstrip("/")
     if not v.startswith("https://") or len(v) <= len("https://"):
         raise ValueError("expected https://host[:port] (ARM is only spoken over TLS)")
     return v
 
 
-def arm_scope_spec(value: Any) -> str:
+def arm_scope_spec(value: object) -> str:
     from bridge.azure_ids import parse_allowed_scope
 
     parse_allowed_scope(text(value))
     return text(value).rstrip("/")
 
 
-def guid_text(value: Any) -> str:
+def guid_text(value: object) -> str:
     """A subscription id: a GUID, lower case (it reaches a request body, never unchecked)."""
     import re
 
@@ -186,19 +188,19 @@ def guid_text(value: Any) -> str:
     return v
 
 
-def optional_text(value: Any) -> str | None:
+def optional_text(value: object) -> str | None:
     v = str(value).strip() if value is not None else ""
     return v or None
 
 
-def text(value: Any) -> str:
+def text(value: object) -> str:
     v = str(value).strip()
     if not v:
         raise ValueError("must not be empty")
     return v
 
 
-def path(value: Any) -> Path:
+def path(value: object) -> Path:
     return Path(text(value)).expanduser()
 
 

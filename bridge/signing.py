@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from bridge.schemas import JsonObject, JsonValue
 from bridge.support.fsutil import append_durably, write_atomic
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ _SIGNATURE = re.compile(r"sha256=[0-9a-f]{64}")
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 
-def _object_mac(key: bytes, kind: bytes, body: dict[str, Any]) -> str:
+def _object_mac(key: bytes, kind: bytes, body: Mapping[str, object]) -> str:
     """HMAC-SHA256 of a JSON object, keys sorted (orjson, recursively), prefixed by its ``kind``
     (``record.``, ``answer.``) so that a signature of one kind of object never proves another."""
     return hmac.new(
@@ -61,11 +62,11 @@ def _object_mac(key: bytes, kind: bytes, body: dict[str, Any]) -> str:
     ).hexdigest()
 
 
-def _sign_object(key_id: str, key: bytes, kind: bytes, body: dict[str, Any]) -> dict[str, Any]:
+def _sign_object(key_id: str, key: bytes, kind: bytes, body: Mapping[str, JsonValue]) -> JsonObject:
     return {**body, "signature": {"keyId": key_id, "value": _object_mac(key, kind, body)}}
 
 
-def _proven_object(keys: KeyRing, kind: bytes, signed: Any) -> dict[str, Any]:
+def _proven_object(keys: KeyRing, kind: bytes, signed: object) -> JsonObject:
     """``signed`` without its signature once a known key proves it; ``PermissionError`` saying why
     (named after ``kind``) otherwise."""
     what = kind.decode()
@@ -81,14 +82,14 @@ def _proven_object(keys: KeyRing, kind: bytes, signed: Any) -> dict[str, Any]:
     return body
 
 
-def sign_record(key_id: str, key: bytes, record: dict[str, Any]) -> dict[str, Any]:
+def sign_record(key_id: str, key: bytes, record: Mapping[str, JsonValue]) -> JsonObject:
     """``record`` signed by its producer (Azure's channel, bridge.azure): records on the events stream
     are written by every agent, so a consumer that *acts* on one (the fleet approver's ARM path) must
     know it came from the service it trusts. Any ``signature`` it had is replaced."""
     return _sign_object(key_id, key, b"record", {k: v for k, v in record.items() if k != "signature"})
 
 
-def verify_record(keys: KeyRing, record: dict[str, Any]) -> dict[str, Any]:
+def verify_record(keys: KeyRing, record: object) -> JsonObject:
     """The record without its signature once proven by a known key; ``PermissionError`` otherwise."""
     return _proven_object(keys, b"record", record)
 
@@ -176,8 +177,8 @@ def sign_request(
 
 
 def sign_peer_answer(
-    private: Any, nonce: str, answer: dict[str, Any], now: float | None = None
-) -> dict[str, Any]:
+    private: Any, nonce: str, answer: Mapping[str, JsonValue], now: float | None = None
+) -> JsonObject:
     """``answer`` signed by this agent's own Ed25519 key (:mod:`bridge.agent.peerkeys`) for the request
     whose nonce was ``nonce``; the public key rides along for the asker to pin (issue 31: the relay key,
     which every agent holds, let any of them answer in another peer's name)."""
@@ -190,7 +191,7 @@ def sign_peer_answer(
     return {**body, "signature": {"alg": "Ed25519", "value": private.sign(signed).hex()}}
 
 
-def verify_peer_answer(nonce: str, answer: Any, now: float | None = None) -> dict[str, Any]:
+def verify_peer_answer(nonce: str, answer: object, now: float | None = None) -> JsonObject:
     """The answer (with its ``answerKey``) once its Ed25519 signature under the key it carries is
     proven, for that nonce, within the replay window; ``PermissionError`` otherwise. Whose key it is
     the caller decides (a pin: :class:`bridge.agent.peerkeys.PeerPins`)."""

@@ -11,13 +11,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bridge import records
 from bridge.imds.instance import VmIdentity
 from bridge.pipeline import Outbox, RecordMeta
 from bridge.pipeline.storing import REFUSED
 from bridge.relay_api import RelayAnswer
+from bridge.schemas import JsonObject
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +30,7 @@ class RelayMetrics(Protocol):
     """What the relay counts (bridge.agent.metrics.AgentMetrics has it)."""
 
     @property
-    def relay_requests(self) -> Any: ...  # a prometheus Counter labelled (outcome, reason)
+    def relay_requests(self) -> Counter: ...  # labelled (outcome, reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +41,10 @@ class DecisionMeta:
     target: str | None = None
     issued_by: str | None = None
     expires_at: float | None = None  # Unix time
-    coordination: dict[str, Any] | None = field(default=None, compare=False)
+    coordination: JsonObject | None = field(default=None, compare=False)
 
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {}
+    def to_json(self) -> JsonObject:
+        body: JsonObject = {}
         for key, value in (
             ("target", self.target),
             ("issuedBy", self.issued_by),

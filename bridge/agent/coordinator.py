@@ -223,12 +223,13 @@ class PeerCoordinator:
             )
             self._asked("unproven")
             return
-        if not isinstance(answer.get("preparations"), dict):
+        preparations = answer.get("preparations")
+        if not isinstance(preparations, dict):
             self._asked("unanswered")
             return
         self._asked("answered")
         last_seen[name] = time.monotonic()
-        entry = answer["preparations"].get(event_id)
+        entry = preparations.get(event_id)
         result = entry.get("result") if isinstance(entry, dict) else None
         reports[name] = result if result in (coordination.PREPARED, coordination.PREPARE_FAILED) else None
 

@@ -45,6 +45,7 @@ from datetime import datetime
 from typing import Literal
 
 from bridge.imds.document import SCHEDULED, STARTED, EventsDocument, ScheduledEvent
+from bridge.schemas import JsonObject
 
 #: The ``change`` of a record (the table above; record.v1.schema.json lists the same words).
 Transition = Literal[
@@ -61,7 +62,7 @@ class Change:
     previous_status: str | None
     event_status: str | None  # None: the event is gone
 
-    def to_json(self) -> dict[str, str | None]:
+    def to_json(self) -> JsonObject:
         return {
             "eventId": self.event_id,
             "change": self.change,

@@ -240,7 +240,7 @@ class Poller:
             log.error("cannot save baseline.json", extra={"error": str(err)})
         previous, self.baseline, self._last_body = self.baseline, doc, resp.body
         self._baseline_from_disk = False
-        self._count(previous, doc, changes, record["recordId"])
+        self._count(previous, doc, changes, str(record["recordId"]))
         for listener in self.listeners:  # after the record is durable: notify before acting
             try:
                 listener(previous, doc, changes)

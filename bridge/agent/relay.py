@@ -38,6 +38,7 @@ from bridge.imds.client import ImdsClient
 from bridge.imds.document import EventsDocument, ScheduledEvent
 from bridge.imds.instance import VmIdentity
 from bridge.relay_api import EventResult, RelayAnswer, RelayDecision, RelayRequestError, parse_request
+from bridge.schemas import JsonObject
 from bridge.support.observability import ErrorStreak
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ REFRESH_TIMEOUT = 2.0
 NO_DOCUMENT = "no Scheduled Events document observed yet; try again"
 
 #: What :meth:`Relay.handle` answers: an HTTP status and its JSON body.
-Reply = tuple[int, dict[str, object]]
+Reply = tuple[int, JsonObject]
 
 
 class DocumentView(Protocol):

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, get_args
+from typing import TypeVar, get_args
 
 from bridge import records
 from bridge.approver.dispatch import Slot
@@ -23,6 +23,7 @@ from bridge.decisions import Decision
 from bridge.pipeline import Outbox, OutboxWriteError, RecordMeta
 from bridge.pipeline.storing import until_stored
 from bridge.relay_api import EventResult, Outcome, RelayAnswer, fits
+from bridge.schemas import JsonObject
 from bridge.signing import sign_record
 from bridge.streams import Message
 from bridge.support.observability import ErrorStreak
@@ -83,19 +84,21 @@ class AuditWriter:
 
     def finish(
         self,
-        decision: Decision | dict[str, Any] | None,
+        decision: Decision | Mapping[str, object] | None,
         message: Message,
         ending: Ending,
         *,
         record_final: bool = True,
         sync: bool = True,
-        coordination: dict[str, Any] | None = None,
+        coordination: JsonObject | None = None,
         unverified: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> JsonObject:
         """Append the decision's audit record (and, ``record_final``, its final outcome in the
         store). ``decision``: a :class:`Decision` proven valid, or the raw object of one refused
         after its signature was proven (its bounded fields are its own), or None."""
-        claims: dict[str, Any] = decision.claims() if isinstance(decision, Decision) else (decision or {})
+        claims: Mapping[str, object] = (
+            decision.claims() if isinstance(decision, Decision) else (decision or {})
+        )
         audit = _audit_record(claims, message, ending, record_final, coordination, unverified)
         if self.signer is not None:
             audit = sign_record(*self.signer, audit)
@@ -103,17 +106,16 @@ class AuditWriter:
         # re-reads the message and ends with the same outcome. ``sync=False`` (a lane's chunk): the
         # caller syncs the outbox, then the store, before committing.
         self.outbox.append(RecordMeta.of(audit), records.encode(audit), sync=sync)
-        if record_final and audit["decisionId"]:
-            self.store.final(
-                audit["decisionId"], message.position, audit["outcome"], ending.reason, sync=sync
-            )
-        self.metrics.decisions.labels(audit["outcome"], ending.reason or "ok").inc()
+        decision_id, outcome, event_ids = audit["decisionId"], str(audit["outcome"]), audit["eventIds"]
+        if record_final and isinstance(decision_id, str) and decision_id:
+            self.store.final(decision_id, message.position, outcome, ending.reason, sync=sync)
+        self.metrics.decisions.labels(outcome, ending.reason or "ok").inc()
         log.log(
-            logging.INFO if audit["outcome"] == "approved" else logging.WARNING,
-            f"decision {audit['outcome']}",
+            logging.INFO if outcome == "approved" else logging.WARNING,
+            f"decision {outcome}",
             extra={
-                "decisionId": audit["decisionId"],
-                "eventId": audit["eventIds"][0] if audit["eventIds"] else None,
+                "decisionId": decision_id,
+                "eventId": event_ids[0] if isinstance(event_ids, list) and event_ids else None,
                 "reason": ending.reason,
                 "detail": audit["detail"],
                 "relay": ending.relay,
@@ -134,7 +136,7 @@ class AuditWriter:
             self.streak.success()
         return result
 
-    def synced(self, done: list[tuple[Slot, dict[str, Any]]]) -> bool:
+    def synced(self, done: list[tuple[Slot, JsonObject]]) -> bool:
         """One fsync for a chunk's audit records. When it fails, the frames may be gone from the
         disk for good (Linux reports a failed writeback once and forgets the pages), so syncing again
         proves nothing: each audit record is appended again the durable way (same ``recordId``; a
@@ -156,11 +158,11 @@ class AuditWriter:
 MAX_REASON = 2048
 
 
-def _reason(value: Any) -> str | None:
+def _reason(value: object) -> str | None:
     return value if isinstance(value, str) and 0 < len(value) <= MAX_REASON else None
 
 
-def claims_of(raw: dict[str, Any] | None) -> dict[str, str] | None:
+def claims_of(raw: Mapping[str, object] | None) -> dict[str, str] | None:
     """What an unproven message says of itself, bounded as the decision schema bounds it: the
     audit's ``unverified`` part (to find the real decision it may imitate), never its identity."""
     if raw is None:
@@ -174,19 +176,19 @@ def claims_of(raw: dict[str, Any] | None) -> dict[str, str] | None:
 
 
 def _audit_record(
-    claims: dict[str, Any],
+    claims: Mapping[str, object],
     message: Message,
     ending: Ending,
     record_final: bool,
-    coordination: dict[str, Any] | None,
+    coordination: JsonObject | None,
     unverified: dict[str, str] | None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The audit record of a decision whose ``claims`` are these: only what fits the decision
     schema's bounds reaches it (a 5 MB decisionId is refused, not stored or echoed)."""
 
     def text(key: str) -> str | None:
         value = claims.get(key)
-        return value if fits(key, value) else None
+        return value if isinstance(value, str) and fits(key, value) else None
 
     event_id = text("eventId")
     results = list(ending.results) or ([EventResult(event_id, "refused", ending.reason)] if event_id else [])

@@ -32,7 +32,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -46,6 +45,7 @@ from bridge.approver.store import DecisionStore
 from bridge.decisions import Decision, DecisionRefused, ValidationPolicy, loads_strict, validate
 from bridge.pipeline import OutboxFull, OutboxWriteError
 from bridge.relay_api import RelayAnswer, RelayDecision
+from bridge.schemas import JsonObject
 from bridge.streams import Message
 from bridge.support.observability import RateLimitedLog
 from bridge.support.retry import Backoff
@@ -75,7 +75,7 @@ STANDBY_ARM_EXTRA = 4
 #: Longest wait between two tries of a parked decision (a restarted agent is reached within it).
 PARKED_MAX_DELAY = 2.0
 
-Result = dict[str, Any]  # a message's final result: its audit record, or a skip / re-read
+Result = JsonObject  # a message's final result: its audit record, or a skip / re-read
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +85,7 @@ class Prepared:
     index: int  # in its batch
     slot: Slot
     decision: Decision
-    body: dict[str, Any]  # the relay request's entry (bridge.relay_api.RelayDecision)
+    body: JsonObject  # the relay request's entry (bridge.relay_api.RelayDecision)
 
 
 class DecisionLife:
@@ -261,13 +261,13 @@ class DecisionLife:
         answer: RelayAnswer,
         *,
         sync: bool = True,
-        coordination: dict[str, Any] | None = None,
+        coordination: JsonObject | None = None,
     ) -> Result:
         ending = Ending.of_answer(answer)
         return self.audit.finish(decision, message, ending, sync=sync, coordination=coordination)
 
     def relay(
-        self, decision: Decision, body: dict[str, Any], *, fallback: bool = True
+        self, decision: Decision, body: JsonObject, *, fallback: bool = True
     ) -> tuple[RelayAnswer | None, Unreached | None]:
         return self.relayer.relay([decision], [body], fallback=fallback)[0]
 

@@ -13,13 +13,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any
 
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient, RelayUnavailable
 from bridge.decisions import Decision
 from bridge.eligibility import check_event
 from bridge.relay_api import EventResult, Outcome, RelayAnswer
+from bridge.schemas import JsonObject
 from bridge.support.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Relayer:
         self.arm_mode = arm_mode if arm is not None else "off"
 
     def relay(
-        self, decisions: list[Decision], bodies: list[dict[str, Any]], *, fallback: bool = True
+        self, decisions: list[Decision], bodies: list[JsonObject], *, fallback: bool = True
     ) -> list[tuple[RelayAnswer | None, Unreached | None]]:
         """Relay decisions for one VM in one request (their order kept), to each candidate agent in
         turn (fleet failover), ``attempts`` rounds; ``(None, Unreached)`` for each when none answered

@@ -22,7 +22,6 @@ import logging
 import ssl
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import orjson
 
@@ -35,6 +34,7 @@ from bridge.records.ids import AZURE_EVENT, PREPARATION, RECONCILIATION, SCHEDUL
 from bridge.records.reader import Reader, Record
 from bridge.records.scheduled_events import ScheduledEvents
 from bridge.relay_api import DOCUMENT_PATH, START_REQUESTS_PATH, RelayAnswer, RelayAnswerError, request_body
+from bridge.schemas import JsonObject
 from bridge.signing import KeyRing, sign_request
 from bridge.streams import DecisionSource
 from bridge.streams.follow import follow
@@ -112,14 +112,14 @@ class RelayClient:
         self._http_timeout = (min(CONNECT_TIMEOUT, timeout), timeout)
         self._verify: str | bool = ca_file or True  # TLS verification is never off
 
-    def start_requests(self, relay_url: str, body: dict[str, Any]) -> RelayAnswer:
+    def start_requests(self, relay_url: str, body: JsonObject) -> RelayAnswer:
         """Relay one decision; its answer, read once (:meth:`RelayAnswer.from_json`)."""
         status, answer = self._post(relay_url, body)
         if status != 200 or not isinstance(answer, dict):
             return _refused_by_agent(body, status, answer)
         return _read_answer(body, answer)
 
-    def start_requests_many(self, relay_url: str, bodies: list[dict[str, Any]]) -> list[RelayAnswer]:
+    def start_requests_many(self, relay_url: str, bodies: list[JsonObject]) -> list[RelayAnswer]:
         """Relay several decisions for one VM in one request (``{"decisions": [...]}``, their order
         kept): the agent checks each and posts their events in one StartRequests. An agent older than
         that answers 400 to the list; each decision is then relayed on its own."""
@@ -135,7 +135,7 @@ class RelayClient:
             raise RelayUnavailable(f"{relay_url}: answer does not hold one answer per decision")
         return [_read_answer(body, a) for body, a in zip(bodies, answers, strict=True)]
 
-    def _post(self, relay_url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    def _post(self, relay_url: str, body: JsonObject) -> tuple[int, object]:
         """POST a relay request; (status, decoded answer). An outage is :class:`RelayUnavailable`."""
         data = orjson.dumps(body)
         headers = {"Content-Type": "application/json"}
@@ -153,7 +153,7 @@ class RelayClient:
         except orjson.JSONDecodeError:
             raise RelayUnavailable(f"{relay_url}: answer is not JSON") from None
 
-    def document(self, relay_url: str) -> dict[str, Any]:
+    def document(self, relay_url: str) -> dict[str, object]:
         """The agent's ``GET /v1/document`` (its VM identity and current events); local callers need
         no token. :class:`RelayUnavailable` when the agent does not answer it."""
         if relay_url.startswith("unix:"):
@@ -254,7 +254,8 @@ class LocalRouter:
 
     def _ask_agent(self, client: RelayClient) -> None:
         try:
-            vm = client.document(self.relay_url).get("vm") or {}
+            block = client.document(self.relay_url).get("vm")
+            vm: dict[str, object] = block if isinstance(block, dict) else {}
         except RelayUnavailable as exc:
             log.debug("this VM's identity is not known yet", extra={"error": str(exc)})
             return
@@ -262,7 +263,8 @@ class LocalRouter:
             str(n).lower() for k in ("name", "vmId", "hostname") if isinstance(n := vm.get(k), str) and n
         }
         if names:
-            self._resource_id = vm.get("resourceId") if isinstance(vm.get("resourceId"), str) else None
+            resource_id = vm.get("resourceId")
+            self._resource_id = resource_id if isinstance(resource_id, str) else None
             self._names = frozenset(names)
             log.info("local approver acts for this VM", extra={"vmNames": sorted(self._names)})
 
@@ -379,7 +381,7 @@ class FleetRouter:
             observe(record)
 
 
-def _refused_by_agent(body: dict[str, Any], status: int, answer: object) -> RelayAnswer:
+def _refused_by_agent(body: JsonObject, status: int, answer: object) -> RelayAnswer:
     """400/401/403/415: the agent refused the request itself; that is an outcome, not an outage."""
     error = answer.get("error") if isinstance(answer, dict) else answer
     return RelayAnswer(
@@ -387,7 +389,7 @@ def _refused_by_agent(body: dict[str, Any], status: int, answer: object) -> Rela
     )
 
 
-def _read_answer(body: dict[str, Any], answer: object) -> RelayAnswer:
+def _read_answer(body: JsonObject, answer: object) -> RelayAnswer:
     """An agent's answer to one decision, read once. One this approver cannot read (another API, a
     bug) is audited ``failed`` with why, never guessed at: the agent's own audit says what it did."""
     try:

@@ -10,6 +10,7 @@ import argparse
 import getpass
 import socket
 import sys
+from collections.abc import Mapping
 
 import orjson
 
@@ -53,7 +54,7 @@ def decide(args: argparse.Namespace) -> int:
     return 0
 
 
-def _doomed(decision: dict[str, object], ttl: float) -> str | None:
+def _doomed(decision: Mapping[str, object], ttl: float) -> str | None:
     """Why no approver could ever accept ``decision`` (the decision schema every approver checks,
     the lifetime bounds), or None. Publishing it would only produce a refusal."""
     from bridge.schemas import validate_document

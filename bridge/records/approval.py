@@ -16,11 +16,12 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bridge.records.fields import Envelope, check, optional_text, stamp, vm_of
+from bridge.records.fields import Envelope, check, optional_text, stamp, text, vm_of
 from bridge.records.ids import APPROVAL, RECORD_NAMESPACE, envelope
 from bridge.relay_api import EventResult
+from bridge.schemas import JsonObject, json_list, json_object
 
 if TYPE_CHECKING:  # the writer's types; readers (sinks, services) never load the IMDS layer
     from bridge.imds.instance import VmIdentity
@@ -46,7 +47,7 @@ def build(
     event_ids: list[str],
     outcome: str,
     reason: str | None,
-    results: list[dict[str, Any]],
+    results: list[JsonObject],
     vm: VmIdentity | None = None,
     api_version: str | None = None,
     target: str | None = None,
@@ -56,26 +57,26 @@ def build(
     start_requests_posted: int | None = None,
     path: str | None = None,
     arm_correlation_id: str | None = None,
-    coordination: dict[str, Any] | None = None,
+    coordination: JsonObject | None = None,
     record_id: str | None = None,
     unverified: dict[str, str] | None = None,
     decision_reason: str | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """One approval attempt, by the agent's relay (with its VM and how many StartRequests it posted)
     or by the approver (``vm`` null: the decision may never have reached an agent; ``record_id``
     from :func:`approver_record_id`)."""
-    record: dict[str, Any] = {
+    record: JsonObject = {
         **envelope(APPROVAL, record_id or str(uuid.uuid4()), time.time(), vm, api_version),
         "component": component,
         "decisionId": decision_id,
-        "eventIds": event_ids,
+        "eventIds": json_list(event_ids),
         "target": target,
         "issuedBy": issued_by,
         "requester": requester,
         "outcome": outcome,
         "reason": reason,
         "detail": detail,
-        "results": results,
+        "results": json_list(results),
     }
     if start_requests_posted is not None:
         record["startRequestsPosted"] = start_requests_posted
@@ -88,7 +89,7 @@ def build(
     if decision_reason is not None:  # why the person decided, as they signed it (issue 33)
         record["decisionReason"] = decision_reason
     if unverified is not None:  # what a message refused before it was proven claimed to be
-        record["unverified"] = unverified
+        record["unverified"] = json_object(unverified)
     return record
 
 
@@ -114,30 +115,28 @@ class Approval(Envelope):
     signed_by: str | None = None
 
 
-def read(raw: Mapping[str, Any], signed_by: str | None = None) -> Approval:
-    check(raw, SCHEMA)
+def read(raw: Mapping[str, object], signed_by: str | None = None) -> Approval:
+    f = check(raw, SCHEMA)
     vm = raw.get("vm")
-    coordination = raw.get("coordination")
+    coordination = f.opt_obj("coordination")
+    unverified = f.opt_obj("unverified")
     return Approval(
-        record_id=raw["recordId"],
+        record_id=f.string("recordId"),
         observed_at=stamp(raw["observedAt"]),
         vm=None if vm is None else vm_of(vm),
-        component=raw["component"],
+        component=f.string("component"),
         decision_id=optional_text(raw["decisionId"], 128),
-        event_ids=tuple(raw.get("eventIds") or ()),
+        event_ids=tuple(f.strings("eventIds")),
         target=optional_text(raw.get("target"), 128),
         issued_by=optional_text(raw.get("issuedBy"), 256),
         requester=optional_text(raw.get("requester"), 256),
-        outcome=raw["outcome"],
+        outcome=f.string("outcome"),
         reason=optional_text(raw.get("reason"), 128),
         detail=optional_text(raw.get("detail"), 500),
-        results=tuple(
-            EventResult(r["eventId"], r["result"], optional_text(r.get("detail"), 500))
-            for r in raw["results"]
-        ),
+        results=tuple(EventResult.from_json(dict(r.raw)) for r in f.objs("results")),
         path=optional_text(raw.get("path"), 16),
         decision_reason=optional_text(raw.get("decisionReason"), 2048),
-        coordination=coordination,
-        unverified=dict(raw.get("unverified") or {}),
+        coordination=None if coordination is None else coordination.raw,
+        unverified={k: text(v, 256) for k, v in (unverified.raw if unverified else {}).items()},
         signed_by=signed_by,
     )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from bridge.records.fields import Envelope, VmRef, azure_vm_of, check, stamp, text
 from bridge.records.scheduled_events import EventView, event_of
@@ -40,35 +39,35 @@ class Finding(Envelope):
     signed_by: str | None = None
 
 
-def read_event(raw: Mapping[str, Any], signed_by: str | None = None) -> AzureEvent:
-    check(raw, AZURE_EVENT_SCHEMA)
-    event = raw["event"]
+def read_event(raw: Mapping[str, object], signed_by: str | None = None) -> AzureEvent:
+    f = check(raw, AZURE_EVENT_SCHEMA)
+    event = f.obj("event")
     return AzureEvent(
-        record_id=raw["recordId"],
+        record_id=f.string("recordId"),
         observed_at=stamp(raw["observedAt"]),
         vm=None,
-        event=event_of(event),
-        resource_id=text(event["resourceId"], 1024),
-        parent_id=text(event["parentId"], 1024),
-        vms=tuple(azure_vm_of(v) for v in raw["vms"]),
-        state=raw["state"],
-        late=raw["late"],
+        event=event_of(event.raw),
+        resource_id=text(event.string("resourceId"), 1024),
+        parent_id=text(event.string("parentId"), 1024),
+        vms=tuple(azure_vm_of(v.raw) for v in f.objs("vms")),
+        state=f.string("state"),
+        late=f.boolean("late"),
         signed_by=signed_by,
     )
 
 
-def read_finding(raw: Mapping[str, Any], signed_by: str | None = None) -> Finding:
-    check(raw, RECONCILIATION_SCHEMA)
-    vm = raw["vm"]
+def read_finding(raw: Mapping[str, object], signed_by: str | None = None) -> Finding:
+    f = check(raw, RECONCILIATION_SCHEMA)
+    vm = f.opt_obj("vm")
     return Finding(
-        record_id=raw["recordId"],
+        record_id=f.string("recordId"),
         observed_at=stamp(raw["observedAt"]),
-        vm=None if vm is None else azure_vm_of(vm),
-        finding=raw["finding"],
-        event_id=sys.intern(raw["eventId"]),
-        azure_state=raw["azureState"],
-        agent_vms=tuple(raw["agentVms"]),
-        grace_seconds=float(raw["graceSeconds"]),
+        vm=None if vm is None else azure_vm_of(vm.raw),
+        finding=f.string("finding"),
+        event_id=sys.intern(f.string("eventId")),
+        azure_state=f.opt_string("azureState"),
+        agent_vms=tuple(f.strings("agentVms")),
+        grace_seconds=f.number("graceSeconds"),
         detail=text(raw["detail"], 500),
         signed_by=signed_by,
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from bridge.schemas import validate_document
 from bridge.support.timeutil import epoch_of
@@ -47,13 +47,77 @@ class RecordInvalid(ValueError):
         self.reason: RefusalReason = reason
 
 
-def check(raw: Mapping[str, object], schema_file: str, part: str | None = None) -> None:
-    """``raw`` against the schema in ``schema_file`` (or its property ``part``'s); a violation is
-    :class:`RecordInvalid` naming the paths, not the values (a record may carry a secret by mistake)."""
+def check(raw: Mapping[str, object], schema_file: str, part: str | None = None) -> Fields:
+    """``raw`` against the schema in ``schema_file`` (or its property ``part``'s), as typed
+    :class:`Fields`; a violation is :class:`RecordInvalid` naming the paths, not the values (a record
+    may carry a secret by mistake)."""
     errors = validate_document(raw, schema_file, part)
     if errors:
         paths = sorted({e.split(":", 1)[0] for e in errors})
         raise RecordInvalid("schema", f"{len(errors)} violation(s) at {', '.join(paths[:5])}")
+    return Fields(raw)
+
+
+class Fields:
+    """A schema-checked JSON object, read field by field with its type: the schema said what each
+    is, and each getter checks it again (a schema and a reader that drift apart refuse the record,
+    they never hand a wrong type on)."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: Mapping[str, object]) -> None:
+        self.raw = raw
+
+    def _get(self, key: str, kind: type | tuple[type, ...]) -> object:
+        value = self.raw.get(key)
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _kinds(kind)):
+            raise RecordInvalid("schema", f"{key}: not a {_kind_name(kind)}")
+        return value
+
+    def string(self, key: str) -> str:
+        return cast(str, self._get(key, str))
+
+    def opt_string(self, key: str) -> str | None:
+        return None if self.raw.get(key) is None else self.string(key)
+
+    def integer(self, key: str) -> int:
+        return cast(int, self._get(key, int))
+
+    def opt_integer(self, key: str) -> int | None:
+        return None if self.raw.get(key) is None else self.integer(key)
+
+    def number(self, key: str) -> float:
+        return float(cast(float, self._get(key, (int, float))))
+
+    def boolean(self, key: str) -> bool:
+        return cast(bool, self._get(key, bool))
+
+    def obj(self, key: str) -> Fields:
+        return Fields(cast("Mapping[str, object]", self._get(key, Mapping)))
+
+    def opt_obj(self, key: str) -> Fields | None:
+        return None if self.raw.get(key) is None else self.obj(key)
+
+    def objs(self, key: str) -> list[Fields]:
+        return [Fields(cast("Mapping[str, object]", item)) for item in self._list(key, Mapping)]
+
+    def strings(self, key: str) -> list[str]:
+        return [cast(str, item) for item in self._list(key, str)]
+
+    def _list(self, key: str, kind: type) -> list[object]:
+        value = self.raw.get(key)
+        items = value if isinstance(value, list) else [] if value is None else None
+        if items is None or not all(isinstance(item, kind) for item in items):
+            raise RecordInvalid("schema", f"{key}: not a list of {kind.__name__}")
+        return items
+
+
+def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    return "/".join(k.__name__ for k in _kinds(kind))
 
 
 def text(value: object, limit: int = 4096) -> str:

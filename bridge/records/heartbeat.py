@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bridge.records.fields import Envelope, check, stamp, vm_of
 from bridge.records.ids import HEARTBEAT, derived_id, envelope
+from bridge.schemas import JsonObject
 
 if TYPE_CHECKING:  # the writer's types; readers (sinks, services) never load the IMDS layer
     from bridge.imds.document import EventsDocument
@@ -25,7 +26,7 @@ def build(
     imds_ok: bool,
     interval: float,
     now: float,
-) -> dict[str, Any]:
+) -> JsonObject:
     """One per interval, its id derived from the VM and the interval's number, so a heartbeat sent
     again after a crash is the same."""
     slot = int(now // interval)
@@ -46,14 +47,14 @@ class Heartbeat(Envelope):
     imds_ok: bool
 
 
-def read(raw: Mapping[str, Any]) -> Heartbeat:
-    check(raw, SCHEMA)
+def read(raw: Mapping[str, object]) -> Heartbeat:
+    f = check(raw, SCHEMA)
     return Heartbeat(
-        record_id=raw["recordId"],
+        record_id=f.string("recordId"),
         observed_at=stamp(raw["observedAt"]),
         vm=vm_of(raw["vm"]),
-        interval=float(raw["intervalSeconds"]),
-        incarnation=raw["documentIncarnation"],
-        open_events=raw["openEvents"],
-        imds_ok=raw["imdsOk"],
+        interval=f.number("intervalSeconds"),
+        incarnation=f.opt_integer("documentIncarnation"),
+        open_events=f.integer("openEvents"),
+        imds_ok=f.boolean("imdsOk"),
     )

@@ -5,11 +5,13 @@ same thing gets the same id after a crash, a restart or a resend, and consumers 
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import orjson
 
 from bridge import __version__
+from bridge.schemas import JsonObject
 from bridge.support.timeutil import rfc3339
 
 if TYPE_CHECKING:  # the writer's types; readers (sinks, services) never load the IMDS layer
@@ -40,9 +42,9 @@ def envelope(
     observed_at: float,
     vm: VmIdentity | None,
     api_version: str | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """The fields every record shares (what :meth:`bridge.pipeline.RecordMeta.of` routes on)."""
-    source = {"agentVersion": __version__}
+    source: JsonObject = {"agentVersion": __version__}
     if api_version is not None:
         source["apiVersion"] = api_version
     return {
@@ -55,6 +57,6 @@ def envelope(
     }
 
 
-def encode(record: dict[str, Any]) -> bytes:
+def encode(record: Mapping[str, object]) -> bytes:
     """One line of JSON (orjson escapes control characters, so no raw newline can appear)."""
     return orjson.dumps(record)

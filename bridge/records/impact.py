@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bridge.records.fields import Envelope, check, optional_int, stamp, text, vm_of
 from bridge.records.ids import IMPACT, derived_id, envelope
@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # the writer's types; readers (sinks, services) never load th
 SCHEMA = "impact.v1.schema.json"
 
 
-def build(vm: VmIdentity, event_id: str, measured: dict[str, Any], now: float) -> dict[str, Any]:
+def build(vm: VmIdentity, event_id: str, measured: Mapping[str, object], now: float) -> dict[str, object]:
     """``measured`` as :mod:`bridge.agent.impact` measured it."""
     return {
         **envelope(IMPACT, derived_id(vm.key, "impact", event_id.upper()), now, vm),
@@ -37,18 +37,18 @@ class Impact(Envelope):
     down_seconds: float | None
 
 
-def read(raw: Mapping[str, Any]) -> Impact:
-    check(raw, SCHEMA)
+def read(raw: Mapping[str, object]) -> Impact:
+    f = check(raw, SCHEMA)
     pause, down = raw["pauseSeconds"], raw["downSeconds"]
     return Impact(
-        record_id=raw["recordId"],
+        record_id=f.string("recordId"),
         observed_at=stamp(raw["observedAt"]),
         vm=vm_of(raw["vm"]),
-        event_id=raw["eventId"],
+        event_id=f.string("eventId"),
         event_type=text(raw["eventType"], 64),
-        ending=raw["ending"],
+        ending=f.string("ending"),
         advertised_duration=optional_int(raw["advertisedDurationSeconds"]),
-        pause_seconds=None if pause is None else float(pause),
-        rebooted=raw["rebooted"],
-        down_seconds=None if down is None else float(down),
+        pause_seconds=None if pause is None else f.number("pauseSeconds"),
+        rebooted=f.boolean("rebooted"),
+        down_seconds=None if down is None else f.number("downSeconds"),
     )

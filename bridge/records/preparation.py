@@ -7,10 +7,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bridge.records.fields import Envelope, check, names, optional_int, optional_text, stamp, text, vm_of
+from bridge.records.fields import Envelope, check, names, optional_text, stamp, text, vm_of
 from bridge.records.ids import PREPARATION, derived_id, envelope
+from bridge.schemas import JsonObject, json_list
 
 if TYPE_CHECKING:  # the writer's types; readers (sinks, services) never load the IMDS layer
     from bridge.imds.instance import VmIdentity
@@ -21,11 +22,11 @@ SCHEMA = "preparation.v1.schema.json"
 
 def build(
     vm: VmIdentity,
-    event: dict[str, Any],
+    event: JsonObject,
     result: str,
-    hook: dict[str, Any] | None,
+    hook: JsonObject | None,
     observed_at: float,
-) -> dict[str, Any]:
+) -> JsonObject:
     """``event`` as :meth:`ScheduledEvent.to_json` gives it; ``hook`` its run (``result``,
     ``exitCode``, ``seconds``) or None without a hook."""
     event_id = str(event["eventId"])
@@ -34,7 +35,7 @@ def build(
         "eventId": event_id,
         "eventType": event.get("eventType") or "",
         "notBefore": event.get("notBefore"),
-        "resources": list(event.get("resources") or []),
+        "resources": json_list(resources if isinstance(resources := event.get("resources"), list) else []),
         "result": result,
         "hook": hook,
     }
@@ -60,19 +61,19 @@ class Preparation(Envelope):
     hook: HookRun | None
 
 
-def read(raw: Mapping[str, Any]) -> Preparation:
-    check(raw, SCHEMA)
-    hook = raw["hook"]
+def read(raw: Mapping[str, object]) -> Preparation:
+    f = check(raw, SCHEMA)
+    hook = f.opt_obj("hook")
     return Preparation(
-        record_id=raw["recordId"],
+        record_id=f.string("recordId"),
         observed_at=stamp(raw["observedAt"]),
         vm=vm_of(raw["vm"]),
-        event_id=sys.intern(raw["eventId"]),
+        event_id=sys.intern(f.string("eventId")),
         event_type=text(raw["eventType"], 64),
         not_before=optional_text(raw["notBefore"], 64),
         resources=names(raw["resources"]),
-        result=raw["result"],
+        result=f.string("result"),
         hook=None
         if hook is None
-        else HookRun(hook["result"], optional_int(hook["exitCode"]), float(hook["seconds"])),
+        else HookRun(hook.string("result"), hook.opt_integer("exitCode"), hook.number("seconds")),
     )

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -29,6 +29,9 @@ from bridge.records.ids import (
     SCHEDULED_EVENTS,
 )
 from bridge.signing import KeyRing, verify_record
+
+if TYPE_CHECKING:
+    from prometheus_client.core import CounterMetricFamily
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ MAX_RECORD_BYTES = 256 * 1024
 LOG_EVERY = 60.0
 
 
-def _signer(keys: KeyRing, raw: Mapping[str, Any]) -> str | None:
+def _signer(keys: KeyRing, raw: Mapping[str, object]) -> str | None:
     """The key id a record's signature verifies with; None when unsigned or not proven."""
     if not keys or not isinstance(raw.get("signature"), Mapping):
         return None
@@ -70,7 +73,8 @@ def _signer(keys: KeyRing, raw: Mapping[str, Any]) -> str | None:
         verify_record(keys, dict(raw))
     except PermissionError:
         return None
-    return str(raw["signature"]["keyId"])
+    signature = raw.get("signature")
+    return str(signature.get("keyId")) if isinstance(signature, Mapping) else None
 
 
 class Reader:
@@ -95,7 +99,7 @@ class Reader:
             (t, r): 0 for t in (*TYPES, "unknown") for r in REFUSAL_REASONS
         }
         self._logged: dict[tuple[str, str], tuple[float, int]] = {}
-        self._readers: dict[str, Callable[[Mapping[str, Any]], Record]] = {
+        self._readers: dict[str, Callable[[Mapping[str, object]], Record]] = {
             SCHEDULED_EVENTS: scheduled_events.read,
             HEARTBEAT: heartbeat.read,
             PREPARATION: preparation.read,
@@ -105,7 +109,7 @@ class Reader:
             RECONCILIATION: lambda raw: azure.read_finding(raw, _signer(self.azure_keys, raw)),
         }
 
-    def _approval(self, raw: Mapping[str, Any]) -> approval.Approval:
+    def _approval(self, raw: Mapping[str, object]) -> approval.Approval:
         signed = _signer(self.approver_keys, raw) if raw.get("component") == "approver" else None
         return approval.read(raw, signed)
 
@@ -136,7 +140,7 @@ class Reader:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # the schema let it through
             return self._refused(Refused(str(kind), "schema", type(exc).__name__))
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[CounterMetricFamily]:
         """``se_bridge_records_refused_total{recordType,reason}``: register the reader itself with a
         Prometheus registry (labels bounded: the known types and ``unknown``, five reasons)."""
         from prometheus_client.core import CounterMetricFamily

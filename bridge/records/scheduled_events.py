@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bridge.records.fields import (
     Envelope,
@@ -21,6 +21,7 @@ from bridge.records.fields import (
     vm_of,
 )
 from bridge.records.ids import SCHEDULED_EVENTS, derived_id, envelope
+from bridge.schemas import JsonObject, json_list
 
 if TYPE_CHECKING:  # the writer's types; readers (sinks, services) never load the IMDS layer
     from bridge.imds.document import EventsDocument
@@ -33,7 +34,7 @@ SCHEMA = "record.v1.schema.json"
 class Transition(Protocol):
     """One event's change between two documents (``bridge.agent.diff.Change``)."""
 
-    def to_json(self) -> dict[str, Any]: ...
+    def to_json(self) -> JsonObject: ...
 
 
 def record_id(vm_key: str, previous: EventsDocument | None, current: EventsDocument) -> str:
@@ -44,7 +45,7 @@ def record_id(vm_key: str, previous: EventsDocument | None, current: EventsDocum
     return derived_id(vm_key, before, f"{current.incarnation}:{current.digest}")
 
 
-def events_view(vm: VmIdentity, document: EventsDocument) -> list[dict[str, Any]]:
+def events_view(vm: VmIdentity, document: EventsDocument) -> list[JsonObject]:
     """The document's events as records carry them: normalized, with ``affectsThisVm``."""
     vm_names = vm.names()
     return [{**e.to_json(), "affectsThisVm": vm.affects(e.resources, vm_names)} for e in document.events]
@@ -56,20 +57,20 @@ def build(
     current: EventsDocument,
     changes: Iterable[Transition],
     observed_at: float,
-) -> dict[str, Any]:
+) -> JsonObject:
     return {
         **envelope(
             SCHEDULED_EVENTS, record_id(vm.key, previous, current), observed_at, vm, current.api_version
         ),
         "documentIncarnation": current.incarnation,
         "previousIncarnation": None if previous is None else previous.incarnation,
-        "events": events_view(vm, current),
-        "changes": [c.to_json() for c in changes],
+        "events": json_list(events_view(vm, current)),
+        "changes": json_list(c.to_json() for c in changes),
         "raw": current.raw,
     }
 
 
-def document_view(vm: VmIdentity, document: EventsDocument, observed_at: float) -> dict[str, Any]:
+def document_view(vm: VmIdentity, document: EventsDocument, observed_at: float) -> JsonObject:
     """``GET /v1/document``: the current document, as a record would show it."""
     from bridge.support.timeutil import rfc3339
 
@@ -77,7 +78,7 @@ def document_view(vm: VmIdentity, document: EventsDocument, observed_at: float) 
         "observedAt": rfc3339(observed_at),
         "documentIncarnation": document.incarnation,
         "vm": vm.to_record(),
-        "events": events_view(vm, document),
+        "events": json_list(events_view(vm, document)),
     }
 
 
@@ -121,7 +122,7 @@ class ScheduledEvents(Envelope):
         return next((c for c in self.changes if c.event_id.upper() == wanted), None)
 
 
-def event_of(item: Mapping[str, Any]) -> EventView:
+def event_of(item: Mapping[str, object]) -> EventView:
     """An event block (the shape of record.v1's ``$defs/event``, also Azure's channel's ``event``)."""
     return EventView(
         event_id=sys.intern(str(item["eventId"])),
@@ -136,23 +137,23 @@ def event_of(item: Mapping[str, Any]) -> EventView:
     )
 
 
-def read(raw: Mapping[str, Any]) -> ScheduledEvents:
-    check(raw, SCHEMA)
+def read(raw: Mapping[str, object]) -> ScheduledEvents:
+    f = check(raw, SCHEMA)
     return ScheduledEvents(
-        record_id=raw["recordId"],
+        record_id=f.string("recordId"),
         observed_at=stamp(raw["observedAt"]),
         vm=vm_of(raw["vm"], schema=False),
-        incarnation=raw["documentIncarnation"],
-        previous_incarnation=raw["previousIncarnation"],
-        events=tuple(event_of(e) for e in raw["events"]),
+        incarnation=f.integer("documentIncarnation"),
+        previous_incarnation=f.opt_integer("previousIncarnation"),
+        events=tuple(event_of(e.raw) for e in f.objs("events")),
         changes=tuple(
             ChangeView(
-                event_id=sys.intern(c["eventId"]),
-                change=c["change"],
-                event_type=text(c["eventType"], 64),
-                previous_status=c["previousStatus"],
-                status=c["eventStatus"],
+                event_id=sys.intern(c.string("eventId")),
+                change=c.string("change"),
+                event_type=text(c.string("eventType"), 64),
+                previous_status=c.opt_string("previousStatus"),
+                status=c.opt_string("eventStatus"),
             )
-            for c in raw["changes"]
+            for c in f.objs("changes")
         ),
     )

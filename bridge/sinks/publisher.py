@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Mapping
 
 import orjson
 
@@ -29,7 +30,7 @@ class DecisionPublisher:
     def name(self) -> str:
         return self.sink.name
 
-    def publish(self, decision: dict[str, object], timeout: float = 30.0) -> None:
+    def publish(self, decision: Mapping[str, object], timeout: float = 30.0) -> None:
         """Return once the transport confirmed ``decision``; :class:`SinkError` otherwise."""
         with self._lock:
             if not self._opened:
