@@ -42,6 +42,15 @@ class CoordinationPolicy:
     deadline: float = 120.0  # seconds before NotBefore when a verdict is due
     on_deadline: Literal["approve", "platform"] = "approve"
 
+    @classmethod
+    def of(cls, deadline: float, on_deadline: str) -> CoordinationPolicy:
+        """From settings (``on_deadline`` a word the setting's parser checked; checked again here)."""
+        if on_deadline == "approve":
+            return cls(deadline, "approve")
+        if on_deadline == "platform":
+            return cls(deadline, "platform")
+        raise ValueError(f"on_deadline must be one of {', '.join(DEADLINE_POLICIES)}")
+
     def __post_init__(self) -> None:
         if self.on_deadline not in DEADLINE_POLICIES:
             raise ValueError(f"on_deadline must be one of {', '.join(DEADLINE_POLICIES)}")

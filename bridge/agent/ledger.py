@@ -24,10 +24,10 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import orjson
 
+from bridge.schemas import JsonObject, JsonValue, json_list, json_object
 from bridge.support.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
@@ -35,30 +35,72 @@ log = logging.getLogger(__name__)
 LEDGER_SIZE = 2000
 
 
+@dataclass(frozen=True, slots=True)
+class IntendedDecision:
+    """One decision a POST carries, and what the relay must say of it if the agent dies before IMDS
+    answers: its events in request order, the results of those answered without the POST (refused,
+    already started ...), and what its audit record names (meta, requester, component)."""
+
+    decision_id: str
+    event_ids: list[str]
+    results: dict[str, JsonObject]
+    meta: JsonObject
+    requester: str
+    component: str
+
+    def to_json(self) -> JsonObject:
+        return {
+            "decisionId": self.decision_id,
+            "eventIds": json_list(self.event_ids),
+            "results": json_object(self.results),
+            "meta": self.meta,
+            "requester": self.requester,
+            "component": self.component,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> IntendedDecision | None:
+        """As the intent file kept it; None for an entry of another shape (it is left out)."""
+        if not isinstance(data, dict) or not isinstance(data.get("decisionId"), str):
+            return None
+        events, results, meta = data.get("eventIds"), data.get("results"), data.get("meta")
+        return cls(
+            str(data["decisionId"]),
+            [str(e) for e in events] if isinstance(events, list) else [],
+            {str(e): r for e, r in results.items() if isinstance(r, dict)}
+            if isinstance(results, dict)
+            else {},
+            meta if isinstance(meta, dict) else {},
+            str(data.get("requester", "")),
+            str(data.get("component", "agent")),
+        )
+
+
 @dataclass
 class PostIntent:
-    """A StartRequests POST about to be sent: its events, and for each decision it carries what the
-    relay must say of it if the agent dies before IMDS answers."""
+    """A StartRequests POST about to be sent: its events, and each decision it carries."""
 
     post_id: str
     event_ids: list[str]
-    #: Per decision: ``decisionId``, ``eventIds`` (in request order), ``results`` (the events already
-    #: answered without the POST: refused, already started ...), ``meta`` (target, issuedBy, ...),
-    #: ``requester`` and ``component`` (for its audit record).
-    decisions: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[IntendedDecision] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"post": self.post_id, "eventIds": self.event_ids, "decisions": self.decisions}
+    def to_json(self) -> JsonObject:
+        return {
+            "post": self.post_id,
+            "eventIds": json_list(self.event_ids),
+            "decisions": json_list(d.to_json() for d in self.decisions),
+        }
 
     @classmethod
-    def from_json(cls, data: Any) -> PostIntent | None:
+    def from_json(cls, data: object) -> PostIntent | None:
         if not isinstance(data, dict) or not isinstance(data.get("post"), str):
             return None
         events = data.get("eventIds")
         decisions = data.get("decisions")
         if not isinstance(events, list) or not isinstance(decisions, list):
             return None
-        return cls(data["post"], [str(e) for e in events], [d for d in decisions if isinstance(d, dict)])
+        intended = [IntendedDecision.from_json(d) for d in decisions]
+        return cls(str(data["post"]), [str(e) for e in events], [d for d in intended if d is not None])
 
 
 class DecisionLedger:
@@ -67,30 +109,32 @@ class DecisionLedger:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / "relayed.json"
         self.posting_path = state_dir / "posting.json"
-        self._entries: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        for item in self._read(self.path):
-            if isinstance(item, dict) and isinstance(item.get("decisionId"), str):
-                self._entries[item["decisionId"]] = item
-        intent = PostIntent.from_json(self._read(self.posting_path, default=None))
+        self._entries: OrderedDict[str, JsonObject] = OrderedDict()
+        kept = self._read(self.path)
+        for item in kept if isinstance(kept, list) else []:
+            if isinstance(item, dict) and isinstance(decision_id := item.get("decisionId"), str):
+                self._entries[decision_id] = item
+        intent = PostIntent.from_json(self._read(self.posting_path))
         self._posting = intent if intent is not None and not self._answered(intent) else None
 
     @staticmethod
-    def _read(path: Path, default: Any = ()) -> Any:
+    def _read(path: Path) -> JsonValue:
         try:
-            return orjson.loads(path.read_bytes())
+            data: JsonValue = orjson.loads(path.read_bytes())
+            return data
         except FileNotFoundError:
-            return default
+            return None
         except orjson.JSONDecodeError as exc:
             log.error(f"{path.name} unreadable; starting without it", extra={"error": str(exc)})
-            return default
+            return None
 
     def _answered(self, intent: PostIntent) -> bool:
-        return all(d.get("decisionId") in self._entries for d in intent.decisions)
+        return all(d.decision_id in self._entries for d in intent.decisions)
 
-    def get(self, decision_id: str) -> dict[str, Any] | None:
+    def get(self, decision_id: str) -> JsonObject | None:
         return self._entries.get(decision_id)
 
-    def put_many(self, answers: dict[str, dict[str, Any]]) -> None:
+    def put_many(self, answers: dict[str, JsonObject]) -> None:
         """Record the answers of one batch with one durable write."""
         for decision_id, answer in answers.items():
             self._entries[decision_id] = {"decisionId": decision_id, **answer}
@@ -121,8 +165,12 @@ class DecisionLedger:
         if self._posting is not None and wanted in {e.upper() for e in self._posting.event_ids}:
             return True
         return any(
-            r.get("eventId", "").upper() == wanted and r.get("result") == "approved"
+            str(r.get("eventId", "")).upper() == wanted and r.get("result") == "approved"
             for entry in reversed(self._entries.values())
-            for r in entry.get("results") or ()
-            if isinstance(r, dict)
+            for r in _results(entry)
         )
+
+
+def _results(entry: JsonObject) -> list[JsonObject]:
+    results = entry.get("results")
+    return [r for r in results if isinstance(r, dict)] if isinstance(results, list) else []

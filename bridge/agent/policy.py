@@ -41,17 +41,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import orjson
 
 from bridge import records
 from bridge.agent.coordinator import PeerCoordinator
 from bridge.agent.diff import Change
+from bridge.agent.metrics import AgentMetrics
 from bridge.coordination import PREPARE_FAILED, PREPARED
 from bridge.imds.document import SCHEDULED, EventsDocument, ScheduledEvent
 from bridge.imds.instance import VmIdentity
 from bridge.rules import ApprovalRule
+from bridge.schemas import JsonObject
 from bridge.support.timeutil import rfc3339
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class HookRun:
     def ok(self) -> bool:
         return self.result == "ok"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"result": self.result, "exitCode": self.exit_code, "seconds": round(self.seconds, 3)}
 
 
@@ -98,11 +99,11 @@ class LocalPolicy:
     def __init__(
         self,
         config: PolicyConfig,
-        approve: Callable[[dict[str, Any], str], Any],
+        approve: Callable[[JsonObject, str], object],
         identity: Callable[[], VmIdentity],
-        metrics: Any,
+        metrics: AgentMetrics | None,
         *,
-        publish: Callable[[dict[str, Any]], None] | None = None,
+        publish: Callable[[JsonObject], None] | None = None,
         coordinator: PeerCoordinator | None = None,
     ) -> None:
         self.config = config
@@ -113,9 +114,9 @@ class LocalPolicy:
         self._coordinator = coordinator
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="hook")
         self._handled: set[str] = set()
-        self._prepared: dict[str, dict[str, Any]] = {}  # event id -> {"result", "at"}
+        self._prepared: dict[str, dict[str, str]] = {}  # event id -> {"result", "at"}
 
-    def preparations(self) -> dict[str, dict[str, Any]]:
+    def preparations(self) -> dict[str, dict[str, str]]:
         """This VM's reports per event (``GET /v1/preparations``, what peer coordinators ask)."""
         return dict(self._prepared)
 
@@ -186,7 +187,7 @@ class LocalPolicy:
             return  # the coordinator (fleet approver or peer) approves once every VM is prepared
         if wants_approval:
             requester = f"policy:{rule.text}" if rule else "policy:approve-after-prepare"
-            body = {
+            body: JsonObject = {
                 "decisionId": f"policy-{event.event_id}"[:128],
                 "eventIds": [event.event_id],
                 "target": vm.name,

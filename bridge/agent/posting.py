@@ -18,10 +18,11 @@ import uuid
 from dataclasses import dataclass, field
 
 from bridge.agent.answers import DecisionMeta, RelayAnswers
-from bridge.agent.ledger import DecisionLedger, PostIntent
+from bridge.agent.ledger import DecisionLedger, IntendedDecision, PostIntent
 from bridge.imds.client import ImdsClient, ImdsError
 from bridge.imds.document import SCHEDULED, EventsDocument, ScheduledEvent
 from bridge.relay_api import EventResult, RelayAnswer, RelayAnswerError, outcome_of
+from bridge.schemas import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +113,10 @@ class StartRequestPoster:
         """Note the POST durably before it is sent (bridge.agent.ledger). A disk that refuses the
         note is no reason to refuse the approval: the POST goes out, the risk is logged."""
         decisions = [
-            {"decisionId": c.decision_id, "eventIds": c.event_ids,
-             "results": {e: r.to_json() | {"detail": r.detail} for e, r in c.results.items()},
-             "meta": c.meta.to_json(), "requester": c.requester, "component": c.component}
+            IntendedDecision(
+                c.decision_id, c.event_ids, {e: _kept(r) for e, r in c.results.items()},
+                c.meta.to_json(), c.requester, c.component,
+            )
             for c in batch
             if c.approvable
         ]  # fmt: skip
@@ -180,25 +182,21 @@ class StartRequestPoster:
         events = doc.by_id()
         kept: dict[str, RelayAnswer] = {}
         for d in intent.decisions:
-            event_ids = [str(e) for e in d.get("eventIds") or ()]
-            results = {
-                e: _kept_result(e, r) for e, r in (d.get("results") or {}).items() if isinstance(r, dict)
-            }
+            results = {e: _kept_result(e, r) for e, r in d.results.items()}
             for event_id in intent.event_ids:
-                if event_id in event_ids and event_id not in results:
+                if event_id in d.event_ids and event_id not in results:
                     results[event_id] = _after_restart(event_id, events.get(event_id))
-            ordered = tuple(results[e] for e in event_ids if e in results)
+            ordered = tuple(results[e] for e in d.event_ids if e in results)
             outcome, reason = outcome_of(ordered)
             answer = RelayAnswer(
-                str(d.get("decisionId")), outcome, reason, ordered,
+                d.decision_id, outcome, reason, ordered,
                 document_incarnation=doc.incarnation, start_requests=intent.post_id,
             )  # fmt: skip
             if outcome != "unknown":
                 kept[answer.decision_id] = answer
             self._answers.count(outcome, reason)
             self._answers.audit(
-                str(d.get("component", "agent")), str(d.get("requester", "")), answer, event_ids,
-                DecisionMeta.from_json(d.get("meta")),
+                d.component, d.requester, answer, d.event_ids, DecisionMeta.from_json(d.meta),
                 detail="StartRequests POST sent before the agent stopped, resolved after its restart",
                 start_requests_posted=1,
             )  # fmt: skip
@@ -214,7 +212,12 @@ class StartRequestPoster:
         )
 
 
-def _kept_result(event_id: str, result: dict[str, object]) -> EventResult:
+def _kept(result: EventResult) -> JsonObject:
+    """A result as the intent keeps it (its detail always: null when there is none)."""
+    return result.to_json() | {"detail": result.detail}
+
+
+def _kept_result(event_id: str, result: JsonObject) -> EventResult:
     """A result an intent kept (the events of a decision answered without the POST)."""
     try:
         return EventResult.from_json({**result, "eventId": event_id})

@@ -147,7 +147,8 @@ class Agent:
             )
         elif not prover.keys:
             log.warning(
-                "no decision_key: this agent acts on no relayed decision (only its own local policy approves)"
+                "decision_key is not set, so this agent acts on no relayed decision (only its own local "
+                "policy approves)"
             )
         return prover
 
@@ -192,7 +193,7 @@ class Agent:
             return None if current is None else current.document.by_id().get(event_id)
 
         return PeerCoordinator(
-            CoordinationPolicy(config.coordinate_deadline, config.coordinate_on_deadline),  # type: ignore[arg-type]
+            CoordinationPolicy.of(config.coordinate_deadline, config.coordinate_on_deadline),
             this_vm=lambda: self.identity.current.name,
             event=event,
             own_report=lambda event_id: self.policy.report(event_id) if self.policy else None,

@@ -8,19 +8,20 @@ once, at start, and turns a configuration mistake into one :class:`~bridge.confi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from bridge.approver.arm import ArmAcknowledger
 from bridge.approver.fleet import FleetView
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient
 from bridge.approver.service import Approver
+from bridge.config import ApproverConfig
 from bridge.coordination import CoordinationPolicy
 from bridge.decisions import DecisionKeys, SigningKey, ValidationPolicy, load_signing_key
 from bridge.shell.statedir import lock_state_dir
+from bridge.signing import KeyRing
 from bridge.streams import SourceError, create_source, topology
 
 
-def build_approver(config: Any) -> Approver:
+def build_approver(config: ApproverConfig) -> Approver:
     """From an :class:`bridge.config.ApproverConfig` (flags, TOML, environment)."""
     from bridge.config import ConfigError
     from bridge.signing import KeyRing
@@ -72,7 +73,7 @@ def build_approver(config: Any) -> Approver:
         arm=_arm_acknowledger(config),
         arm_mode=config.arm,
         coordination_policy=(
-            CoordinationPolicy(config.coordinate_deadline, config.coordinate_on_deadline)
+            CoordinationPolicy.of(config.coordinate_deadline, config.coordinate_on_deadline)
             if config.coordinate
             else None
         ),
@@ -90,7 +91,7 @@ def build_approver(config: Any) -> Approver:
     return approver
 
 
-def _coordinator_key(config: Any) -> tuple[str, SigningKey] | None:
+def _coordinator_key(config: ApproverConfig) -> tuple[str, SigningKey] | None:
     """The key the fleet coordinator signs its approvals with: agents act on no unsigned decision,
     so a coordinating approver without one could never approve (refused at start instead)."""
     if not config.coordinate:
@@ -107,7 +108,7 @@ def _coordinator_key(config: Any) -> tuple[str, SigningKey] | None:
     return key_id, key
 
 
-def _check_fleet_only(config: Any) -> None:
+def _check_fleet_only(config: ApproverConfig) -> None:
     """What only a fleet approver does, and what it needs to do it."""
     from bridge.config import ConfigError
 
@@ -125,7 +126,7 @@ def _check_fleet_only(config: Any) -> None:
         )
 
 
-def _fleet_router(config: Any, state_dir: Path) -> FleetRouter:
+def _fleet_router(config: ApproverConfig, state_dir: Path) -> FleetRouter:
     """The fleet approver's router: it learns agents and events from the events stream."""
     from bridge.config import ConfigError
     from bridge.signing import KeyRing
@@ -141,7 +142,7 @@ def _fleet_router(config: Any, state_dir: Path) -> FleetRouter:
     return FleetRouter(learn, config.relay_url_template, view)
 
 
-def _check_relay_signing(config: Any, relay_keys: Any) -> None:
+def _check_relay_signing(config: ApproverConfig, relay_keys: KeyRing) -> None:
     """Refuse to start when every relay request would be refused for want of a key: an agent answers
     unsigned requests with 401 (unless it runs in development mode), and a decision relayed that way
     is spent for nothing. Only a local agent's Unix socket takes unsigned requests (its file mode is
@@ -160,7 +161,7 @@ def _check_relay_signing(config: Any, relay_keys: Any) -> None:
     )
 
 
-def _arm_acknowledger(config: Any) -> ArmAcknowledger | None:
+def _arm_acknowledger(config: ApproverConfig) -> ArmAcknowledger | None:
     """The ARM path when ``--arm`` asks for it (its credential is built, nothing is contacted)."""
     if config.arm == "off":
         return None

@@ -257,7 +257,7 @@ def _event(
     )
 
 
-def _duration(value: Any) -> int | None:
+def _duration(value: object) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -269,9 +269,9 @@ def _duration(value: Any) -> int | None:
     return None
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     return repr(value)[:80]

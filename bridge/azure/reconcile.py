@@ -35,7 +35,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from bridge.azure.events import AzureEvent, VmRef
 from bridge.azure.records import finding_record
@@ -43,6 +43,7 @@ from bridge.azure.tracker import News
 from bridge.records.heartbeat import Heartbeat
 from bridge.records.reader import Record
 from bridge.records.scheduled_events import ScheduledEvents
+from bridge.schemas import JsonObject
 from bridge.shell.journal import Journal
 
 FINAL = frozenset({"Completed", "Canceled"})
@@ -91,7 +92,7 @@ class Reconciler:
 
     # -- inputs ---------------------------------------------------------------------------------------
 
-    def azure(self, event: AzureEvent, news: News, now: float) -> list[dict[str, Any]]:
+    def azure(self, event: AzureEvent, news: News, now: float) -> list[JsonObject]:
         """An observation of Azure's channel; the findings it settles at once (none today: an outcome is
         settled by :meth:`due`, after the grace)."""
         with self._lock:
@@ -138,9 +139,9 @@ class Reconciler:
 
     # -- findings due ---------------------------------------------------------------------------------
 
-    def due(self, now: float) -> list[dict[str, Any]]:
+    def due(self, now: float) -> list[JsonObject]:
         """Findings whose grace ended (each once), and events forgotten after ``retention``."""
-        out: list[dict[str, Any]] = []
+        out: list[JsonObject] = []
         with self._lock:
             while self._checks and self._checks[0][0] <= now:
                 _, _, kind, event_id, key = heapq.heappop(self._checks)
@@ -153,9 +154,7 @@ class Reconciler:
             self._forget(now)
         return out
 
-    def _finding(
-        self, kind: Check, event_id: str, key: str, state: _Event, now: float
-    ) -> dict[str, Any] | None:
+    def _finding(self, kind: Check, event_id: str, key: str, state: _Event, now: float) -> JsonObject | None:
         agents = sorted(state.agent_vms)
         if kind == "outcome":
             ended = str(state.azure_state).lower()
@@ -193,7 +192,7 @@ class Reconciler:
             agent_vms=agents,
         )
 
-    def unwatched(self) -> list[dict[str, Any]]:
+    def unwatched(self) -> list[JsonObject]:
         """The open unwatched VMs: Azure's event not ended, no agent record of it yet."""
         with self._lock:
             return [

@@ -9,12 +9,13 @@ a finding is one ``recordId`` per event, VM and kind.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from bridge import __version__
 from bridge.azure.events import AzureEvent, VmRef
 from bridge.azure.tracker import News
 from bridge.records import SCHEMA_VERSION, derived_id
+from bridge.schemas import JsonObject, json_list
 from bridge.support.timeutil import rfc3339
 
 AZURE_EVENT = "azureScheduledEvent"
@@ -22,7 +23,7 @@ RECONCILIATION = "reconciliation"
 Finding = Literal["unwatched", "outcome", "agentOnly"]
 
 
-def azure_event_record(event: AzureEvent, news: News, observed_at: float) -> dict[str, Any]:
+def azure_event_record(event: AzureEvent, news: News, observed_at: float) -> JsonObject:
     return {
         "schemaVersion": SCHEMA_VERSION,
         "recordType": AZURE_EVENT,
@@ -66,7 +67,7 @@ def finding_record(
     grace_seconds: float,
     azure_state: str | None,
     agent_vms: list[str],
-) -> dict[str, Any]:
+) -> JsonObject:
     key = ("reconciliation", finding, event_id.lower(), vm.key if vm else "", azure_state or "")
     return {
         "schemaVersion": SCHEMA_VERSION,
@@ -78,13 +79,13 @@ def finding_record(
         "eventId": event_id,
         "vm": _vm(vm) if vm else None,
         "azureState": azure_state,
-        "agentVms": agent_vms,
+        "agentVms": json_list(agent_vms),
         "graceSeconds": grace_seconds,
         "detail": detail,
     }
 
 
-def _vm(vm: VmRef) -> dict[str, Any]:
+def _vm(vm: VmRef) -> JsonObject:
     return {
         "name": vm.name,
         "resourceId": vm.resource_id,

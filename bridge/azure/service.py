@@ -36,6 +36,7 @@ from bridge.azure.metrics import AzureChannelMetrics
 from bridge.azure.reconcile import Reconciler
 from bridge.azure.records import azure_event_record
 from bridge.azure.tracker import EventTracker
+from bridge.config_central import AzureChannelConfig
 from bridge.errors import BridgeError
 from bridge.http.apiguard import guarded_listener
 from bridge.http.listener import Listener, Request, Response, json_response, probe_routes
@@ -44,6 +45,7 @@ from bridge.pipeline.storing import until_stored
 from bridge.records import encode
 from bridge.records.ids import HEARTBEAT, SCHEDULED_EVENTS
 from bridge.records.reader import Reader
+from bridge.schemas import JsonObject
 from bridge.shell.service import Shell
 from bridge.signing import load_key_from, sign_record
 from bridge.sinks import Sink, create_sink
@@ -183,7 +185,7 @@ class AzureChannel:
     def _publish(self, messages: list[Message]) -> bool:
         """The records of a poll's messages, durable; False when stopping first (not committed)."""
         now = time.time()
-        out: list[dict[str, Any]] = []
+        out: list[JsonObject] = []
         seen: list[AzureEvent] = []
         for message in messages:
             for item in deliveries(message.payload):
@@ -199,7 +201,7 @@ class AzureChannel:
         log.exception("an Azure channel item could not be read; refused on its own")
         return AzureEventRefused("malformed", f"unreadable: {type(exc).__name__}")
 
-    def _observed(self, event: AzureEvent, now: float) -> list[dict[str, Any]]:
+    def _observed(self, event: AzureEvent, now: float) -> list[JsonObject]:
         """The records an observation makes: none for a duplicate; its record and the findings it
         settles otherwise."""
         news = self.tracker.observe(event)
@@ -209,7 +211,7 @@ class AzureChannel:
         self.metrics.events.labels(event.channel, "late" if news.late else "news").inc()
         return [azure_event_record(event, news, now), *self.reconciler.azure(event, news, now)]
 
-    def _parsed(self, item: dict[str, Any] | AzureEventRefused, message: Message) -> AzureEvent | None:
+    def _parsed(self, item: JsonObject | AzureEventRefused, message: Message) -> AzureEvent | None:
         try:
             if isinstance(item, AzureEventRefused):
                 raise item
@@ -249,7 +251,7 @@ class AzureChannel:
         except OSError as exc:
             log.error("cannot write the dead letter", extra={"error": str(exc)})
 
-    def _store(self, records: list[dict[str, Any]], observed: Sequence[AzureEvent] = ()) -> bool:
+    def _store(self, records: list[JsonObject], observed: Sequence[AzureEvent] = ()) -> bool:
         """``records`` durable in the outbox (waiting out a full or failing disk); False when stopping
         first. Whatever prevents it, the observations behind them are forgotten by the tracker, so
         the same deliveries (not committed) or rows (polled again) are news again."""
@@ -269,7 +271,7 @@ class AzureChannel:
                 log.error("cannot keep the events' states", extra={"error": str(exc)})
         return stored
 
-    def _append_all(self, records: list[dict[str, Any]]) -> bool:
+    def _append_all(self, records: list[JsonObject]) -> bool:
         if self.signer is not None:
             records = [sign_record(*self.signer, record) for record in records]
 
@@ -348,7 +350,7 @@ class AzureChannel:
         log.info("azure channel stopped", extra={"undelivered": left})
 
 
-def build(config: Any) -> AzureChannel:
+def build(config: AzureChannelConfig) -> AzureChannel:
     """The service from its configuration (:class:`bridge.config.AzureChannelConfig`)."""
     from bridge.config import ConfigError
     from bridge.sinks import SinkError
@@ -378,7 +380,7 @@ def build(config: Any) -> AzureChannel:
     return service
 
 
-def _graph_reader(config: Any) -> ResourceGraphReader | None:
+def _graph_reader(config: AzureChannelConfig) -> ResourceGraphReader | None:
     """Resource Graph when ``--graph-subscription`` names subscriptions (its credential is built,
     nothing is contacted yet)."""
     if not config.graph_subscription:

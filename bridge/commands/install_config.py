@@ -110,7 +110,21 @@ def write_private(path: Path, data: bytes, ids: OwnerIds) -> None:
     os.replace(tmp, path)
 
 
-def read_secrets(file: Path) -> dict[str, Any]:
+def _table(doc: Mapping[str, object], key: str) -> dict[str, object]:
+    """A table of the secrets document or a settings table (absent: empty; another type: refused)."""
+    value = doc.get(key) or {}
+    if not isinstance(value, dict):
+        fail(f"{key} must be an object")
+    return {str(k): v for k, v in value.items()}
+
+
+def _strings(doc: Mapping[str, object], key: str) -> list[str]:
+    """A list setting (absent: empty)."""
+    value = doc.get(key) or []
+    return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+
+
+def read_secrets(file: Path) -> dict[str, object]:
     """The secrets document (``files``, ``approverKeys``, ``env``); an empty file means none."""
     doc = json.loads(file.read_text() or "{}")
     if not isinstance(doc, dict):
@@ -118,19 +132,19 @@ def read_secrets(file: Path) -> dict[str, Any]:
     return doc
 
 
-def write_secret_files(etc: Path, secret_doc: Mapping[str, Any], write: PrivateWriter) -> None:
+def write_secret_files(etc: Path, secret_doc: Mapping[str, object], write: PrivateWriter) -> None:
     """``files``: secret files relative to /etc/se-bridge, readable by the service account only."""
-    for name, value in sorted((secret_doc.get("files") or {}).items()):
+    for name, value in sorted(_table(secret_doc, "files").items()):
         rel = Path(name)
         if rel.is_absolute() or ".." in rel.parts or not rel.parts:
             fail(f"secret file name {name!r} must be relative to {etc} without '..'")
         write(etc / rel, str(value).encode())
 
 
-def write_approver_keys(etc: Path, secret_doc: Mapping[str, Any], write: PrivateWriter) -> list[str]:
+def write_approver_keys(etc: Path, secret_doc: Mapping[str, object], write: PrivateWriter) -> list[str]:
     """``approverKeys``: one key file per id under keys/; returns the approver's ``KEYID=PATH`` specs."""
     specs = []
-    for key_id, value in sorted((secret_doc.get("approverKeys") or {}).items()):
+    for key_id, value in sorted(_table(secret_doc, "approverKeys").items()):
         if not key_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
             fail(f"approver key id {key_id!r} may only hold letters, digits, '.', '_' and '-'")
         if len(str(value).encode().strip()) < 32:
@@ -141,10 +155,10 @@ def write_approver_keys(etc: Path, secret_doc: Mapping[str, Any], write: Private
     return specs
 
 
-def write_environment_file(etc: Path, secret_doc: Mapping[str, Any]) -> None:
+def write_environment_file(etc: Path, secret_doc: Mapping[str, object]) -> None:
     """``env``: the environment of both services, read by systemd as root before dropping privileges
     (hence owned by root, not by the service account)."""
-    env_vars = secret_doc.get("env") or {}
+    env_vars = _table(secret_doc, "env")
     if not env_vars:
         return
     out = []
@@ -176,7 +190,7 @@ def lines(env: Mapping[str, str], name: str) -> list[str]:
     return [x for x in env.get(name, "").split("\n") if x.strip()]
 
 
-def read_settings(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_settings(env: Mapping[str, str]) -> tuple[dict[str, object], dict[str, object]]:
     """The ``[agent]`` and ``[approver]`` tables from the settings JSON (a file or base64)."""
     settings: Any = {}
     if env.get("SEB_SETTINGS_FILE"):
@@ -188,7 +202,7 @@ def read_settings(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any
     return dict(settings.get("agent") or {}), dict(settings.get("approver") or {})
 
 
-def apply_agent_inputs(agent: dict[str, Any], env: Mapping[str, str]) -> None:
+def apply_agent_inputs(agent: dict[str, object], env: Mapping[str, str]) -> None:
     """The installer's own flags (``--sink``, ``--poll-interval``) over the JSON, then its defaults."""
     if "sinks" in agent:
         agent["sink"] = agent.pop("sinks")
@@ -200,7 +214,9 @@ def apply_agent_inputs(agent: dict[str, Any], env: Mapping[str, str]) -> None:
     agent.setdefault("state_dir", env["SEB_STATE"])
 
 
-def apply_approver_inputs(approver: dict[str, Any], env: Mapping[str, str], approver_keys: list[str]) -> None:
+def apply_approver_inputs(
+    approver: dict[str, object], env: Mapping[str, str], approver_keys: list[str]
+) -> None:
     """The installer's ``--approver-*`` flags over the JSON, and the keys written from the secrets."""
     for flag, key in (
         ("SEB_APPROVER_SOURCE", "source"),
@@ -218,10 +234,12 @@ def apply_approver_inputs(approver: dict[str, Any], env: Mapping[str, str], appr
     # Keys from the secrets configure an approver the settings enable; without one (a scale set whose
     # approvals go through a fleet approver) they are only written, not an approver setting.
     if approver_keys and approver:
-        approver["key"] = sorted(set(approver.get("key", [])) | set(approver_keys))
+        approver["key"] = sorted(set(_strings(approver, "key")) | set(approver_keys))
 
 
-def complete_approver(approver: dict[str, Any], agent: Mapping[str, Any], env: Mapping[str, str]) -> None:
+def complete_approver(
+    approver: dict[str, object], agent: Mapping[str, object], env: Mapping[str, str]
+) -> None:
     """Defaults of an enabled approver; approver settings without a source are a mistake.
 
     Audit records default to the agent's sinks, so an approver installed without ``--approver-sink``
@@ -234,21 +252,21 @@ def complete_approver(approver: dict[str, Any], agent: Mapping[str, Any], env: M
     if approver["mode"] == "local":
         approver.setdefault("relay", "http://127.0.0.1:8710")
     approver.setdefault("state_dir", env["SEB_APPROVER_STATE"])
-    approver.setdefault("sink", list(agent["sink"]))
+    approver.setdefault("sink", _strings(agent, "sink"))
 
 
 def give_local_approver_a_relay_key(
-    approver: dict[str, Any], agent: dict[str, Any], etc: Path, write: PrivateWriter
+    approver: dict[str, object], agent: dict[str, object], etc: Path, write: PrivateWriter
 ) -> None:
     """A local approver without a relay key gets the VM's local one, and the agent accepts it."""
     if approver.get("mode") == "local" and not approver.get("relay_key"):
         key_file = local_relay_key(etc, write)
         approver["relay_key"] = [f"local={key_file}"]
-        agent["relay_key"] = sorted({*agent.get("relay_key", []), f"local={key_file}"})
+        agent["relay_key"] = sorted({*_strings(agent, "relay_key"), f"local={key_file}"})
 
 
 def give_agent_the_public_decision_keys(
-    agent: dict[str, Any], secret_doc: Mapping[str, Any], specs: list[str]
+    agent: dict[str, object], secret_doc: Mapping[str, object], specs: list[str]
 ) -> None:
     """The approver's Ed25519 public keys prove decisions to the agent too (issue 31: the agent
     verifies every relayed decision itself). A shared (HMAC) approver key is never given to the
@@ -257,12 +275,12 @@ def give_agent_the_public_decision_keys(
     public = [
         spec
         for spec in specs
-        if str((secret_doc.get("approverKeys") or {}).get(spec.split("=", 1)[0], ""))
+        if str(_table(secret_doc, "approverKeys").get(spec.split("=", 1)[0], ""))
         .strip()
         .startswith("-----BEGIN PUBLIC KEY-----")
     ]
     if public:
-        agent["decision_key"] = sorted({*agent.get("decision_key", []), *public})
+        agent["decision_key"] = sorted({*_strings(agent, "decision_key"), *public})
     elif specs and not agent.get("decision_key") and not agent.get("relay_legacy_until"):
         print(
             "se-bridge-install: warning: the approver keys are shared (HMAC) keys; the agent acts only "
@@ -274,7 +292,7 @@ def give_agent_the_public_decision_keys(
 # -- config.toml ---------------------------------------------------------------------------------------
 
 
-def toml_value(v: Any) -> str:
+def toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -286,11 +304,11 @@ def toml_value(v: Any) -> str:
     return json.dumps(str(v))  # a JSON string is a valid TOML basic string
 
 
-def toml_table(name: str, values: Mapping[str, Any]) -> str:
+def toml_table(name: str, values: Mapping[str, object]) -> str:
     return f"[{name}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in values.items())
 
 
-def render_toml(agent: Mapping[str, Any], approver: Mapping[str, Any]) -> str:
+def render_toml(agent: Mapping[str, object], approver: Mapping[str, object]) -> str:
     """The file's text; it must read back as TOML (a rendering bug stops here, not in a service)."""
     text = HEADER + toml_table("agent", agent) + ("\n" + toml_table("approver", approver) if approver else "")
     tomllib.loads(text)

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -34,6 +34,7 @@ from starlette.routing import Route
 from bridge.console.access import SESSION_COOKIE, Access, Person
 from bridge.console.board import Board, Message
 from bridge.decisions import SigningKey, new_decision, sign
+from bridge.schemas import JsonObject
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class Console:
         self,
         board: Board,
         access: Access,
-        publish: Callable[[dict[str, Any]], None],
+        publish: Callable[[Mapping[str, object]], None],
         signing_key: tuple[str, SigningKey],
         *,
         ready: Callable[[], tuple[bool, str]] = lambda: (True, "ok"),
@@ -260,8 +261,8 @@ class Console:
             return JSONResponse(
                 {"error": "the decisions topic did not confirm the decision"}, status_code=503
             )
-        self.board.published(decision["decisionId"], decision["eventId"])
-        self._on_decision(decision["action"])
+        self.board.published(str(decision["decisionId"]), str(decision["eventId"]))
+        self._on_decision(str(decision["action"]))
         log.info(
             "decision published",
             extra={"decisionId": decision["decisionId"], "eventId": decision["eventId"],
@@ -269,7 +270,7 @@ class Console:
         )  # fmt: skip
         return JSONResponse({"decisionId": decision["decisionId"]}, status_code=202)
 
-    def _decision(self, body: Any, person: Person) -> dict[str, Any]:
+    def _decision(self, body: object, person: Person) -> JsonObject:
         """The signed decision a request asks for, once everything in it was checked."""
         if not isinstance(body, dict):
             raise ValueError("expected a JSON object")
@@ -355,7 +356,7 @@ def _origin(request: Request) -> str:
     return f"{scheme}://{request.headers.get('host', '')}"
 
 
-def _json(payload: Any) -> Response:
+def _json(payload: object) -> Response:
     return Response(orjson.dumps(payload), media_type="application/json")
 
 

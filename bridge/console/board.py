@@ -32,7 +32,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from bridge.imds.document import STATUS_RANK
 from bridge.records.approval import Approval
@@ -62,7 +61,7 @@ HISTORY_LIMIT = 50_000
 #: This console's own decisions remembered (their verdicts are linked to their events).
 MAX_MINE = 10_000
 
-Message = dict[str, Any]
+Message = dict[str, object]
 #: Why the board did not believe a record or a part of it (the se_bridge_console_refused_total labels).
 REFUSALS = ("changedClaim", "notNamed", "unprovenApproval")
 
@@ -96,7 +95,7 @@ class VmRow:
             self.unwatched = tuple(e for e in self.unwatched if e != event_id)
             self.events = tuple(e for e in self.events if e != event_id or e in self.unwatched)
 
-    def to_json(self, now: float, silent_after: float) -> dict[str, Any]:
+    def to_json(self, now: float, silent_after: float) -> dict[str, object]:
         return {
             "name": self.name,
             "vmId": self.vm_id,
@@ -130,9 +129,9 @@ class EventRow:
     ended_at: float | None = None
     outcome: str | None = None  # completed | canceled | ... once no VM shows it
     reporters: set[str] = field(default_factory=set)
-    timeline: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_TIMELINE))
-    preparations: dict[str, dict[str, Any]] = field(default_factory=dict)
-    audits: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_AUDITS))
+    timeline: deque[dict[str, object]] = field(default_factory=lambda: deque(maxlen=MAX_TIMELINE))
+    preparations: dict[str, dict[str, object]] = field(default_factory=dict)
+    audits: deque[dict[str, object]] = field(default_factory=lambda: deque(maxlen=MAX_AUDITS))
     approved_at: float | None = None
     approved_by: str | None = None
     azure_outcome: str | None = None  # Completed | Canceled, as Azure's own channel said
@@ -188,7 +187,7 @@ class EventRow:
         """What approving through ``target`` releases, as its own agent reported the event."""
         return self.reports.get(target.lower(), self.resources)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         return {
             "eventId": self.event_id,
             "eventType": self.event_type,
@@ -207,7 +206,7 @@ class EventRow:
             "releases": list(self.released(target)) if target else [],
         }
 
-    def detail(self) -> dict[str, Any]:
+    def detail(self) -> dict[str, object]:
         return {
             **self.summary(),
             "firstSeen": self.first_seen,
@@ -439,8 +438,8 @@ class Board:
                     continue
                 shown.append(event_id)
                 event.audits.append(audit)
-                if audit["outcome"] == "approved" and event.approved_at is None:
-                    event.approved_at, event.approved_by = audit["at"], audit["issuedBy"]
+                if record.outcome == "approved" and event.approved_at is None:
+                    event.approved_at, event.approved_by = record.observed_at or now, record.issued_by or ""
         if shown:
             self._announce({"type": "audit", "audit": audit, "eventIds": shown})
 
@@ -450,7 +449,7 @@ class Board:
 
     # -- what the pages ask -------------------------------------------------------------------------
 
-    def fleet(self, now: float | None = None, query: str = "") -> dict[str, Any]:
+    def fleet(self, now: float | None = None, query: str = "") -> dict[str, object]:
         """Every VM (with its open events' ids), every open event (summaries), and counts."""
         now = time.time() if now is None else now
         wanted = query.strip().lower()
@@ -473,7 +472,7 @@ class Board:
             },
         }
 
-    def event(self, event_id: str) -> dict[str, Any] | None:
+    def event(self, event_id: str) -> dict[str, object] | None:
         key = event_id.upper()
         with self._lock:
             event = self._events.get(key)
@@ -529,7 +528,7 @@ def _approval_proven(record: Approval, event: EventRow, row: VmRow | None) -> bo
     return row is not None and (not row.vm_id or not vm.vm_id or row.vm_id.lower() == vm.vm_id)
 
 
-def _audit_of(record: Approval, now: float) -> dict[str, Any]:
+def _audit_of(record: Approval, now: float) -> dict[str, object]:
     """An approval record as an event's page lists it."""
     return {
         "decisionId": record.decision_id,
@@ -580,35 +579,53 @@ class History:
     def summary(self, days: float, names: set[str] | None, now: float) -> dict[str, object]:
         """The history page's figures (``names``: only events naming one of these VMs)."""
         since = now - days * 86400
-        rows = [_closure(e) for e in self._rows.values() if (e.ended_at or 0) >= since]
+        rows = [e for e in self._rows.values() if (e.ended_at or 0) >= since]
         if names is not None:
-            rows = [h for h in rows if names.intersection(r.lower() for r in h["resources"])]
+            rows = [e for e in rows if names.intersection(r.lower() for r in e.resources)]
         per_day: dict[str, dict[str, int]] = {}
-        for h in rows:
-            day = time.strftime("%Y-%m-%d", time.gmtime(h["endedAt"] or now))
+        for e in rows:
+            day, kind = time.strftime("%Y-%m-%d", time.gmtime(e.ended_at or now)), e.event_type or "?"
             per_day.setdefault(day, {})
-            per_day[day][h["eventType"] or "?"] = per_day[day].get(h["eventType"] or "?", 0) + 1
-        notice = [h["noticeSeconds"] for h in rows if h["noticeSeconds"] is not None]
-        lead = [h["approvalLeadSeconds"] for h in rows if h["approvalLeadSeconds"] is not None]
-        shown = (
-            "eventId",
-            "eventType",
-            "outcome",
-            "endedAt",
-            "noticeSeconds",
-            "approvalLeadSeconds",
-            "approvedBy",
-        )
+            per_day[day][kind] = per_day[day].get(kind, 0) + 1
+        notice = [n for e in rows if (n := _notice(e)) is not None]
+        lead = [n for e in rows if (n := _lead(e)) is not None]
+        shown = HISTORY_FIELDS
         return {
             "days": sorted(per_day.items()),
-            "events": [{k: h[k] for k in shown} for h in rows[-500:]],
+            "events": [{k: c[k] for k in shown} for c in map(_closure, rows[-500:])],
             "noticeSeconds": _spread(notice),
             "approvalLeadSeconds": _spread(lead),
         }
 
 
-def _closure(event: EventRow) -> dict[str, Any]:
+#: What the history page shows of each closed event.
+HISTORY_FIELDS = (
+    "eventId",
+    "eventType",
+    "outcome",
+    "endedAt",
+    "noticeSeconds",
+    "approvalLeadSeconds",
+    "approvedBy",
+)
+
+
+def _notice(event: EventRow) -> float | None:
+    """Seconds between the event's Scheduled and its Started, as the agents saw them."""
+    if event.started_at is None or event.scheduled_at is None:
+        return None
+    return round(event.started_at - event.scheduled_at, 1)
+
+
+def _lead(event: EventRow) -> float | None:
+    """Seconds its approval came before NotBefore."""
     not_before = epoch_of(event.not_before)
+    if event.approved_at is None or not_before is None:
+        return None
+    return round(not_before - event.approved_at, 1)
+
+
+def _closure(event: EventRow) -> dict[str, object]:
     return {
         "eventId": event.event_id,
         "eventType": event.event_type,
@@ -616,12 +633,8 @@ def _closure(event: EventRow) -> dict[str, Any]:
         "endedAt": event.ended_at,
         "approvedBy": event.approved_by,
         "resources": event.resources,
-        "noticeSeconds": None
-        if event.started_at is None or event.scheduled_at is None
-        else round(event.started_at - event.scheduled_at, 1),
-        "approvalLeadSeconds": None
-        if event.approved_at is None or not_before is None
-        else round(not_before - event.approved_at, 1),
+        "noticeSeconds": _notice(event),
+        "approvalLeadSeconds": _lead(event),
     }
 
 

@@ -130,7 +130,7 @@ class TokenVerifier:
         return {str(k.key_id): k.key for k in keys if k.key_id}
 
 
-def _strings(value: Any) -> frozenset[str]:
+def _strings(value: object) -> frozenset[str]:
     if not isinstance(value, list):
         return frozenset()
     return frozenset(str(v) for v in value[:500] if isinstance(v, str))

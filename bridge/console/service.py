@@ -19,6 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from bridge.config_central import ConsoleConfig
 from bridge.console.access import Access
 from bridge.console.app import Console
 from bridge.console.board import Board
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 class ConsoleService:
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: ConsoleConfig) -> None:
         from bridge.config import ConfigError
 
         self.config = config
@@ -150,7 +151,7 @@ class ConsoleService:
         return 0 if server.started else 2
 
 
-def main(config: Any) -> int:
+def main(config: ConsoleConfig) -> int:
     try:
         return ConsoleService(config).run()
     except KeyboardInterrupt:
@@ -159,7 +160,7 @@ def main(config: Any) -> int:
         sys.stdout.flush()
 
 
-def _verifier(config: Any) -> TokenVerifier | None:
+def _verifier(config: ConsoleConfig) -> TokenVerifier | None:
     """What proves a person (bridge.console.identity); None in lab mode."""
     if config.auth == "lab":
         return None
@@ -171,7 +172,7 @@ def _verifier(config: Any) -> TokenVerifier | None:
     return TokenVerifier(config.oidc_issuer, config.oidc_audience, config.oidc_jwks_url, config.oidc_ca_file)
 
 
-def _hosts(config: Any, listen_host: str) -> set[str]:
+def _hosts(config: ConsoleConfig, listen_host: str) -> set[str]:
     """The names a request's Host may give: --public-host; in lab mode also the listen address."""
     hosts = {h.strip().lower() for h in config.public_host if h.strip()}
     if config.auth == "lab":

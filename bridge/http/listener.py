@@ -47,7 +47,7 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.message import Message
 from http.server import BaseHTTPRequestHandler
@@ -59,7 +59,7 @@ import orjson
 from bridge.http.netaddr import is_loopback
 
 #: Triage connections: socket -> (bytes read so far, deadline, peer address).
-_Heads = dict[socket.socket, tuple[bytearray, float, Any]]
+_Heads = dict[socket.socket, tuple[bytearray, float, object]]
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ class _Bounded(socketserver.ThreadingMixIn):
             log.exception("HTTP endpoint failed", extra={"path": request.path})
             return 500, b'{"error":"internal error"}', "application/json"
 
-    def process_request(self, request: Any, client_address: Any) -> None:
+    def process_request(self, request: Any, client_address: object) -> None:
         with self._slots:
             admitted = self._active < self.limits.max_connections
             if admitted:
@@ -290,18 +290,19 @@ class _Bounded(socketserver.ThreadingMixIn):
             self.count_refusal("busy")
             self.shutdown_request(request)  # type: ignore[attr-defined]
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def process_request_thread(self, request: Any, client_address: object) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             with self._slots:
                 self._active -= 1
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
+    def handle_error(self, request: Any, client_address: object) -> None:
         log.debug("HTTP connection ended with an error", exc_info=True)
 
-    def peer(self, sock: socket.socket, client_address: Any) -> tuple[str, int | None, bool]:
-        host = str(client_address[0])
+    def peer(self, sock: socket.socket, client_address: object) -> tuple[str, int | None, bool]:
+        # A TCP peer is (host, port[, flowinfo, scope_id]): the host is what is judged.
+        host = str(client_address[0]) if isinstance(client_address, tuple) and client_address else ""
         return host, None, is_loopback(host)
 
 
@@ -312,11 +313,11 @@ class _Triage:
     def __init__(self, server: _Bounded) -> None:
         self._server = server
         self._lock = threading.Lock()
-        self._pending: list[tuple[socket.socket, Any]] = []
+        self._pending: list[tuple[socket.socket, object]] = []
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread: threading.Thread | None = None
 
-    def add(self, sock: socket.socket, client_address: Any) -> bool:
+    def add(self, sock: socket.socket, client_address: object) -> bool:
         dropped = None
         with self._lock:
             if len(self._pending) >= _TRIAGE_QUEUE:  # the triage thread is behind: the oldest goes
@@ -381,7 +382,7 @@ class _Triage:
         heads: _Heads,
         sock: socket.socket,
         buf: bytearray,
-        address: Any,
+        address: object,
     ) -> None:
         selector.unregister(sock)
         del heads[sock]
@@ -392,7 +393,7 @@ class _Triage:
             sock.sendall(response)
         self._server.shutdown_request(sock)  # type: ignore[attr-defined]
 
-    def _answer(self, head: bytes, sock: socket.socket, address: Any) -> bytes:
+    def _answer(self, head: bytes, sock: socket.socket, address: object) -> bytes:
         line, _, rest = head.partition(b"\r\n")
         parts = line.split(b" ")
         path = parts[1].split(b"?", 1)[0].decode("latin-1") if len(parts) == 3 else ""
@@ -418,7 +419,7 @@ class _TCP6Server(_TCPServer):
 
 
 class _UnixServer(_Bounded, socketserver.UnixStreamServer):
-    def peer(self, sock: socket.socket, client_address: Any) -> tuple[str, int | None, bool]:
+    def peer(self, sock: socket.socket, client_address: object) -> tuple[str, int | None, bool]:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
         return "unix", uid, True
@@ -534,12 +535,12 @@ def _malformed(headers: Message, target: str) -> str | None:
     return None
 
 
-def json_response(status: int, payload: Any) -> Response:
+def json_response(status: int, payload: object) -> Response:
     return status, orjson.dumps(payload), "application/json"
 
 
 def probe_routes(
-    alive: Callable[[], tuple[bool, dict[str, Any]]],
+    alive: Callable[[], tuple[bool, Mapping[str, object]]],
     ready: Callable[[], tuple[bool, str]],
     registry: Any,
 ) -> dict[tuple[str, str], Route]:

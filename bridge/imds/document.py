@@ -187,7 +187,7 @@ def content_digest(events: list[ScheduledEvent] | tuple[ScheduledEvent, ...]) ->
     return hashlib.sha256(orjson.dumps(canonical, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     if value is None:
         return "null"
     return {
@@ -200,7 +200,7 @@ def _json_type(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def _incarnation(value: Any) -> int:
+def _incarnation(value: object) -> int:
     # bool is an int subclass in Python; true/false is not an incarnation.
     if isinstance(value, int) and not isinstance(value, bool):
         return value

@@ -151,5 +151,5 @@ class Entry:
         return f"Entry(seq={self.seq}, meta={self._meta or self._header!r}, payload={self.payload[:60]!r})"
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     return value if type(value) is str and value else None

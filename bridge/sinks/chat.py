@@ -29,13 +29,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from string import Template
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import quote
 
 from bridge.records.approval import Approval
 from bridge.records.azure import Finding
 from bridge.records.reader import RECORD_TYPES, Record
 from bridge.records.scheduled_events import ScheduledEvents
+from bridge.schemas import JsonObject, json_list
 from bridge.support.timeutil import epoch_of
 
 Style = Literal["teams", "slack"]
@@ -137,7 +138,7 @@ def chat_body(record: Record, style: str, options: ChatOptions) -> bytes | None:
     return _render(options.template, values)
 
 
-def chat_message(record: Record, style: Style, options: ChatOptions | None = None) -> dict[str, Any] | None:
+def chat_message(record: Record, style: Style, options: ChatOptions | None = None) -> JsonObject | None:
     """The message for ``record``, or None when it is nothing a person needs to read."""
     options = options or ChatOptions()
     lines = _lines(record, options.one_per_set)
@@ -202,8 +203,8 @@ def _transition(record: ScheduledEvents, one_per_set: bool) -> Lines | None:
     return None
 
 
-def _teams(title: str, facts: list[tuple[str, str]], url: str | None) -> dict[str, Any]:
-    card: dict[str, Any] = {
+def _teams(title: str, facts: list[tuple[str, str]], url: str | None) -> JsonObject:
+    card: JsonObject = {
         "$schema": ADAPTIVE_CARD_SCHEMA,
         "type": "AdaptiveCard",
         "version": ADAPTIVE_CARD_VERSION,
@@ -214,7 +215,7 @@ def _teams(title: str, facts: list[tuple[str, str]], url: str | None) -> dict[st
     }
     if url:
         card["actions"] = [{"type": "Action.OpenUrl", "title": "Open in the console", "url": url}]
-    attachment = {
+    attachment: JsonObject = {
         "contentType": "application/vnd.microsoft.card.adaptive",
         "contentUrl": None,
         "content": card,
@@ -222,18 +223,19 @@ def _teams(title: str, facts: list[tuple[str, str]], url: str | None) -> dict[st
     return {"type": "message", "attachments": [attachment]}
 
 
-def _slack(title: str, facts: list[tuple[str, str]], url: str | None) -> dict[str, Any]:
+def _slack(title: str, facts: list[tuple[str, str]], url: str | None) -> JsonObject:
     text = "\n".join(f"*{k}:* {_escape(v)}" for k, v in facts)
-    blocks: list[dict[str, Any]] = [
+    blocks: list[JsonObject] = [
         {"type": "header", "text": {"type": "plain_text", "text": _cut(title, SLACK_MAX_HEADER)}},
         {"type": "section", "text": {"type": "mrkdwn", "text": _cut(text, SLACK_MAX_TEXT)}},
     ]
     if url:
-        button = {"type": "button", "text": {"type": "plain_text", "text": "Open in the console"}, "url": url}
+        button: JsonObject = {"type": "button", "text": {"type": "plain_text", "text": "Open in the console"}}
+        button["url"] = url
         blocks.append({"type": "actions", "elements": [button]})
     # The fallback text is mrkdwn too (notifications, old clients): escaped like the section (issue 31:
     # a `<!channel>` in a VM or event name reached it).
-    return {"text": _cut(_escape(title), SLACK_MAX_TEXT), "blocks": blocks[:SLACK_MAX_BLOCKS]}
+    return {"text": _cut(_escape(title), SLACK_MAX_TEXT), "blocks": json_list(blocks[:SLACK_MAX_BLOCKS])}
 
 
 _MARKDOWN = re.compile(r"([\\`\[\]()!<>])")

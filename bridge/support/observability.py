@@ -74,11 +74,11 @@ def _redacted(value: Any) -> Any:
     return value
 
 
-def _maskable(value: Any) -> bool:
+def _maskable(value: object) -> bool:
     return value is not None and not isinstance(value, bool) and value != ""
 
 
-def _redacted_str(value: Any) -> str:
+def _redacted_str(value: object) -> str:
     return redact(str(value))
 
 
@@ -120,7 +120,7 @@ class ErrorStreak:
     since: float = 0.0
     _last_log: float = field(default=0.0, repr=False)
 
-    def failure(self, kind: str, detail: str, **extra: Any) -> None:
+    def failure(self, kind: str, detail: str, **extra: object) -> None:
         now = time.monotonic()
         self.failures += 1
         if self.failures == 1 or kind != self.kind:
@@ -185,7 +185,7 @@ class RateLimitedLog:
     _suppressed: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def log(self, msg: str, **extra: Any) -> bool:
+    def log(self, msg: str, **extra: object) -> bool:
         """Log ``msg`` unless a line went out less than ``every`` seconds ago; True when logged."""
         now = time.monotonic()
         with self._lock:

@@ -46,7 +46,7 @@ class FleetEvent:
     first_start_request_via: str | None = None
     start_requests: int = 0  # POSTs naming it, over every VM
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> dict[str, object]:
         return {
             "eventId": self.event_id,
             "resources": list(self.resources),
@@ -132,11 +132,11 @@ class Fleet:
         for name, ids in released.items():
             self.states[name].approve(ids, posted=False)
 
-    def snapshot_event(self, event_id: str) -> dict[str, Any]:
+    def snapshot_event(self, event_id: str) -> dict[str, object]:
         with self._lock:
             return self._events[event_id.upper()].view()
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, object]:
         """``GET /_emulator/fleet``: every VM's request counters and every event's approval."""
         vms = []
         totals: dict[str, Any] = {"get": 0, "post": 0, "rejected": {}}

@@ -78,11 +78,11 @@ class _BadRequest(Exception):
     """A control API request with a malformed body (HTTP 400)."""
 
 
-def _error_body(message: str, **extra: Any) -> bytes:
+def _error_body(message: str, **extra: object) -> bytes:
     return orjson.dumps({"error": message, **extra})
 
 
-def _number(data: dict[str, Any], key: str, default: float | None = None) -> float | None:
+def _number(data: dict[str, object], key: str, default: float | None = None) -> float | None:
     value = data.get(key, default)
     if value is None:
         return None
@@ -91,7 +91,7 @@ def _number(data: dict[str, Any], key: str, default: float | None = None) -> flo
     return float(value)
 
 
-def _integer(data: dict[str, Any], key: str, default: int | None = None) -> int | None:
+def _integer(data: dict[str, object], key: str, default: int | None = None) -> int | None:
     value = data.get(key, default)
     if value is None:
         return None
@@ -100,7 +100,7 @@ def _integer(data: dict[str, Any], key: str, default: int | None = None) -> int 
     return value
 
 
-def _string(data: dict[str, Any], key: str, default: str | None = None) -> str | None:
+def _string(data: dict[str, object], key: str, default: str | None = None) -> str | None:
     value = data.get(key, default)
     if value is None:
         return None
@@ -504,7 +504,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ control API
 
-    def _json(self, status: int, payload: Any) -> None:
+    def _json(self, status: int, payload: object) -> None:
         self._send(status, orjson.dumps(payload))
 
     def _control(self, path: str, body: bytes) -> None:
@@ -516,7 +516,7 @@ class _Handler(BaseHTTPRequestHandler):
         fleet = self.server.fleet
         assert fleet is not None
         route = "/".join(p for p in path.split("/") if p)
-        handlers: dict[str, dict[str, Callable[[dict[str, Any]], ControlAnswer]]] = {
+        handlers: dict[str, dict[str, Callable[[dict[str, object]], ControlAnswer]]] = {
             "_emulator/fleet": {"GET": lambda data: (200, fleet.snapshot())},
             "_emulator/fleet/events": {"POST": lambda data: _add_fleet_event(fleet, data)},
         }
@@ -528,10 +528,10 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._answer_control(body, lambda data: self._json(*verbs[self.command](data)))
 
-    def _answer_control(self, body: bytes, answer: Callable[[dict[str, Any]], None]) -> None:
+    def _answer_control(self, body: bytes, answer: Callable[[dict[str, object]], None]) -> None:
         """Parse a control request's JSON body and run ``answer``; errors become 400/404/409."""
         try:
-            data: dict[str, Any] = {}
+            data: dict[str, object] = {}
             if body.strip():
                 try:
                     parsed = orjson.loads(body)
@@ -550,7 +550,7 @@ class _Handler(BaseHTTPRequestHandler):
         except KeyError as exc:
             self._json(404, {"error": f"unknown event {exc.args[0]}"})
 
-    def _control_route(self, method: str, route: list[str], data: dict[str, Any]) -> None:
+    def _control_route(self, method: str, route: list[str], data: dict[str, object]) -> None:
         """Answer with the route's handler: 404 for an unknown path, 405 for a known path and another verb."""
         path, params = _control_path(route)
         handlers = _CONTROL_ROUTES.get(path)
@@ -567,7 +567,7 @@ class _Handler(BaseHTTPRequestHandler):
 # malformed body raises _BadRequest (400); the state's ValueError (400), ConflictError (409) and
 # KeyError (unknown event, 404) are answered by _Handler._control.
 
-ControlAnswer = tuple[int, Any]
+ControlAnswer = tuple[int, object]
 ControlRoute = Callable[..., ControlAnswer]  # (state, body, *path parameters)
 
 _EVENT_ACTION_PATH = "events/{eventId}/{action}"
@@ -582,22 +582,22 @@ def _control_path(route: list[str]) -> tuple[str, tuple[str, ...]]:
     return "", ()
 
 
-def _required_number(data: dict[str, Any], key: str) -> float:
+def _required_number(data: dict[str, object], key: str) -> float:
     value = _number(data, key)
     if value is None:
         raise _BadRequest(f"{key} is required")
     return value
 
 
-def _get_state(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+def _get_state(state: EmulatorState, data: dict[str, object]) -> ControlAnswer:
     return 200, state.snapshot()
 
 
-def _get_scenarios(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+def _get_scenarios(state: EmulatorState, data: dict[str, object]) -> ControlAnswer:
     return 200, {name: s.summary for name, s in SCENARIOS.items()}
 
 
-def _event_fields(data: dict[str, Any]) -> dict[str, Any]:
+def _event_fields(data: dict[str, object]) -> dict[str, Any]:
     """The ``add_event`` arguments of an ``events`` POST body (one VM's or the fleet's)."""
     event_type = _string(data, "eventType")
     if not event_type:
@@ -620,12 +620,12 @@ def _event_fields(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _add_event(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+def _add_event(state: EmulatorState, data: dict[str, object]) -> ControlAnswer:
     event_id = state.add_event(**_event_fields(data))
     return 201, {"eventId": event_id, "documentIncarnation": state.incarnation}
 
 
-def _add_fleet_event(fleet: Fleet, data: dict[str, Any]) -> ControlAnswer:
+def _add_fleet_event(fleet: Fleet, data: dict[str, object]) -> ControlAnswer:
     fields = _event_fields(data)
     if not fields["resources"]:
         raise _BadRequest("resources (the VMs of the availability set the event is for) is required")
@@ -634,7 +634,7 @@ def _add_fleet_event(fleet: Fleet, data: dict[str, Any]) -> ControlAnswer:
 
 
 #: ``POST /_emulator/events/<id>/<action>``: the action on one event, returning the new incarnation.
-_EVENT_ACTIONS: dict[str, Callable[[EmulatorState, str, dict[str, Any]], int]] = {
+_EVENT_ACTIONS: dict[str, Callable[[EmulatorState, str, dict[str, object]], int]] = {
     "cancel": lambda state, event_id, data: state.cancel_event(event_id),
     "reschedule": lambda state, event_id, data: state.reschedule_event(
         event_id, _required_number(data, "noticeSeconds")
@@ -644,14 +644,14 @@ _EVENT_ACTIONS: dict[str, Callable[[EmulatorState, str, dict[str, Any]], int]] =
 }
 
 
-def _event_action(state: EmulatorState, data: dict[str, Any], event_id: str, action: str) -> ControlAnswer:
+def _event_action(state: EmulatorState, data: dict[str, object], event_id: str, action: str) -> ControlAnswer:
     act = _EVENT_ACTIONS.get(action)
     if act is None:
         return 404, {"error": f"unknown action {action!r}"}
     return 200, {"eventId": event_id, "documentIncarnation": act(state, event_id, data)}
 
 
-def _add_fault(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+def _add_fault(state: EmulatorState, data: dict[str, object]) -> ControlAnswer:
     kind = data.get("kind")
     if isinstance(kind, int) and not isinstance(kind, bool):
         kind = str(kind)
@@ -665,12 +665,12 @@ def _add_fault(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
     return 200, {"kind": kind, "faults": state.snapshot()["faults"]}
 
 
-def _clear_faults(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+def _clear_faults(state: EmulatorState, data: dict[str, object]) -> ControlAnswer:
     state.clear_faults()
     return 200, {"faults": []}
 
 
-def _start_scenario(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+def _start_scenario(state: EmulatorState, data: dict[str, object]) -> ControlAnswer:
     name = _string(data, "name")
     if name is None or name not in SCENARIOS:
         raise _BadRequest(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
@@ -678,7 +678,7 @@ def _start_scenario(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer
     return 200, {"scenario": name, "speed": state.speed, "documentIncarnation": state.incarnation}
 
 
-def _advance(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+def _advance(state: EmulatorState, data: dict[str, object]) -> ControlAnswer:
     state.advance(_required_number(data, "seconds"))
     snap = state.snapshot()
     return 200, {
@@ -688,12 +688,12 @@ def _advance(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
     }
 
 
-def _reset(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+def _reset(state: EmulatorState, data: dict[str, object]) -> ControlAnswer:
     state.reset()
     return 200, {"documentIncarnation": state.incarnation}
 
 
-def _set_raw(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+def _set_raw(state: EmulatorState, data: dict[str, object]) -> ControlAnswer:
     text = _string(data, "body")
     if text is None:
         raise _BadRequest("body (the exact text to serve) is required")
@@ -705,7 +705,7 @@ def _set_raw(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
     return 200, {"raw": True, "status": status, "length": len(text.encode())}
 
 
-def _clear_raw(state: EmulatorState, data: dict[str, Any]) -> ControlAnswer:
+def _clear_raw(state: EmulatorState, data: dict[str, object]) -> ControlAnswer:
     state.clear_raw()
     return 200, {"raw": False}
 

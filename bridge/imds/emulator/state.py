@@ -200,7 +200,7 @@ class EmulatorState:
         self._raw: tuple[int, bytes, str] | None = None
         self._window: deque[float] = deque()
         self._stopping = False
-        self._history: deque[dict[str, Any]] = deque(maxlen=_HISTORY_LIMIT)
+        self._history: deque[dict[str, object]] = deque(maxlen=_HISTORY_LIMIT)
         self._first_served: dict[int, float] = {}
         self._hold = hold_until_served
         self._served = 0  # the newest incarnation fully written to a client (hold_until_served)
@@ -220,7 +220,7 @@ class EmulatorState:
         self._fault_counts: dict[str, int] = {}
         self._raw_served = 0
         self._start_requests: dict[str, int] = {}  # key: upper-case id
-        self._start_request_log: deque[dict[str, Any]] = deque(maxlen=_HISTORY_LIMIT)
+        self._start_request_log: deque[dict[str, object]] = deque(maxlen=_HISTORY_LIMIT)
         self._unknown_start_requests = 0
 
     def _now(self) -> float:
@@ -230,7 +230,11 @@ class EmulatorState:
         """Every change of the events array increments DocumentIncarnation by exactly one."""
         self._incarnation += 1
         self._doc_cache.clear()
-        entry: dict[str, Any] = {"incarnation": self._incarnation, "changedAt": time.time(), "reason": reason}
+        entry: dict[str, object] = {
+            "incarnation": self._incarnation,
+            "changedAt": time.time(),
+            "reason": reason,
+        }
         if event_id is not None:
             entry["eventId"] = event_id
         self._history.append(entry)
@@ -342,7 +346,7 @@ class EmulatorState:
 
     def _render(self, version: str) -> bytes:
         shape = SCHEDULED_EVENTS_SHAPES[version]
-        events: list[dict[str, Any]] = []
+        events: list[dict[str, object]] = []
         for ev in self._events.values():
             scheduled = ev.status == SCHEDULED
             if shape.legacy:
@@ -352,7 +356,7 @@ class EmulatorState:
                 resources = list(ev.resources)
                 not_before = rfc1123(ev.not_before) if scheduled else ""
             # Key order of the documentation sample.
-            item: dict[str, Any] = {
+            item: dict[str, object] = {
                 "EventId": ev.event_id,
                 "EventStatus": ev.status,
                 "EventType": ev.event_type,
