@@ -7,11 +7,11 @@ from pathlib import Path
 
 import orjson
 
-from bridge.agent.ledger import LEDGER_SIZE, DecisionLedger, PostIntent
+from bridge.agent.ledger import LEDGER_SIZE, DecisionLedger, IntendedDecision, PostIntent
 
 
 def _intent(post: str, *events: str, decision: str = "d-00000001") -> PostIntent:
-    return PostIntent(post, list(events), [{"decisionId": decision, "eventIds": list(events), "results": {}}])
+    return PostIntent(post, list(events), [IntendedDecision(decision, list(events), {}, {}, "", "agent")])
 
 
 def test_a_post_noted_and_never_answered_survives_a_restart(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from bridge.agent.answers import DecisionMeta, RelayAnswers
-from bridge.agent.ledger import DecisionLedger, PostIntent
+from bridge.agent.ledger import DecisionLedger, IntendedDecision, PostIntent
 from bridge.agent.posting import StartRequestPoster
 from bridge.agent.relay import Relay
 from bridge.eligibility import EventFacts, check_event
@@ -245,10 +245,12 @@ def test_a_post_interrupted_by_a_restart_is_resolved_against_the_first_document(
     and keeps an approval; an event still Scheduled is ``unknown`` and not kept (a retry posts)."""
     meta = DecisionMeta(target="vm-a", issued_by="alice")
     refused = EventResult(E2, "notFound", "no such event").to_json()
-    DecisionLedger(tmp_path).intend(PostIntent("post-1", [E1], [
+    intended = IntendedDecision.from_json(
         {"decisionId": "decision-1", "eventIds": [E1, E2], "results": {E2: refused}, "meta": meta.to_json(),
-         "requester": "key:ops@10.0.0.9", "component": "agent"},
-    ]))  # fmt: skip
+         "requester": "key:ops@10.0.0.9", "component": "agent"}
+    )  # fmt: skip
+    assert intended is not None
+    DecisionLedger(tmp_path).intend(PostIntent("post-1", [E1], [intended]))
     a = agent(Documents(document((E1, status, ["vm-a"]))))
     assert a.poster.approved(E1)  # until resolved: IMDS may have taken it
     a.poster.resolve_interrupted(a.docs.current)
