@@ -7,7 +7,11 @@ import sys
 from pathlib import Path
 
 from bridge import __version__
-from bridge.config import AgentConfig, ApproverConfig, AzureChannelConfig, ConfigError, ConsoleConfig
+from bridge.agent.config import AgentConfig
+from bridge.approver.config import ApproverConfig
+from bridge.azure.config import AzureChannelConfig
+from bridge.console.config import ConsoleConfig
+from bridge.settings import ConfigError
 
 DESCRIPTION = """\
 Forward Azure IMDS Scheduled Events (Freeze, Reboot, Redeploy, Preempt, Terminate) from this VM to
@@ -82,7 +86,7 @@ Examples:
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line; ``command`` (the sub-command about to run) lets heavy sub-parsers load lazily."""
-    from bridge.config import add_arguments
+    from bridge.settings import add_arguments
 
     parser = argparse.ArgumentParser(
         prog="se-bridge", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -280,7 +284,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _agent(args: argparse.Namespace) -> int:
-    from bridge.config import load_agent_config
+    from bridge.agent.config import load_agent_config
     from bridge.support.observability import setup_logging
 
     config = load_agent_config(args)
@@ -291,7 +295,7 @@ def _agent(args: argparse.Namespace) -> int:
 
 
 def _approver(args: argparse.Namespace) -> int:
-    from bridge.config import load_approver_config
+    from bridge.approver.config import load_approver_config
     from bridge.support.observability import setup_logging
 
     config = load_approver_config(args)
@@ -302,7 +306,7 @@ def _approver(args: argparse.Namespace) -> int:
 
 
 def _console(args: argparse.Namespace) -> int:
-    from bridge.config import load_console_config
+    from bridge.console.config import load_console_config
     from bridge.support.observability import setup_logging
 
     config = load_console_config(args)
@@ -317,8 +321,8 @@ def _console(args: argparse.Namespace) -> int:
 
 
 def _azure_channel(args: argparse.Namespace) -> int:
+    from bridge.azure.config import load_azure_channel_config
     from bridge.azure.service import build
-    from bridge.config import load_azure_channel_config
     from bridge.support.observability import setup_logging
 
     config = load_azure_channel_config(args)

@@ -2,7 +2,7 @@
 
 A leaf module on purpose: the configuration loader parses rules at start-up to refuse a wrong one
 with a message naming the setting, and the agent's local policy matches events against them. Both
-need the same parser, and ``bridge.config`` must not import the agent (the layers point one way), so
+need the same parser, and a configuration must not import the agent's code (the layers point one way), so
 the rule lives here, below both, importing nothing of the bridge at run time.
 """
 

@@ -1,6 +1,6 @@
-"""How a setting is declared, parsed and loaded: the machinery under :mod:`bridge.config`.
+"""How a setting is declared, parsed and loaded: the machinery under each service's configuration class.
 
-:mod:`bridge.config` declares every setting once, as a field of a service's configuration class;
+Each service's ``config`` module declares every setting once, as a field of its configuration class;
 this module is what turns such a field into a flag, an environment variable, a TOML key, ``--help``
 and a refusal naming the setting (:func:`setting`, :func:`settings_of`), the value parsers
 (:func:`number`, :func:`choice`, ...), and the loader (:func:`load_config`: defaults < TOML file <

@@ -15,16 +15,17 @@ import orjson
 
 from bridge import records
 from bridge.agent.access import AccessPolicy
+from bridge.agent.config import AgentConfig
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.peerkeys import answer_key
 from bridge.agent.policy import LocalPolicy
 from bridge.agent.poller import Poller
 from bridge.agent.relay import Relay
-from bridge.config import AgentConfig, ConfigError
 from bridge.http.listener import Limits, Listener, Request, Response, Route, json_response, probe_routes
 from bridge.imds.instance import VmIdentity
 from bridge.pipeline import Health
 from bridge.relay_api import DOCUMENT_PATH, PREPARATIONS_PATH, START_REQUESTS_PATH
+from bridge.settings import ConfigError
 from bridge.signing import H_NONCE, RequestVerifier, sign_peer_answer
 
 

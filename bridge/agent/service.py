@@ -27,6 +27,7 @@ from bridge import __version__, coordination, records
 from bridge.agent.access import AccessPolicy
 from bridge.agent.answers import RelayAnswers
 from bridge.agent.api import AgentApi
+from bridge.agent.config import AgentConfig
 from bridge.agent.coordinator import PeerCoordinator
 from bridge.agent.identity import IdentityResolver
 from bridge.agent.impact import ImpactMeter
@@ -39,7 +40,6 @@ from bridge.agent.posting import StartRequestPoster
 from bridge.agent.proof import DecisionProver
 from bridge.agent.relay import Relay
 from bridge.agent.state import BaselineStore, IdentityCache
-from bridge.config import AgentConfig, ConfigError
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.http.listener import Listener
 from bridge.imds.client import ImdsClient
@@ -47,6 +47,7 @@ from bridge.imds.document import ScheduledEvent
 from bridge.pipeline import RecordMeta
 from bridge.pipeline.storing import REFUSED, until_stored
 from bridge.rules import ApprovalRule
+from bridge.settings import ConfigError
 from bridge.shell.service import Shell
 from bridge.signing import KeyRing, NonceStore, RequestVerifier
 from bridge.sinks import Sink, SinkError, create_sink

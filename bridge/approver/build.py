@@ -1,7 +1,7 @@
 """An approver from its configuration: keys, topology checks, source, sinks, router, ARM path.
 
 Kept apart from :mod:`bridge.approver.service` (what an approver does) because everything here runs
-once, at start, and turns a configuration mistake into one :class:`~bridge.config.ConfigError` line
+once, at start, and turns a configuration mistake into one :class:`~bridge.settings.ConfigError` line
 (exit 2) before any state is touched beyond the state directory's lock.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from bridge.approver.arm import ArmAcknowledger
+from bridge.approver.config import ApproverConfig
 from bridge.approver.fleet import FleetView
 from bridge.approver.routing import FleetRouter, LocalRouter, RelayClient
 from bridge.approver.service import Approver
-from bridge.config import ApproverConfig
 from bridge.coordination import CoordinationPolicy
 from bridge.decisions import DecisionKeys, SigningKey, ValidationPolicy, load_signing_key
 from bridge.shell.statedir import lock_state_dir
@@ -22,8 +22,8 @@ from bridge.streams import SourceError, create_source, topology
 
 
 def build_approver(config: ApproverConfig) -> Approver:
-    """From an :class:`bridge.config.ApproverConfig` (flags, TOML, environment)."""
-    from bridge.config import ConfigError
+    """From an :class:`bridge.approver.config.ApproverConfig` (flags, TOML, environment)."""
+    from bridge.settings import ConfigError
     from bridge.signing import KeyRing
     from bridge.sinks import SinkError, create_sink
 
@@ -110,7 +110,7 @@ def _coordinator_key(config: ApproverConfig) -> tuple[str, SigningKey] | None:
 
 def _check_fleet_only(config: ApproverConfig) -> None:
     """What only a fleet approver does, and what it needs to do it."""
-    from bridge.config import ConfigError
+    from bridge.settings import ConfigError
 
     if config.coordinate and config.mode != "fleet":
         raise ConfigError("coordinate: only a fleet approver coordinates (--mode fleet)")
@@ -128,7 +128,7 @@ def _check_fleet_only(config: ApproverConfig) -> None:
 
 def _fleet_router(config: ApproverConfig, state_dir: Path) -> FleetRouter:
     """The fleet approver's router: it learns agents and events from the events stream."""
-    from bridge.config import ConfigError
+    from bridge.settings import ConfigError
     from bridge.signing import KeyRing
 
     if not config.events_source:
@@ -147,7 +147,7 @@ def _check_relay_signing(config: ApproverConfig, relay_keys: KeyRing) -> None:
     unsigned requests with 401 (unless it runs in development mode), and a decision relayed that way
     is spent for nothing. Only a local agent's Unix socket takes unsigned requests (its file mode is
     the check), and ``--arm only`` never calls an agent."""
-    from bridge.config import ConfigError
+    from bridge.settings import ConfigError
 
     if relay_keys or config.arm == "only":
         return
@@ -165,7 +165,7 @@ def _arm_acknowledger(config: ApproverConfig) -> ArmAcknowledger | None:
     """The ARM path when ``--arm`` asks for it (its credential is built, nothing is contacted)."""
     if config.arm == "off":
         return None
-    from bridge.config import ConfigError
+    from bridge.settings import ConfigError
     from bridge.transports.azure import check_client_id, make_credential
     from bridge.transports.base import Owner
 

@@ -30,13 +30,13 @@ from typing import Any
 import orjson
 
 from bridge import __version__
+from bridge.azure.config import AzureChannelConfig
 from bridge.azure.events import AzureEvent, AzureEventRefused, deliveries, from_event_grid, from_graph_row
 from bridge.azure.graph import ResourceGraphReader
 from bridge.azure.metrics import AzureChannelMetrics
 from bridge.azure.reconcile import Reconciler
 from bridge.azure.records import azure_event_record
 from bridge.azure.tracker import EventTracker
-from bridge.config_central import AzureChannelConfig
 from bridge.errors import BridgeError
 from bridge.http.apiguard import guarded_listener
 from bridge.http.listener import Listener, Request, Response, json_response, probe_routes
@@ -351,8 +351,8 @@ class AzureChannel:
 
 
 def build(config: AzureChannelConfig) -> AzureChannel:
-    """The service from its configuration (:class:`bridge.config.AzureChannelConfig`)."""
-    from bridge.config import ConfigError
+    """The service from its configuration (:class:`bridge.azure.config.AzureChannelConfig`)."""
+    from bridge.settings import ConfigError
     from bridge.sinks import SinkError
 
     state_dir = Path(config.state_dir)
@@ -385,7 +385,7 @@ def _graph_reader(config: AzureChannelConfig) -> ResourceGraphReader | None:
     nothing is contacted yet)."""
     if not config.graph_subscription:
         return None
-    from bridge.config import ConfigError
+    from bridge.settings import ConfigError
     from bridge.transports.azure import check_client_id, make_credential
     from bridge.transports.base import Owner
 

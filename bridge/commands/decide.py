@@ -18,7 +18,7 @@ from bridge.decisions import load_signing_key, new_decision, sign
 from bridge.sinks import SinkError
 from bridge.sinks.publisher import DecisionPublisher
 
-#: The longest ``--max-ttl`` an approver accepts (bridge.config): a decision living longer is refused
+#: The longest ``--max-ttl`` an approver accepts (bridge.approver.config): a decision living longer is refused
 #: by every approver; one living longer than the default is refused by approvers left at the default.
 LONGEST_TTL = 7 * 86400.0
 DEFAULT_MAX_TTL = 86400.0

@@ -31,9 +31,10 @@ from typing import Any
 
 import orjson
 
+from bridge.agent.config import AgentConfig
 from bridge.agent.service import Agent
 from bridge.approver.build import build_approver
-from bridge.config import AgentConfig, ApproverConfig
+from bridge.approver.config import ApproverConfig
 from bridge.imds.emulator import EmulatorServer
 from bridge.records.approval import Approval
 from bridge.records.fields import Refused

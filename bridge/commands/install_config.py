@@ -1,8 +1,8 @@
 """Render and validate ``config.toml`` for the installers (deploy/linux/install.sh, install.ps1).
 
 Both installers run ``<venv>/bin/python -m bridge.commands.install_config`` after installing the
-package, so the package's own loaders (:func:`bridge.config.load_agent_config`,
-:func:`bridge.config.load_approver_config`, the very functions the services start with) decide
+package, so the package's own loaders (:func:`bridge.agent.config.load_agent_config`,
+:func:`bridge.approver.config.load_approver_config`, the very functions the services start with) decide
 what a valid configuration is: unknown keys, bad
 values and missing required settings are refused here, before any service is restarted, and an
 existing ``config.toml`` is kept unless ``SEB_FORCE=1``. Inputs come as ``SEB_*`` environment variables
@@ -29,7 +29,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bridge.config import ConfigError, load_agent_config, load_approver_config
+from bridge.agent.config import load_agent_config
+from bridge.approver.config import load_approver_config
+from bridge.settings import ConfigError
 
 #: uid and gid of the service account that must read the secrets, or None (Windows, tests as non-root).
 OwnerIds = tuple[int, int] | None

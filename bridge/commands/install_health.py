@@ -23,8 +23,10 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from bridge.config import ConfigError, load_agent_config, load_approver_config
+from bridge.agent.config import load_agent_config
+from bridge.approver.config import load_approver_config
 from bridge.http.netaddr import UnixHTTPConnection, parse_listen
+from bridge.settings import ConfigError
 
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 

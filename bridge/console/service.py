@@ -19,10 +19,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from bridge.config_central import ConsoleConfig
 from bridge.console.access import Access
 from bridge.console.app import Console
 from bridge.console.board import Board
+from bridge.console.config import ConsoleConfig
 from bridge.console.identity import TokenVerifier
 from bridge.decisions import load_signing_key
 from bridge.http.netaddr import parse_listen
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 class ConsoleService:
     def __init__(self, config: ConsoleConfig) -> None:
-        from bridge.config import ConfigError
+        from bridge.settings import ConfigError
 
         self.config = config
         self.stop = threading.Event()

@@ -259,8 +259,8 @@ def test_a_component_that_fails_stops_the_agent_with_exit_code_70(tmp_path: Path
 
     import requests
 
+    from bridge.agent.config import AgentConfig
     from bridge.agent.service import Agent as AgentService
-    from bridge.config import AgentConfig
     from bridge.imds.emulator import EmulatorServer
     from bridge.shell.statedir import EXIT_COMPONENT_FAILED
 

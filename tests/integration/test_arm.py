@@ -163,7 +163,7 @@ def run_fleet_approver(
     import argparse
 
     from bridge.approver.build import build_approver
-    from bridge.config import load_approver_config
+    from bridge.approver.config import load_approver_config
     from bridge.decisions import Decision, new_decision, sign
     from bridge.schemas import validate_record
 

@@ -34,7 +34,8 @@ from procs import PY, Emulator, decision_public_pem, scrape, wait_until
 from test_infra import tools_python
 from test_keyvault import FakeAzure
 
-from bridge.config import load_agent_config, load_approver_config
+from bridge.agent.config import load_agent_config
+from bridge.approver.config import load_approver_config
 from bridge.streams import topology
 
 ROOT = Path(__file__).resolve().parents[2]

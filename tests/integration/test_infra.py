@@ -727,7 +727,7 @@ def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: P
     replica reads everything), the key is a file (the Key Vault secret volume), and main.bicep creates
     that consumer group on the records hub."""
     from bridge.cli import build_parser
-    from bridge.config import load_console_config
+    from bridge.console.config import load_console_config
     from bridge.sinks.eventhubs import parse_eventhubs_spec
     from bridge.streams import topology
     from bridge.streams.eventhubs import parse_source_spec

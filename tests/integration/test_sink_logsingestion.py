@@ -162,8 +162,8 @@ def test_the_installers_config_carries_the_sink_and_the_agent_loads_it(tmp_path:
     accepts it and each sink is built from it."""
     import argparse
 
+    from bridge.agent.config import load_agent_config
     from bridge.commands.install_config import apply_agent_inputs, render_toml, validate
-    from bridge.config import load_agent_config
 
     monitor = "azuremonitor://se-dcr-ab12.westeurope-1.ingest.monitor.azure.com/dcr-0123456789abcdef0123456789abcdef"
     monitor += "?credential=managed&client_id=0f8fad5b-d9cb-469f-a165-70867728950e"

@@ -8,20 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from bridge import config
+import bridge.agent.config as agent_config
+import bridge.approver.config as approver_config
+from bridge.agent.config import AgentConfig, load_agent_config
+from bridge.approver.config import ApproverConfig, load_approver_config
+from bridge.azure.config import AzureChannelConfig, load_azure_channel_config
 from bridge.cli import build_parser
-from bridge.config import (
-    AgentConfig,
-    ApproverConfig,
-    AzureChannelConfig,
-    ConfigBase,
-    ConfigError,
-    Setting,
-    load_agent_config,
-    load_approver_config,
-    load_azure_channel_config,
-    settings_of,
-)
+from bridge.settings import ConfigBase, ConfigError, Setting, settings_of
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -131,10 +124,16 @@ def test_every_setting_is_declared_once_on_its_dataclass(config_class: type[Conf
 
 
 def test_the_tables_are_derived_not_declared() -> None:
-    assert settings_of(AgentConfig) is config.AGENT_SETTINGS
-    assert settings_of(ApproverConfig) is config.APPROVER_SETTINGS
-    tables = [v for v in vars(config).values() if isinstance(v, tuple) and v and isinstance(v[0], Setting)]
-    assert tables == [config.AGENT_SETTINGS, config.APPROVER_SETTINGS]
+    assert settings_of(AgentConfig) is agent_config.AGENT_SETTINGS
+    assert settings_of(ApproverConfig) is approver_config.APPROVER_SETTINGS
+    for module, table in (
+        (agent_config, agent_config.AGENT_SETTINGS),
+        (approver_config, approver_config.APPROVER_SETTINGS),
+    ):
+        tables = [
+            v for v in vars(module).values() if isinstance(v, tuple) and v and isinstance(v[0], Setting)
+        ]
+        assert tables == [table]
     # A field declared without setting(...) is a bug caught at once, not a setting without a flag.
     from dataclasses import dataclass
 
