@@ -58,7 +58,9 @@ class ConsoleDemo:
         ensure_private_dir(keys)
         from bridge.decisions import generate_key_pair
 
-        (keys / "relay.key").write_bytes(secrets.token_bytes(32))
+        # As text: key files are read as text and stripped, so raw random bytes ending in a
+        # whitespace byte (one run in 40) were one byte short and refused.
+        (keys / "relay.key").write_bytes(secrets.token_hex(32).encode())
         private, public = generate_key_pair()  # the console signs; the approver and agents prove
         (keys / "console.key").write_bytes(private)
         (keys / "console.pub").write_bytes(public)
