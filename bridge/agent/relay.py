@@ -139,10 +139,6 @@ class Relay:
         status = 503 if any(code == 503 for code, _ in replies) else 200
         return status, {"answers": [answer for _, answer in replies]}
 
-    def approved(self, event_id: str) -> bool:
-        """Whether this VM's relay approved the event (the poster's ledger)."""
-        return self._poster.approved(event_id)
-
     def _pending(self, decision: RelayDecision, requester: str, component: str) -> _Pending:
         """One decision of a request, proven first when it comes from outside the agent: an
         unproven one is answered at once (refused ``unproven``) and never reaches the ledger."""

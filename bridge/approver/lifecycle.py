@@ -273,12 +273,6 @@ class DecisionLife:
 
     # -- decisions no agent answered: parked, retried, or ended at their expiry --------------------
 
-    def resubmit(self, slot: Slot) -> bool:
-        return self.parked.resubmit(slot)
-
-    def expire_parked(self, slot: Slot) -> None:
-        self.parked.expire(slot)
-
     # -- many decisions at once: lanes (bridge.approver.dispatch) ---------------------------------------
 
     def drain_lane(self, lane: str, slots: list[Slot]) -> None:

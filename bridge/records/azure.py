@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bridge.records.fields import Envelope, VmRef, azure_vm_of, check, stamp, text
+from bridge.records.fields import MAX_RESOURCE_ID, Envelope, VmRef, azure_vm_of, bounded, check, stamp, text
 from bridge.records.scheduled_events import EventView, event_of
 
 AZURE_EVENT_SCHEMA = "azure-event.v1.schema.json"
@@ -47,8 +47,9 @@ def read_event(raw: Mapping[str, object], signed_by: str | None = None) -> Azure
         observed_at=stamp(raw["observedAt"]),
         vm=None,
         event=event_of(event.raw),
-        resource_id=text(event.string("resourceId"), 1024),
-        parent_id=text(event.string("parentId"), 1024),
+        resource_id=bounded(event.string("resourceId"), MAX_RESOURCE_ID, "event.resourceId"),
+        # The scope an ARM acknowledgement goes to: refused when too long, never cut.
+        parent_id=bounded(event.string("parentId"), MAX_RESOURCE_ID, "event.parentId"),
         vms=tuple(azure_vm_of(v.raw) for v in f.objs("vms")),
         state=f.string("state"),
         late=f.boolean("late"),

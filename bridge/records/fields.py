@@ -22,6 +22,8 @@ from bridge.support.timeutil import epoch_of
 #: characters, a scale-set instance adds ``_<n>``): a record carrying one is refused, so no map a
 #: reader fills is keyed by an attacker's megabyte.
 MAX_NAME = 128
+#: ARM resource ids are at most a few hundred characters; a longer one is refused, never cut.
+MAX_RESOURCE_ID = 1024
 #: An event names at most this many resources (a scale set holds at most 1 000 VMs); more is refused.
 MAX_RESOURCES = 1000
 
@@ -134,6 +136,16 @@ def name(value: object) -> str:
     return sys.intern(value)
 
 
+def bounded(value: object, limit: int, field: str) -> str:
+    """An identifier a decision is taken on (a vmId, a resource id): refused when longer than any
+    real one, never cut (a cut id could stand for another)."""
+    if not isinstance(value, str):
+        return ""
+    if len(value) > limit:
+        raise RecordInvalid("tooLarge", f"{field} of {len(value)} characters (at most {limit})")
+    return value
+
+
 def names(values: object) -> tuple[str, ...]:
     """A list of names (an event's resources), each interned, at most MAX_RESOURCES, duplicates dropped."""
     if not isinstance(values, list):
@@ -186,8 +198,8 @@ def vm_of(block: object, *, schema: bool = True) -> VmRef:
         check(block, "record.v1.schema.json", "vm")
     return VmRef(
         name=name(block.get("name")),
-        vm_id=sys.intern(text(block.get("vmId"), MAX_NAME).lower()),
-        resource_id=text(block.get("resourceId"), 1024),
+        vm_id=sys.intern(bounded(block.get("vmId"), MAX_NAME, "vm.vmId").lower()),
+        resource_id=bounded(block.get("resourceId"), MAX_RESOURCE_ID, "vm.resourceId"),
         subscription_id=text(block.get("subscriptionId"), MAX_NAME),
         resource_group=name(block.get("resourceGroup")),
         location=name(block.get("location")),
@@ -201,7 +213,7 @@ def azure_vm_of(block: Mapping[str, object]) -> VmRef:
     """A VM as Azure's channel names it (name, resourceId, subscriptionId, resourceGroup)."""
     return VmRef(
         name=name(block.get("name")),
-        resource_id=text(block.get("resourceId"), 1024),
+        resource_id=bounded(block.get("resourceId"), MAX_RESOURCE_ID, "vm.resourceId"),
         subscription_id=text(block.get("subscriptionId"), MAX_NAME),
         resource_group=name(block.get("resourceGroup")),
     )

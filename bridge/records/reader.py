@@ -192,8 +192,3 @@ def event_ids(record: Record) -> tuple[str, ...]:
     else:
         found = [record.event_id]
     return tuple(dict.fromkeys(found))
-
-
-def read(raw: object) -> Record | Refused | None:
-    """One record with no keys (nothing signed is proven): for tests and one-off tools."""
-    return Reader().read(raw)

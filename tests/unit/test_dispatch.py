@@ -240,6 +240,6 @@ def test_the_standbys_copy_leaves_arm_to_the_owner_and_is_dropped_once_the_owner
     assert rig.life.parked.may_fall_back([standby]) is True  # the owner is gone, after all
     finished.add(str(standby_slot.message.position))
     assert rig.life.parked.may_fall_back([standby]) is False  # the owner did it: never a second ARM call
-    assert rig.life.resubmit(standby_slot) is True and standby_slot.done  # dropped, not relayed again
-    rig.life.expire_parked(standby_slot)
+    assert rig.life.parked.resubmit(standby_slot) is True and standby_slot.done  # dropped, not relayed again
+    rig.life.parked.expire(standby_slot)
     assert rig.outcomes() == []  # no audit of its own: the owner's is the decision's one outcome

@@ -173,6 +173,21 @@ def test_names_and_lists_over_their_bounds_are_refused_as_too_large() -> None:
     )
 
 
+def test_an_identifier_a_decision_is_taken_on_is_refused_when_too_long_never_cut() -> None:
+    """A vmId pins a VM, a resource id or an event's parent chooses an ARM scope: cut to a bound, a
+    hostile one could stand for another; so it is refused (tooLarge), counted."""
+    reader = Reader(azure_keys=KeyRing({"azure": b"k" * 40}))
+    long_vm_id = copy.deepcopy(VALID["scheduledEvents"])
+    long_vm_id["vm"]["vmId"] = "0" * (MAX_NAME + 1)
+    long_resource = copy.deepcopy(VALID["heartbeat"])
+    long_resource["vm"]["resourceId"] = RID + "/x" * 600
+    long_parent = copy.deepcopy(VALID["azureScheduledEvent"])
+    long_parent["event"]["parentId"] = RID + "/x" * 600
+    for record in (long_vm_id, long_resource, sign_record("azure", b"k" * 40, long_parent)):
+        result = reader.read(record)
+        assert isinstance(result, Refused) and result.reason == "tooLarge", result
+
+
 def test_what_is_no_record_is_refused_by_kind_and_other_types_are_left_alone() -> None:
     reader = Reader(types=("scheduledEvents",))
     assert isinstance(reader.read([1, 2]), Refused)
