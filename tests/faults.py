@@ -13,7 +13,7 @@ import errno
 import os
 import resource
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -67,14 +67,21 @@ def lowest_free_fd(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def no_new_fds(pid: int) -> Iterator[None]:
+def no_new_fds(pid: int) -> Iterator[Callable[[], None]]:
     """Lower ``pid``'s RLIMIT_NOFILE so that every open/accept/socket fails with EMFILE.
 
     The kernel hands out the lowest free fd number and refuses one at or above the limit, so the
-    limit is set to the lowest free number; the fds the process holds keep working."""
+    limit is set to the lowest free number; the fds the process holds keep working. A transient fd
+    the process closes afterwards (a reconnect, a file opened for one write) leaves a free number
+    below the limit, and the next open takes it: the context yields ``tighten`` to lower the limit
+    again to the lowest free number (CI saw one such hole let the cursor write through)."""
     soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-    resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free_fd(pid), hard))
+
+    def tighten() -> None:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free_fd(pid), hard))
+
+    tighten()
     try:
-        yield
+        yield tighten
     finally:
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
