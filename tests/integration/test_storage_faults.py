@@ -145,9 +145,7 @@ def test_fd_exhaustion_does_not_kill_delivery(emulator: Emulator, make_agent) ->
     second = emulator.add_event(eventType="Reboot")
     agent.wait_for_change(second, "scheduled")  # the worker is alive
     cursors = agent.state_dir / "outbox" / "cursors"
-    wait_until(
-        lambda: committed_cursors(cursors) == [records + 1], what="cursor written once fds were free"
-    )
+    wait_until(lambda: committed_cursors(cursors) == [records + 1], what="cursor written once fds were free")
     assert_consistent(assert_every_line_is_a_valid_record(agent))
 
 
