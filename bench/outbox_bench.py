@@ -10,8 +10,13 @@ same records, so machine noise hits both alike. Run by hand, it is not a test:
     .venv/bin/python bench/outbox_bench.py --records 10000 --rounds 3 --tmp-dir /var/tmp
 
 "Before" is ``bridge/agent/outbox.py`` as of commit ``a409fcf`` (the last one before the pipeline
-package), read from git history, so nothing of it is kept in the tree. Figures, per implementation,
-median of the rounds:
+package), read from git history, so nothing of it is kept in the tree. ``--before-commit C`` compares
+instead with ``bridge/pipeline/outbox.py`` as of commit ``C`` (same API; the modules it imports are
+today's), e.g. the one-class outbox before it was split into segments and cursors (issue 32):
+
+    .venv/bin/python bench/outbox_bench.py --before-commit 20f2381 --tmp-dir /var/tmp
+
+Figures, per implementation, median of the rounds:
 
 * **append**: records/s appended, each fsynced (fdatasync) as the agent does, ~1.6 KB records;
   dominated by the disk's flush latency (use a real disk: ``--tmp-dir`` on tmpfs makes fsync free);
@@ -57,10 +62,12 @@ from benchkit import sample_record  # noqa: E402
 from bridge.pipeline import Outbox, RecordMeta  # noqa: E402
 
 
-def load_before(workdir: Path) -> ModuleType:
+def load_before(
+    workdir: Path, commit: str = BEFORE_COMMIT, path: str = "bridge/agent/outbox.py"
+) -> ModuleType:
     """The previous outbox module, from git history."""
     source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{BEFORE_COMMIT}:bridge/agent/outbox.py"],
+        ["git", "-C", str(REPO), "show", f"{commit}:{path}"],
         capture_output=True,
         check=True,
     ).stdout
@@ -98,10 +105,17 @@ def record_meta_before(entry: Any) -> str:
     return key
 
 
-def subjects(before: ModuleType) -> list[Subject]:
+def subjects(before: ModuleType, same_api: bool) -> list[Subject]:
     limits = {"max_records": 1_000_000, "max_bytes": 1 << 34}
     return [
         Subject(
+            "before",
+            lambda d: before.Outbox(d, SINKS, **limits),
+            lambda box, record, payload: box.append(RecordMeta.of(record), payload),
+            lambda entry: entry.meta.key,
+        )
+        if same_api
+        else Subject(
             "before",
             lambda d: before.Outbox(d, SINKS, **limits),
             lambda box, record, payload: box.append(record["recordId"], payload),
@@ -153,11 +167,16 @@ def main() -> int:
     parser.add_argument("--tmp-dir", default=None, help="where the outboxes go (a real disk)")
     parser.add_argument("--json", default=str(REPO / "bench" / "results" / "outbox.json"))
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--before-commit", help="compare with bridge/pipeline/outbox.py at this commit")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="se-outbox-bench-", dir=args.tmp_dir))
     try:
-        impls = subjects(load_before(root))
+        if args.before_commit:
+            before = load_before(root, args.before_commit, "bridge/pipeline/outbox.py")
+        else:
+            before = load_before(root)
+        impls = subjects(before, same_api=bool(args.before_commit))
         records = []
         for n in range(args.records):
             record = sample_record(n, "bench-vm")

@@ -373,7 +373,7 @@ def test_a_lane_batch_costs_one_audit_fsync_and_a_failed_one_writes_the_audits_a
     )
     commits = type(service.commits)(lambda ms: committed.extend(m.position for m in ms))
     service.commits = service.life.commits = commits
-    real_sync, calls = service.outbox._sync, []
+    real_sync, calls = service.outbox.disk.sync, []
 
     def sync_failing_once(fd: int) -> None:
         calls.append(fd)
@@ -381,7 +381,7 @@ def test_a_lane_batch_costs_one_audit_fsync_and_a_failed_one_writes_the_audits_a
             raise OSError(errno.EIO, "Input/output error")
         real_sync(fd)
 
-    service.outbox._sync = sync_failing_once
+    service.outbox.disk.sync = sync_failing_once
     messages = [
         Message(orjson.dumps(signed(e)), Position("line", i, partitioned=False))
         for i, e in enumerate(events, 1)

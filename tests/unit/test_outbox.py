@@ -242,7 +242,7 @@ def test_a_failed_append_leaves_no_partial_frame(tmp_path: Path, error: int) -> 
     box = Outbox(tmp_path, ["a"], metrics=metrics)
     fill(box, 2)
     size = next(tmp_path.glob("seg-*.log")).stat().st_size
-    box._write = ShortWrites(fail=2, error=error)
+    box.disk.write = ShortWrites(fail=2, error=error)
     for _ in range(2):
         with pytest.raises(OutboxWriteError) as info:
             box.append(meta(2), payload(2))
@@ -260,7 +260,7 @@ def test_a_failed_fsync_is_a_failed_append(tmp_path: Path) -> None:
     def broken_sync(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    box._sync = broken_sync
+    box.disk.sync = broken_sync
     with pytest.raises(OutboxWriteError):
         box.append(meta(0), payload(0))
     assert box.read(0) == [] and box.last_seq == 0
@@ -281,7 +281,7 @@ class CountingSync:
 
 def test_a_batch_appended_without_sync_costs_one_fsync_and_is_durable_after_sync(tmp_path: Path) -> None:
     box = Outbox(tmp_path, ["a"])
-    syncs = box._sync = CountingSync(box._sync)
+    syncs = box.disk.sync = CountingSync(box.disk.sync)
     for i in range(50):
         box.append(meta(i), payload(i), sync=False)
     assert syncs.calls == 0 and len(box.read(0, limit=100)) == 50  # readable before the sync
@@ -297,7 +297,7 @@ def test_a_batch_appended_without_sync_costs_one_fsync_and_is_durable_after_sync
 def test_a_failed_batch_sync_is_an_error_and_a_roll_syncs_the_batch_first(tmp_path: Path) -> None:
     metrics = PipelineMetrics()
     box = Outbox(tmp_path, ["a"], segment_bytes=600, metrics=metrics)
-    syncs = box._sync = CountingSync(box._sync)
+    syncs = box.disk.sync = CountingSync(box.disk.sync)
     box.append(meta(0), payload(0), sync=False)
     syncs.fail = True
     with pytest.raises(OutboxWriteError):
@@ -317,7 +317,7 @@ def test_batch_syncs_run_outside_the_append_lock_and_share_fsyncs(tmp_path: Path
     roll meanwhile (the fsync runs on a duplicate descriptor) changes nothing."""
     box = Outbox(tmp_path, ["a"], segment_bytes=2_000)
     in_fsync, release = threading.Event(), threading.Event()
-    real = box._sync
+    real = box.disk.sync
     calls: list[int] = []
 
     def slow_sync(fd: int) -> None:
@@ -327,7 +327,7 @@ def test_batch_syncs_run_outside_the_append_lock_and_share_fsyncs(tmp_path: Path
             assert release.wait(10)
         real(fd)
 
-    box._sync = slow_sync
+    box.disk.sync = slow_sync
     box.append(meta(0), payload(0), sync=False)
     first = threading.Thread(target=box.sync)
     first.start()

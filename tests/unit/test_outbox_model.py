@@ -83,28 +83,28 @@ class OutboxModel(RuleBasedStateMachine):
         size=st.integers(0, 400), short=st.integers(0, 60), error=st.sampled_from([errno.ENOSPC, errno.EIO])
     )
     def append_on_a_full_disk(self, size: int, short: int, error: int) -> None:
-        self.box._write = FailingWrites(short, error)
+        self.box.disk.write = FailingWrites(short, error)
         try:
             self.box.append(RecordMeta("full", "t", "vm"), self._payload(size))
             raise AssertionError("an append that could not be written returned")
         except OutboxWriteError as err:
             assert err.errno == error
         finally:
-            self.box._write = os.write
+            self.box.disk.write = os.write
 
     @rule(size=st.integers(0, 200))
     def append_with_a_failing_fsync(self, size: int) -> None:
         def broken(fd: int) -> None:
             raise OSError(errno.EIO, "Input/output error")
 
-        real, self.box._sync = self.box._sync, broken
+        real, self.box.disk.sync = self.box.disk.sync, broken
         try:
             self.box.append(RecordMeta("eio", "t", "vm"), self._payload(size))
             raise AssertionError("an append whose fsync failed returned")
         except OutboxWriteError:
             pass
         finally:
-            self.box._sync = real
+            self.box.disk.sync = real
 
     @rule(sink=st.sampled_from(SINKS), limit=st.integers(1, 7))
     def deliver(self, sink: str, limit: int) -> None:
