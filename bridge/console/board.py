@@ -274,10 +274,6 @@ class Board:
         elif isinstance(record, Finding) and record.finding == "unwatched" and record.signed_by is not None:
             self._unwatched(record, now)
 
-    def take_raw(self, raw: object, now: float | None = None) -> None:
-        """A record as parsed JSON, read by the board's reader first (tests, the demo)."""
-        self.take(self.reader.read(raw), now)
-
     def _seen(self, record: Envelope, now: float, heartbeat: float = 0.0) -> VmRow | None:
         vm = record.vm
         if vm is None or not vm.name:

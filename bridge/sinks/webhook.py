@@ -89,8 +89,8 @@ class WebhookSink(SynchronousSink):
         self._hmac_key: bytes | None = None
         self._url_secrets = options.url_secrets
         self._secrets: list[str] = [v for v in self._url_secrets if len(v) >= MIN_SCRUB_CHARS]
-        self._config_error = options._config_error
-        self._owner = options._owner
+        self._config_error = options.error
+        self._owner = options.owner
 
     # -- life cycle ----------------------------------------------------------------------------------
 

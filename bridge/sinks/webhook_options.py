@@ -61,14 +61,14 @@ class WebhookOptions:
         # its host. The table of secret shapes stays the second line of defence for free text.
         self.name = display_name(spec)
         if self.scheme not in ("http", "https"):
-            raise self._config_error(f"webhook sink needs an http(s):// URL, got {self.name!r}")
+            raise self.error(f"webhook sink needs an http(s):// URL, got {self.name!r}")
         try:
             host = parts.hostname
             port = parts.port
         except ValueError as exc:  # a port that is not a number
-            raise self._config_error(f"webhook URL {self.name!r} is malformed: {exc}") from None
+            raise self.error(f"webhook URL {self.name!r} is malformed: {exc}") from None
         if not host:
-            raise self._config_error(f"webhook URL {self.name!r} has no host")
+            raise self.error(f"webhook URL {self.name!r} has no host")
         self.host = host
         self.port = port
         self.loopback = is_loopback(host)
@@ -78,11 +78,11 @@ class WebhookOptions:
         options = self._parse_options(parts.fragment)
         self.format = options.pop("format", "json").lower()
         if self.format not in FORMATS:
-            raise self._config_error(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+            raise self.error(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         self.timeout = self._parse_timeout(options.pop("timeout", None))
         self.allow_http = self._parse_bool("allow_http", options.pop("allow_http", "false"))
         if self.scheme == "http" and not (self.loopback or self.allow_http):
-            raise self._config_error(
+            raise self.error(
                 f"refusing plain http:// to {host}: records and signatures would cross the network "
                 "unencrypted. Use https://, or add #allow_http=true to the spec if this network is "
                 "trusted (http:// is accepted without it only for loopback hosts)"
@@ -92,11 +92,11 @@ class WebhookOptions:
         try:
             self.chat = ChatOptions.take(options, self.format)
         except ValueError as exc:
-            raise self._config_error(str(exc)) from None
+            raise self.error(str(exc)) from None
         self.hmac_source = self._secret_source("hmac_key", "HMAC key", options)
         self.aeg_source = self._secret_source("aeg_key", "Event Grid key", options)
         if self.aeg_source is not None and self.format != "eventgrid":
-            raise self._config_error("aeg_key_env/aeg_key_file only apply to format=eventgrid")
+            raise self.error("aeg_key_env/aeg_key_file only apply to format=eventgrid")
         self.static_headers: dict[str, str] = {}
         self.secret_headers: dict[str, SecretRef] = {}
         for key, value in options.items():
@@ -106,11 +106,12 @@ class WebhookOptions:
         # server may echo the URL's `sig` (decoded, or not after `&`) or a header in its error body.
         self.url_secrets = _url_secrets(parts)
 
-    def _config_error(self, message: str) -> SinkError:
+    def error(self, message: str) -> SinkError:
+        """A configuration error naming this sink (its URL redacted), for the options and the sink."""
         return config_error(f"webhook sink {self.name}: {message}")
 
     @property
-    def _owner(self) -> Owner:
+    def owner(self) -> Owner:
         """This sink as the transport helpers speak for it (``webhook sink <redacted URL>: ...``). The
         secret readers say "for header Authorization, ..." rather than "header Authorization: ...",
         which redaction would take for a header line and mask to its end."""
@@ -125,22 +126,22 @@ class WebhookOptions:
         for pair in fragment.split("&"):
             key, sep, value = pair.partition("=")
             if not sep or not key:
-                raise self._config_error(
+                raise self.error(
                     "options after '#' must be name=value pairs joined by '&' (%-encode '&', '#', spaces)"
                 )
             pairs.append((unquote(key), unquote(value)))
         options: dict[str, str] = {}
         for key, value in pairs:
             if key in options:
-                raise self._config_error(f"option {key!r} is given twice")
+                raise self.error(f"option {key!r} is given twice")
             known = key in _SIMPLE_OPTIONS or key.partition(".")[0] in ("header", "header_env", "header_file")
             if not known:
                 if key.lower() in ("insecure_skip_verify", "insecure", "verify_ssl", "tls_skip_verify"):
-                    raise self._config_error(
+                    raise self.error(
                         f"{key} is not offered: TLS verification stays on; for a private CA give "
                         "ca_file=/path/ca.pem"
                     )
-                raise self._config_error(
+                raise self.error(
                     f"unknown option {key!r} (known: {', '.join(sorted(_SIMPLE_OPTIONS))}, header.NAME, "
                     "header_env.NAME, header_file.NAME)"
                 )
@@ -155,7 +156,7 @@ class WebhookOptions:
         except ValueError:
             timeout = -1.0
         if not 0 < timeout <= MAX_TIMEOUT:
-            raise self._config_error(f"timeout must be seconds in (0, {MAX_TIMEOUT:g}], got {value!r}")
+            raise self.error(f"timeout must be seconds in (0, {MAX_TIMEOUT:g}], got {value!r}")
         return timeout
 
     def _parse_bool(self, name: str, value: str) -> bool:
@@ -164,24 +165,22 @@ class WebhookOptions:
             return True
         if v in _FALSE:
             return False
-        raise self._config_error(f"{name} must be true or false, got {value!r}")
+        raise self.error(f"{name} must be true or false, got {value!r}")
 
     def _parse_ca(self, ca_file: str | None, verify: str | None) -> str | None:
         if verify is not None:
             v = verify.strip().lower()
             if v in _FALSE:
-                raise self._config_error(
+                raise self.error(
                     "verify=false is not offered: TLS verification stays on; for a private CA give "
                     "ca_file=/path/ca.pem"
                 )
             if v not in _TRUE:
                 if ca_file is not None:
-                    raise self._config_error(
-                        "give the CA bundle once: ca_file=PATH (verify=PATH is an alias)"
-                    )
+                    raise self.error("give the CA bundle once: ca_file=PATH (verify=PATH is an alias)")
                 ca_file = verify
         if ca_file is not None and not ca_file:
-            raise self._config_error("ca_file is empty")
+            raise self.error("ca_file is empty")
         return ca_file
 
     def _parse_proxy(self, proxy: str | None) -> str | None:
@@ -189,9 +188,9 @@ class WebhookOptions:
             return None
         p = urlsplit(proxy)
         if p.scheme not in ("http", "https") or not p.hostname:
-            raise self._config_error(f"proxy must be http://host:port or https://host:port, got {proxy!r}")
+            raise self.error(f"proxy must be http://host:port or https://host:port, got {proxy!r}")
         if p.username or p.password:
-            raise self._config_error(
+            raise self.error(
                 "proxy credentials do not belong in the spec (it is logged): set them in HTTPS_PROXY "
                 "in the agent's environment instead"
             )
@@ -201,29 +200,29 @@ class WebhookOptions:
         # Paths are taken as given (relative ones too) and variable names are not checked here: a
         # name no environment holds is refused at open(), as not set.
         env, file = options.pop(f"{prefix}_env", None), options.pop(f"{prefix}_file", None)
-        return SecretRef.from_options(self._owner, prefix, env, file, what=what, strict=False)
+        return SecretRef.from_options(self.owner, prefix, env, file, what=what, strict=False)
 
     def _add_header(self, kind: str, header: str, value: str) -> None:
         if not _TOKEN.match(header):
-            raise self._config_error(f"{kind}.NAME needs a valid HTTP header name, got {header!r}")
+            raise self.error(f"{kind}.NAME needs a valid HTTP header name, got {header!r}")
         lower = header.lower()
         if lower in _RESERVED_HEADERS or lower.startswith("x-se-bridge-") or lower == EVENT_GRID_KEY_HEADER:
-            raise self._config_error(f"header {header} is set by the sink and cannot be configured")
+            raise self.error(f"header {header} is set by the sink and cannot be configured")
         if any(h.lower() == lower for h in (*self.static_headers, *self.secret_headers)):
-            raise self._config_error(f"header {header} is configured twice")
+            raise self.error(f"header {header} is configured twice")
         if kind == "header":
             if _SENSITIVE_HEADER.search(header):
-                raise self._config_error(
+                raise self.error(
                     f"header {header} looks like a credential and the spec is logged: put the value in "
                     f"an environment variable and give header_env.{header}=VARIABLE (or header_file.{header}"
                     "=/path)"
                 )
-            check_header_value(header, value, self._config_error)
+            check_header_value(header, value, self.error)
             self.static_headers[header] = value
         else:
             env, path = (value, None) if kind == "header_env" else (None, value)
             ref = SecretRef(f"{kind}.{header}", env=env, path=path, what=f"header {header}")
-            self.secret_headers[header] = ref.checked(self._owner, strict=False)
+            self.secret_headers[header] = ref.checked(self.owner, strict=False)
 
 
 def display_name(spec: str) -> str:

@@ -23,6 +23,11 @@ SET = ["vm-a", "vm-b", "vm-c"]
 EVENT = "8D10DA13-8125-4BA9-A717-BF7490507B3D"
 
 
+def take_raw(board: Board, raw: object, now: float | None = None) -> None:
+    """A record as parsed JSON, through the board's own reader (as the stream would hand it)."""
+    board.take(board.reader.read(raw), now)
+
+
 def record(vm: str, status: str | None, at: str, change: str = "") -> dict[str, Any]:
     events = (
         []
@@ -52,7 +57,7 @@ def test_an_event_closes_once_when_its_vms_are_read_one_partition_after_another(
     board = Board(history_days=366)
     for vm in SET:  # every record of vm-a, then vm-b's, then vm-c's
         for rec in lifetime(vm):
-            board.take_raw(rec, now=1795000000.0)
+            take_raw(board, rec, now=1795000000.0)
     history = board.history(now=1795000000.0)
     assert history["days"] == [("2026-11-20", {"Freeze": 1})]
     assert [h["eventId"] for h in history["events"]] == [EVENT]
@@ -65,8 +70,8 @@ def test_an_event_closes_once_when_its_vms_are_read_one_partition_after_another(
 def test_a_late_vm_reopens_the_event_without_undoing_its_status() -> None:
     board = Board(history_days=366)
     for rec in lifetime("vm-a")[:2]:
-        board.take_raw(rec, now=1795000000.0)
-    board.take_raw(record("vm-b", "Scheduled", "2026-11-20T10:00:01Z"), now=1795000000.0)  # vm-b is behind
+        take_raw(board, rec, now=1795000000.0)
+    take_raw(board, record("vm-b", "Scheduled", "2026-11-20T10:00:01Z"), now=1795000000.0)  # vm-b is behind
     event = board.event(EVENT)
     assert event is not None and event["eventStatus"] == "Started" and event["open"]
 
@@ -84,8 +89,8 @@ def test_an_audit_that_comes_after_the_event_closed_is_kept_with_it() -> None:
     board = Board(history_days=366, approver_keys=KeyRing({"approvers": APPROVER_KEY}))
     for vm in SET:
         for rec in lifetime(vm):
-            board.take_raw(rec, now=1795000000.0)
-    board.take_raw(approver_audit(), now=1795000000.0)
+            take_raw(board, rec, now=1795000000.0)
+    take_raw(board, approver_audit(), now=1795000000.0)
     closed = board.event(EVENT)
     assert closed is not None
     assert [a["outcome"] for a in closed["audits"]] == ["approved"]
@@ -118,30 +123,30 @@ def test_azures_channel_shows_the_vms_nobody_watches_and_how_events_ended() -> N
         news = tracker.observe(event)
         assert news is not None
         for rec in [azure_event_record(event, news, now), *reconciler.azure(event, news, now)]:
-            board.take_raw(rec, now)  # unsigned (what any agent could write): not shown
-            board.take_raw(sign_record("azure", key, rec), now)
+            take_raw(board, rec, now)  # unsigned (what any agent could write): not shown
+            take_raw(board, sign_record("azure", key, rec), now)
 
     now = time.time()
     for vm in ("vm-a", "vm-b"):
         agents = record(vm, "Scheduled", "2026-11-20T10:00:00Z")
         agents["vm"].update(subscriptionId=SUB, resourceGroup=RG)
-        board.take_raw(agents, now)
+        take_raw(board, agents, now)
         reconciler.agent(typed(agents), now)
     azure("Scheduled", now)
     findings = reconciler.due(now + 11)
     for finding in findings:
-        board.take_raw(finding, now + 11)
+        take_raw(board, finding, now + 11)
     assert all(not vm["unwatched"] for vm in board.fleet(now + 11)["vms"])  # unsigned findings: not shown
     for finding in findings:
-        board.take_raw(sign_record("azure", key, finding), now + 11)
+        take_raw(board, sign_record("azure", key, finding), now + 11)
     fleet = board.fleet(now + 11)
     by_name = {vm["name"]: vm for vm in fleet["vms"]}
     assert by_name["vm-c"]["unwatched"] == [EVENT] and by_name["vm-c"]["events"] == [EVENT]
     assert by_name["vm-a"]["unwatched"] == [] and fleet["events"][EVENT]["eventStatus"] == "Scheduled"
-    board.take_raw(record("vm-c", "Scheduled", "2026-11-20T10:01:00Z"), now + 12)  # its agent is back
+    take_raw(board, record("vm-c", "Scheduled", "2026-11-20T10:01:00Z"), now + 12)  # its agent is back
     assert {vm["name"]: vm for vm in board.fleet(now + 12)["vms"]}["vm-c"]["unwatched"] == []
     for vm in SET:
-        board.take_raw(record(vm, None, "2026-11-20T10:16:00Z", change="completed"), now + 13)
+        take_raw(board, record(vm, None, "2026-11-20T10:16:00Z", change="completed"), now + 13)
     azure("Completed", now + 14)
     event = board.event(EVENT)
     assert event is not None and event["open"] is False and event["azureOutcome"] == "Completed"
@@ -161,13 +166,13 @@ def test_a_vm_the_event_does_not_name_cannot_rewrite_it() -> None:
     """vm-x rewrote E7's Resources from three VMs to one and its description to "routine, one VM";
     moved NotBefore 30 days; forced it Started. None of it is believed now."""
     board = Board()
-    board.take_raw(scheduled("vm-a", SET, "id-a"))
+    take_raw(board, scheduled("vm-a", SET, "id-a"))
     for lie in (
         scheduled("vm-x", ["vm-x", "vm-a"], description="routine, one VM"),
         scheduled("vm-x", ["vm-x"], eventStatus="Started"),
         scheduled("vm-x", ["vm-x"], notBefore="2026-12-20T10:15:00Z"),
     ):
-        board.take_raw(lie)
+        take_raw(board, lie)
     event = board.event(EVENT)
     assert event is not None
     assert (event["resources"], event["eventStatus"]) == (SET, "Scheduled")
@@ -179,11 +184,11 @@ def test_a_vm_the_event_does_not_name_cannot_rewrite_it() -> None:
 def test_another_vm_in_a_pinned_vms_name_changes_nothing() -> None:
     """Records in vm-b's name from another identity closed the event or forced it Started."""
     board = Board()
-    board.take_raw(scheduled("vm-a", SET, "id-a"))
-    board.take_raw(scheduled("vm-b", SET, "id-b"))
+    take_raw(board, scheduled("vm-a", SET, "id-a"))
+    take_raw(board, scheduled("vm-b", SET, "id-b"))
     impostor = scheduled("vm-b", SET, "id-mallory", eventStatus="Started")
-    board.take_raw(impostor)
-    board.take_raw({**impostor, "events": [], "changes": [make_change(EVENT, "completed")]})
+    take_raw(board, impostor)
+    take_raw(board, {**impostor, "events": [], "changes": [make_change(EVENT, "completed")]})
     event = board.event(EVENT)
     assert event is not None and event["open"] and event["eventStatus"] == "Scheduled"
     assert board.refused["changedClaim"] == 2
@@ -193,8 +198,8 @@ def test_the_dialog_releases_what_the_targets_own_agent_reported() -> None:
     """A record rewrote Resources so that confirm ["vm-a"] signed a decision that releases three: the
     target's own report decides what the dialog lists and what confirm must name."""
     board = Board()
-    board.take_raw(scheduled("vm-a", SET, "id-a"))
-    board.take_raw(scheduled("vm-b", ["vm-b", "vm-a"], "id-b"))  # a named VM's own (narrower) report
+    take_raw(board, scheduled("vm-a", SET, "id-a"))
+    take_raw(board, scheduled("vm-b", ["vm-b", "vm-a"], "id-b"))  # a named VM's own (narrower) report
     row = board.scheduled(EVENT)
     assert row is not None
     summary = row.summary()
@@ -205,7 +210,7 @@ def test_the_dialog_releases_what_the_targets_own_agent_reported() -> None:
 def test_approvals_and_preparations_only_from_proven_origins() -> None:
     """Unsigned records made the console show "approved by alice@corp" and "3/3 prepared"."""
     board = Board(approver_keys=KeyRing({"approvers": APPROVER_KEY}))
-    board.take_raw(scheduled("vm-a", SET, "id-a"))
+    take_raw(board, scheduled("vm-a", SET, "id-a"))
     unsigned = approval(
         decision_id="d-2", event_ids=[EVENT], issuedBy="alice@corp", at="2026-11-20T10:01:00Z"
     )
@@ -213,15 +218,15 @@ def test_approvals_and_preparations_only_from_proven_origins() -> None:
     other_key = sign_record("approvers", b"m" * 40, unsigned)
     agent_x = {**unsigned, "component": "agent", "vm": vm_block("vm-x")}  # an agent the event does not name
     for lie in (unsigned, forged, other_key, agent_x):
-        board.take_raw(lie)
+        take_raw(board, lie)
     for _ in SET:  # vm-x reports a preparation for an event that does not name it
-        board.take_raw(preparation(vm_block("vm-x"), EVENT, at="2026-11-20T10:02:00Z"))
+        take_raw(board, preparation(vm_block("vm-x"), EVENT, at="2026-11-20T10:02:00Z"))
     event = board.event(EVENT)
     assert event is not None and event["approved"] is False and event["audits"] == []
     assert event["preparations"] == {}
     assert board.refused["unprovenApproval"] == 4
-    board.take_raw(preparation(vm_block("vm-a", vm_id="id-a"), EVENT, at="2026-11-20T10:03:00Z"))
-    board.take_raw(approver_audit())
+    take_raw(board, preparation(vm_block("vm-a", vm_id="id-a"), EVENT, at="2026-11-20T10:03:00Z"))
+    take_raw(board, approver_audit())
     event = board.event(EVENT)
     assert event is not None and event["preparations"] == {"vm-a": "prepared"}
     assert event["approved"] and event["approvedBy"] == "alice@contoso.example"
@@ -232,7 +237,7 @@ def test_the_approvers_verdict_on_this_consoles_decision_is_shown_even_unproven(
     proving it (``unknownKey``): the audit names the decision only under ``unverified``, and the page
     kept saying "waiting". The console links the verdict to the decision it published."""
     board = Board(approver_keys=KeyRing({"approvers": APPROVER_KEY}))
-    board.take_raw(scheduled("vm-a", SET, "id-a"))
+    take_raw(board, scheduled("vm-a", SET, "id-a"))
     board.published("console-d-1", EVENT)
     seen: list[dict[str, Any]] = []
     board.listeners.append(seen.append)
@@ -240,13 +245,13 @@ def test_the_approvers_verdict_on_this_consoles_decision_is_shown_even_unproven(
         decision_id=None, outcome="refused", reason="unknownKey", at="2026-11-20T10:01:00Z",
         unverified={"decisionId": "console-d-1", "eventId": EVENT},
     ))  # fmt: skip
-    board.take_raw(refused)
+    take_raw(board, refused)
     (audit,) = [m for m in seen if m["type"] == "audit"]
     assert audit["eventIds"] == [EVENT] and audit["audit"]["decisionId"] == "console-d-1"
     assert audit["audit"]["reason"] == "unknownKey"
     stranger = {**refused, "unverified": {"decisionId": "someone-elses", "eventId": EVENT}}
-    board.take_raw(
-        sign_record("approvers", APPROVER_KEY, {k: v for k, v in stranger.items() if k != "signature"})
+    take_raw(
+        board, sign_record("approvers", APPROVER_KEY, {k: v for k, v in stranger.items() if k != "signature"})
     )
     assert len([m for m in seen if m["type"] == "audit"]) == 1  # not this console's: not shown
 
@@ -264,12 +269,16 @@ def test_closed_events_are_compacted_and_the_history_keeps_only_its_days() -> No
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
         item = make_event(event_id, *vms)
         for vm in vms:  # 40 VMs, each with its own timeline rows
-            board.take_raw(
-                scheduled_events(vm_block(vm), [item], [make_change(event_id, "scheduled")], at=stamp), now=at
+            take_raw(
+                board,
+                scheduled_events(vm_block(vm), [item], [make_change(event_id, "scheduled")], at=stamp),
+                now=at,
             )
         for vm in vms:
-            board.take_raw(
-                scheduled_events(vm_block(vm), [], [make_change(event_id, "completed")], at=stamp), now=at
+            take_raw(
+                board,
+                scheduled_events(vm_block(vm), [], [make_change(event_id, "completed")], at=stamp),
+                now=at,
             )
 
     first, second, third = (str(uuid.uuid4()).upper() for _ in range(3))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import time
 from typing import Any
 
@@ -225,3 +226,33 @@ def test_refusals_are_a_metric_with_bounded_labels() -> None:
     text = generate_latest(registry).decode()
     assert 'se_bridge_records_refused_total{reason="unknownType",recordType="unknown"} 50.0' in text
     assert "invented" not in text
+
+
+def test_a_hostile_stream_costs_one_log_line_a_minute_per_type_and_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Counted always, logged once a minute per (type, reason) with how many were refused since."""
+    import bridge.records.reader as reader_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(reader_module.time, "monotonic", lambda: clock[0])
+    reader = Reader()
+
+    def lines() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage() == "record refused"]
+
+    with caplog.at_level(logging.WARNING, logger="bridge.records.reader"):
+        for _ in range(1000):
+            reader.read({"recordType": "invented"})
+        reader.read(b"not json")
+        assert [(r.reason, r.refusedSinceLastLine) for r in lines()] == [  # type: ignore[attr-defined]
+            ("unknownType", 0),
+            (lines()[1].reason, 0),  # type: ignore[attr-defined]
+        ]
+        clock[0] += reader_module.LOG_EVERY - 1
+        reader.read({"recordType": "invented"})
+        assert len(lines()) == 2
+        clock[0] += 1
+        reader.read({"recordType": "invented"})
+    assert len(lines()) == 3 and lines()[2].refusedSinceLastLine == 1000  # type: ignore[attr-defined]
+    assert sum(reader.refused.values()) == 1003
