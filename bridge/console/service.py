@@ -6,15 +6,25 @@ the web app (:mod:`bridge.console.app`) serves it with uvicorn; decisions go out
 :class:`~bridge.sinks.publisher.DecisionPublisher`. ``/healthz``, ``/readyz`` (ready once every
 stream was read to its end) and ``/metrics`` like every service; SIGTERM stops serving, then the
 readers. Nothing here is imported by the agent (the ``console`` extra).
+
+The console keeps no outbox (a decision is published while the person waits, and the page says
+whether it went out), so it does not compose the whole :class:`~bridge.shell.service.Shell`, whose
+core is the outbox and its workers; it takes the shell's state-directory part, as every service does:
+the directory (the stream readers' positions and checkpoints) is locked before anything in it is
+read (a second console on it stops, exit 2) and watched (deleted under it: the console stops with
+:data:`~bridge.shell.statedir.EXIT_COMPONENT_FAILED`). Signals are uvicorn's (SIGTERM: graceful).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
+import signal
 import sys
 import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -26,12 +36,12 @@ from bridge.console.config import ConsoleConfig
 from bridge.console.identity import TokenVerifier
 from bridge.decisions import load_signing_key
 from bridge.http.netaddr import parse_listen
+from bridge.shell.statedir import EXIT_COMPONENT_FAILED, lock_state_dir, watch_state_dir
 from bridge.signing import KeyRing, load_key
 from bridge.sinks import SinkError
 from bridge.sinks.publisher import DecisionPublisher
 from bridge.streams import DecisionSource, SourceError, create_source, topology
 from bridge.streams.follow import follow
-from bridge.support.fsutil import ensure_private_dir
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +52,8 @@ class ConsoleService:
 
         self.config = config
         self.stop = threading.Event()
+        self.fatal: str | None = None
+        self.state_dir = Path(config.state_dir)
         key_id, _, where = config.key.partition("=")
         try:
             key = load_signing_key(where)
@@ -57,9 +69,13 @@ class ConsoleService:
                 read_token=load_key(Path(config.read_token_file)) if config.read_token_file else None,
             )
             self.publisher = DecisionPublisher(config.sink)
-            ensure_private_dir(Path(config.state_dir))
-            self.sources = [self._source(spec) for spec in config.events_source]
         except (ValueError, SinkError, SourceError, OSError) as exc:
+            raise ConfigError(str(exc)) from None
+        self._lock_fd = lock_state_dir(self.state_dir)  # before a reader opens a position file in it
+        try:
+            self.sources = [self._source(spec) for spec in config.events_source]
+        except (ValueError, SourceError, OSError) as exc:
+            self.release()
             raise ConfigError(str(exc)) from None
         self.board = Board(
             silent_after=config.silent_after,
@@ -86,9 +102,15 @@ class ConsoleService:
         )
 
     def _source(self, spec: str) -> DecisionSource:
-        state_dir = Path(self.config.state_dir)
+        state_dir = self.state_dir
         topology.check_events_reader(spec)
         return create_source(spec, state_dir, group=topology.events_group(spec, self.config.group, state_dir))
+
+    def release(self) -> None:
+        """Let the state directory's lock go (last: nothing may write in it after)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _gauges(self) -> None:
         def count(index: int) -> float:
@@ -142,12 +164,34 @@ class ConsoleService:
                 h11_max_incomplete_event_size=MAX_HEADER_BYTES,
             )
         )
+
+        def state_dir_lost(why: str) -> None:
+            self.fatal = why
+            log.error("console state directory lost", extra={"reason": why})
+            server.should_exit = True  # the same graceful stop as SIGTERM
+
+        watch_state_dir(self._lock_fd, self.state_dir, state_dir_lost, self.stop)
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            # uvicorn handles SIGTERM/SIGINT while it serves, then restores the handlers it found and
+            # raises the signal again: with the default one the process died there (exit -15) before
+            # the publisher was closed and the lock let go. This one is what it finds: a stop, exit 0.
+            log.info("stopping", extra={"service": "console", "signal": signal.Signals(signum).name})
+            self.stop.set()
+            server.should_exit = True
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
         try:
             server.run()
         finally:
             self.stop.set()
             self.publisher.close()
+            self.release()
             log.info("console stopped")
+        if self.fatal is not None:
+            log.critical("console stopped because a component failed", extra={"reason": self.fatal})
+            return EXIT_COMPONENT_FAILED
         return 0 if server.started else 2
 
 
