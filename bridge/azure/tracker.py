@@ -30,7 +30,7 @@ from typing import cast, get_args
 
 from bridge.azure.events import AzureEvent, Status
 from bridge.imds.document import STATUS_RANK
-from bridge.shell.journal import Journal
+from bridge.shell.journal import Journal, Live
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +74,8 @@ class EventTracker:
                 if known is not None and self._persisted.get(key) != known[0]:
                     self._persisted[key] = known[0]
                     changed.append((key, known[0]))
-            self._journal.append(changed, {k: state for k, (state, _) in self._events.items()})
+            tracked = self._events  # the map built (under this lock) only when the journal is rewritten
+            self._journal.append(changed, Live(len(tracked), lambda: {k: s for k, (s, _) in tracked.items()}))
 
     def observe(self, event: AzureEvent) -> News | None:
         """News, or None for a duplicate (same delivery id, or same content as before)."""

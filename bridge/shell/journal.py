@@ -8,12 +8,21 @@ states (``azure-states.jsonl``) and its agents' pinned identities (``agent-pins.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from bridge.support.fsutil import append_durably, write_atomic
+
+
+@dataclass(frozen=True)
+class Live:
+    """What a journal still holds, built only when the journal is rewritten."""
+
+    size: int
+    build: Callable[[], Mapping[str, str]]
 
 
 class Journal:
@@ -37,15 +46,23 @@ class Journal:
             out[key] = value
         return out
 
-    def append(self, items: Iterable[tuple[str, str]], live: Mapping[str, str]) -> None:
+    def append(self, items: Iterable[tuple[str, str]], live: Mapping[str, str] | Live) -> None:
         """Make ``items`` durable (one fsync); when the file holds four times more lines than
-        ``live`` (all that is still wanted) and over a thousand, rewrite it as ``live``."""
+        ``live`` (all that is still wanted) and over a thousand, rewrite it as ``live``.
+
+        ``live`` may be a :class:`Live` (its size, and a function building the map): a caller whose
+        live map must be built (Azure's channel's event states) builds it only when the file is
+        rewritten, not at every append (built each time, it cost O(events tracked) per delivery)."""
         lines = [orjson.dumps({"k": k, "v": v}) + b"\n" for k, v in items]
         if not lines:
             return
-        if self._lines + len(lines) > 4 * max(len(live), 1000):
-            write_atomic(self.path, b"".join(orjson.dumps({"k": k, "v": v}) + b"\n" for k, v in live.items()))
-            self._lines = len(live)
+        size = live.size if isinstance(live, Live) else len(live)
+        if self._lines + len(lines) > 4 * max(size, 1000):
+            wanted = live.build() if isinstance(live, Live) else live
+            write_atomic(
+                self.path, b"".join(orjson.dumps({"k": k, "v": v}) + b"\n" for k, v in wanted.items())
+            )
+            self._lines = len(wanted)
         else:
             append_durably(self.path, b"".join(lines))
             self._lines += len(lines)
