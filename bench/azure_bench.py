@@ -20,6 +20,10 @@ What runs:
 
     .venv/bin/python bench/azure_bench.py                 # ~45 s
     .venv/bin/python bench/azure_bench.py --seconds 10 --json out.json
+    .venv/bin/python bench/azure_bench.py --seconds 20 --backlog 40000   # + a backlog read at start
+
+* **backlog** (``--backlog N``): N deliveries already in the file when the service starts; seconds
+  to read them and peak RSS (target <= 60 MB whatever the backlog; issue 33).
 """
 
 from __future__ import annotations
@@ -144,6 +148,45 @@ def stream(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def backlog(count: int, duplicates: float) -> dict[str, Any]:
+    """``count`` deliveries already in the file when the service starts (a channel that was down
+    during a wave, or a new one on an old hub): peak RSS while it reads them, target <= 60 MB."""
+    work = Path(tempfile.mkdtemp(prefix="azure-backlog-"))
+    source, sink = work / "grid.jsonl", work / "azure.jsonl"
+    lines = deliveries(count * 60.0, 1.0, duplicates)[:count]
+    with source.open("wb") as out:
+        for index, line in enumerate(lines):
+            out.write(line.replace(b'"{t}"', orjson.dumps(f"{time.time():.6f}-{index}")) + b"\n")
+    wanted = len(set(lines))
+    port = free_port()
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bridge", "azure-channel", "--source", f"file://{source}", "--sink",
+         f"file://{sink}", "--state-dir", str(work / "state"), "--listen", f"127.0.0.1:{port}", "--log-level",
+         "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    done = 0
+    while time.monotonic() - started < 600:
+        done = sink.read_bytes().count(b'"recordType":"azureScheduledEvent"') if sink.exists() else 0
+        if done >= wanted:
+            break
+        time.sleep(0.5)
+    seconds = time.monotonic() - started
+    cpu, hwm = proc_stat(proc.pid)
+    proc.terminate()
+    proc.wait(30)
+    return {
+        "deliveries": len(lines),
+        "file_mb": round(source.stat().st_size / 1e6, 1),
+        "records": done,
+        "records_expected": wanted,
+        "seconds_to_read": round(seconds, 1),
+        "cpu_s": round(cpu, 2),
+        "peak_rss_mb": round(hwm / 1e6, 1),
+    }
+
+
 def floor_cpu(source: Path) -> float:
     """The same run's baseline: read every line, parse it, append it to a file, fsync once."""
     code = (
@@ -218,8 +261,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--duplicates", type=float, default=0.2)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--backlog", type=int, default=0, help="also: this many deliveries waiting at start")
     args = parser.parse_args()
     figures = {"stream": stream(args), "reconcile": reconcile()}
+    if args.backlog:
+        figures["backlog"] = backlog(args.backlog, args.duplicates)
     for part, values in figures.items():
         print(part)
         for key, value in values.items():
@@ -227,6 +273,9 @@ def main() -> int:
     stream_ok = figures["stream"]["records"] == figures["stream"]["records_expected"]
     print(f"  [{'PASS' if stream_ok else 'MISS'}] every change published once, every duplicate dropped")
     print(f"  [{'PASS' if figures['reconcile']['false_unwatched'] == 0 else 'MISS'}] 0 false unwatched")
+    if args.backlog:
+        held = figures["backlog"]["peak_rss_mb"] <= 60
+        print(f"  [{'PASS' if held else 'MISS'}] a backlog of {args.backlog} read within 60 MB")
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(figures, option=orjson.OPT_INDENT_2))
     return 0

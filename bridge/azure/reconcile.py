@@ -50,15 +50,35 @@ FINAL = frozenset({"Completed", "Canceled"})
 Check = Literal["unwatched", "agentOnly", "outcome"]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Event:
+    """What is known of one event. Slotted, and its two sets made only when first needed (most
+    events never have a finding): a wave's thousands of events are held for ``retention``."""
+
     event_id: str  # as Azure or the agent wrote it (the key is lower case)
     azure_state: str | None = None
     azure_vms: dict[str, VmRef] = field(default_factory=dict)
     agent_vms: dict[str, VmRef] = field(default_factory=dict)  # key -> the VM as its agent named it
     ended_at: float | None = None
-    flagged: set[str] = field(default_factory=set)  # VM keys found unwatched (open)
-    reported: set[tuple[str, str]] = field(default_factory=set)  # findings published: (kind, key)
+    flagged: set[str] | None = None  # VM keys found unwatched (open)
+    reported: set[tuple[str, str]] | None = None  # findings published: (kind, key)
+
+    def flag(self, key: str) -> None:
+        if self.flagged is None:
+            self.flagged = set()
+        self.flagged.add(key)
+
+    def unflag(self, key: str) -> None:
+        if self.flagged is not None:
+            self.flagged.discard(key)
+
+    def was_reported(self, kind: str, key: str) -> bool:
+        return self.reported is not None and (kind, key) in self.reported
+
+    def mark_reported(self, kind: str, key: str) -> None:
+        if self.reported is None:
+            self.reported = set()
+        self.reported.add((kind, key))
 
 
 class Reconciler:
@@ -133,7 +153,7 @@ class Reconciler:
                     state.agent_vms[key] = ref
                     azure_vm = state.azure_vms.get(key)
                     if azure_vm is None or _same_vm(azure_vm, ref):
-                        state.flagged.discard(key)
+                        state.unflag(key)
                     if state.azure_state is None:
                         self._check(now + self.grace, "agentOnly", event_id.lower(), key)
 
@@ -146,10 +166,10 @@ class Reconciler:
             while self._checks and self._checks[0][0] <= now:
                 _, _, kind, event_id, key = heapq.heappop(self._checks)
                 state = self._events.get(event_id)
-                if state is not None and (kind, key) not in state.reported:
+                if state is not None and not state.was_reported(kind, key):
                     finding = self._finding(kind, state.event_id, key, state, now)
                     if finding is not None:
-                        state.reported.add((kind, key))
+                        state.mark_reported(kind, key)
                         out.append(finding)
             self._forget(now)
         return out
@@ -168,7 +188,7 @@ class Reconciler:
             watcher = state.agent_vms.get(key)
             if watcher is not None and _same_vm(vm, watcher):
                 return None  # its own agent, by the resource id Azure itself names
-            state.flagged.add(key)
+            state.flag(key)
             detail = f"no agent record of this event from {vm.name} within {self.grace:g} s of Azure's"
             return finding_record(
                 "unwatched", event_id, vm, detail, now,
@@ -200,13 +220,15 @@ class Reconciler:
                  "resourceId": s.azure_vms[key].resource_id}
                 for s in self._events.values()
                 if s.azure_state not in FINAL
-                for key in sorted(s.flagged)
+                for key in sorted(s.flagged or ())
             ]  # fmt: skip
 
     def counts(self) -> tuple[int, int]:
         """(events known, open unwatched VMs): for the metrics."""
         with self._lock:
-            open_flags = sum(len(s.flagged) for s in self._events.values() if s.azure_state not in FINAL)
+            open_flags = sum(
+                len(s.flagged or ()) for s in self._events.values() if s.azure_state not in FINAL
+            )
             return len(self._events), open_flags
 
     # -- bookkeeping ----------------------------------------------------------------------------------

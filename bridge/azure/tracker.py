@@ -49,15 +49,18 @@ class EventTracker:
         self.max_events = max_events
         self.max_deliveries = max_deliveries
         self._lock = threading.Lock()
-        self._deliveries: OrderedDict[str, None] = OrderedDict()
-        self._events: OrderedDict[str, tuple[Status, set[tuple[object, ...]]]] = OrderedDict()
+        # Delivery ids and contents are remembered by their 64-bit hashes, not their text (a wave's
+        # 200 000 ids as strings were most of the channel's memory): two different ones sharing a
+        # hash among 200 000 is a chance of about 1 in 10^9, and would cost one redelivery's news.
+        self._deliveries: OrderedDict[int, None] = OrderedDict()
+        self._events: OrderedDict[str, tuple[Status, tuple[int, ...]]] = OrderedDict()
         self._journal = None if state_path is None else Journal(state_path)
         self._persisted: dict[str, Status] = {}  # what the file says of each event
         loaded = self._journal.load() if self._journal is not None else {}
         for key, state in loaded.items():
             if state in _STATES:
                 self._persisted[key] = cast(Status, state)
-                self._events[key] = (cast(Status, state), set())
+                self._events[key] = (cast(Status, state), ())
         while len(self._events) > self.max_events:
             gone, _ = self._events.popitem(last=False)
             self._persisted.pop(gone, None)
@@ -81,17 +84,19 @@ class EventTracker:
         """News, or None for a duplicate (same delivery id, or same content as before)."""
         with self._lock:
             if event.delivery_id is not None:
-                if event.delivery_id in self._deliveries:
+                delivery = hash(event.delivery_id)
+                if delivery in self._deliveries:
                     return None
-                self._deliveries[event.delivery_id] = None
+                self._deliveries[delivery] = None
                 if len(self._deliveries) > self.max_deliveries:
                     self._deliveries.popitem(last=False)
             key = event.event_id.lower()
-            state, seen = self._events.pop(key, (event.event_status, set()))
+            state, seen = self._events.pop(key, (event.event_status, ()))
             self._events[key] = (state, seen)  # most recently seen last
-            if event.content in seen:
+            content = hash(event.content)
+            if content in seen:
                 return None
-            seen.add(event.content)
+            seen += (content,)
             late = STATUS_RANK[event.event_status] < STATUS_RANK[state]
             if not late:
                 state = event.event_status
@@ -106,10 +111,12 @@ class EventTracker:
         again when it is read again (the source was not committed): nothing is lost to a failure."""
         with self._lock:
             if event.delivery_id is not None:
-                self._deliveries.pop(event.delivery_id, None)
-            known = self._events.get(event.event_id.lower())
+                self._deliveries.pop(hash(event.delivery_id), None)
+            key = event.event_id.lower()
+            known = self._events.get(key)
             if known is not None:
-                known[1].discard(event.content)
+                content = hash(event.content)
+                self._events[key] = (known[0], tuple(c for c in known[1] if c != content))
 
     def __len__(self) -> int:
         with self._lock:

@@ -289,3 +289,40 @@ def test_an_events_state_never_moves_back_across_a_restart(tmp_path: Path, stop:
         assert states()[-1] == ("Completed", True)
     finally:
         channel.stop()
+
+
+def test_a_batch_the_full_outbox_refuses_midway_is_stored_once(tmp_path: Path) -> None:
+    """Issue 33 (found by bench/azure_bench.py --backlog 40000: 8 152 records published twice): a
+    poll's batch larger than the room left in the outbox was appended again from its start after each
+    refusal. The service runs in this process with a 100-record outbox and a sink that is down (its
+    directory missing) until the outbox is full; 300 events wait in the source."""
+    import threading
+
+    from bridge.azure.service import AzureChannel
+    from bridge.sinks import create_sink
+    from bridge.streams import create_source
+
+    grid = tmp_path / "grid.jsonl"
+    ids = [str(uuid.uuid4()) for _ in range(300)]
+    grid.write_bytes(b"".join(orjson.dumps(grid_event(e, "Scheduled", [f"vm-{n:03d}"])) + b"\n"
+                              for n, e in enumerate(ids)))  # fmt: skip
+    sink = tmp_path / "down" / "azure.jsonl"
+    state = tmp_path / "state"
+    service = AzureChannel(
+        [create_source(f"file://{grid}", state, "g")], [create_sink(f"file://{sink}")], state
+    )
+    service.outbox.max_records = 100
+    runner = threading.Thread(target=service.run, kwargs={"install_signals": False}, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: service.outbox.pending[0] == 100, 30, what="the outbox full")
+        sink.parent.mkdir()  # the sink is back
+        wait_until(
+            lambda: sink.exists() and len(sink.read_bytes().splitlines()) >= 300, 60, what="300 records"
+        )
+        wait_until(lambda: service.outbox.pending[0] == 0, 30, what="the outbox drained")
+        records = [orjson.loads(line) for line in sink.read_bytes().splitlines()]
+        assert sorted(r["event"]["eventId"] for r in records) == sorted(ids)  # each once
+    finally:
+        service.stop_event.set()
+        runner.join(30)

@@ -231,3 +231,48 @@ print([m.payload for m in source.poll(20.0)])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[b'{\"n\": 6}']"
     assert "inotify unavailable" in proc.stderr
+
+
+def test_a_backlog_is_handed_out_in_pieces_in_order_and_resumed_after_a_restart(tmp_path: Path) -> None:
+    """Issue 33: a 48.7 MB backlog was read in one piece (Azure's channel: 262 MB)."""
+    from bridge.streams.file import READ_BYTES
+
+    path = tmp_path / "big.jsonl"
+    line = b'{"n": %d, "pad": "' + b"x" * 800 + b'"}\n'
+    with path.open("wb") as f:
+        for n in range(12_000):  # about 9.8 MB
+            f.write(line % n)
+    source = FileSource(f"file://{path}", tmp_path / "state")
+    seen: list[int] = []
+    biggest = 0
+    while len(seen) < 6_000:
+        batch = source.poll(1.0)
+        biggest = max(biggest, sum(len(m.payload) for m in batch))
+        seen += [m.position.number for m in batch]
+        source.commit_many(batch)
+    assert biggest <= READ_BYTES and seen == list(range(1, len(seen) + 1))
+    source.close()
+    again = FileSource(f"file://{path}", tmp_path / "state")  # a restart: on from the committed line
+    first = again.poll(1.0)
+    assert first and first[0].position.number == len(seen) + 1
+    rest = [m.position.number for m in first]
+    while batch := again.poll(0.2):
+        rest += [m.position.number for m in batch]
+    assert rest == list(range(len(seen) + 1, 12_001))
+    again.close()
+
+
+def test_a_line_longer_than_a_read_is_handed_on_cut_and_the_next_lines_follow(tmp_path: Path) -> None:
+    """Never held whole, never silently dropped: its first bytes go on, and the reader refuses them."""
+    from bridge.streams.file import LONG_LINE_HEAD, READ_BYTES
+
+    path = tmp_path / "long.jsonl"
+    path.write_bytes(b'{"n": 1}\n' + b'{"huge": "' + b"y" * (3 * READ_BYTES) + b'"}\n{"n": 3}\n')
+    source = FileSource(f"file://{path}", tmp_path / "state")
+    got = []
+    while batch := source.poll(0.2):
+        got += batch
+    assert [m.position.number for m in got] == [1, 2, 3]
+    assert got[0].payload == b'{"n": 1}' and got[2].payload == b'{"n": 3}'
+    assert len(got[1].payload) == LONG_LINE_HEAD
+    source.close()
