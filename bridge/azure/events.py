@@ -29,9 +29,10 @@ nothing here raises anything else, whatever a delivery holds.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from bridge.azure_ids import GUID_TEXT, NAME_TEXT, PARENT_KINDS, PARENT_TEXT
 from bridge.imds.document import STATUS_RANK
@@ -112,6 +113,13 @@ class AzureEvent:
     event_time: str | None = None  # when Azure says the state changed
     api_version: str | None = None
     unknown: dict[str, Any] = field(default_factory=dict)  # properties not understood, kept
+
+    @property
+    def key(self) -> str:
+        """The event's key (its id in lower case), interned: the tracker, the reconciler and every
+        pending check of the event hold one string, not one each (a wave's events are held for
+        an hour)."""
+        return sys.intern(self.event_id.lower())
 
     @property
     def parent_id(self) -> str:
@@ -239,15 +247,17 @@ def _event(
         delivery_id=delivery_id,
         event_id=event_id,
         event_type=str(props.get("EventType") or ""),
-        event_status=status,
+        event_status=cast(Status, sys.intern(status)),  # one string per status, not one per event held
         event_source=_text(props.get("EventSource")),
         not_before=_text(props.get("NotBefore")) or None,  # empty once Started
         description=description,
         duration_in_seconds=_duration(duration),
         resources=tuple(r.removeprefix("_") for r in resources),
         resource_id=match.group(0),
-        subscription_id=match["sub"].lower(),
-        resource_group=match["rg"],
+        # interned: a wave's thousands of events (and the VMs the reconciler keeps of them) share a
+        # few subscriptions and groups
+        subscription_id=sys.intern(match["sub"].lower()),
+        resource_group=sys.intern(match["rg"]),
         parent_kind=PARENT_KINDS[match["kind"].lower()],
         parent_name=match["name"],
         location=_text(info.get("location")),

@@ -31,6 +31,7 @@ and at most ``max_events`` are kept (the oldest first); at most ``max_vms`` pins
 from __future__ import annotations
 
 import heapq
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from bridge.schemas import JsonObject
 from bridge.shell.journal import Journal
 
 FINAL = frozenset({"Completed", "Canceled"})
+_NO_AGENTS: dict[str, VmRef] = {}  # what an event no agent reported yet holds (see _Event)
 Check = Literal["unwatched", "agentOnly", "outcome"]
 
 
@@ -55,10 +57,12 @@ class _Event:
     """What is known of one event. Slotted, and its two sets made only when first needed (most
     events never have a finding): a wave's thousands of events are held for ``retention``."""
 
-    event_id: str  # as Azure or the agent wrote it (the key is lower case)
+    event_id: str  # as Azure or the agent wrote it
+    key: str  # lower case: the one string the events map and every check of the event share
     azure_state: str | None = None
     azure_vms: dict[str, VmRef] = field(default_factory=dict)
-    agent_vms: dict[str, VmRef] = field(default_factory=dict)  # key -> the VM as its agent named it
+    # key -> the VM as its agent named it; the shared empty map until the first agent (never written)
+    agent_vms: dict[str, VmRef] = field(default_factory=lambda: _NO_AGENTS)
     ended_at: float | None = None
     flagged: set[str] | None = None  # VM keys found unwatched (open)
     reported: set[tuple[str, str]] | None = None  # findings published: (kind, key)
@@ -122,16 +126,17 @@ class Reconciler:
             watchable = state.azure_state is not None or news.state not in FINAL
             state.azure_state = news.state
             for vm in event.vms():
-                if vm.key not in state.azure_vms:
-                    state.azure_vms[vm.key] = vm
+                key = vm.key  # computed once: the map and the check share it
+                if key not in state.azure_vms:
+                    state.azure_vms[key] = vm
                     if watchable:
-                        self._check(now + self.grace, "unwatched", event.event_id.lower(), vm.key)
+                        self._check(now + self.grace, "unwatched", state.key, key)
             if news.state not in FINAL or state.ended_at is not None:
                 return []
             # Settled after the grace, not at first sight (issue 33): Azure's word may be read before
             # the agents' records of the same event, which said "0 agent(s) reported it".
             state.ended_at = now
-            self._check(now + self.grace, "outcome", event.event_id.lower(), "")
+            self._check(now + self.grace, "outcome", state.key, "")
             return []
 
     def agent(self, record: Record, now: float) -> None:
@@ -150,12 +155,14 @@ class Reconciler:
             for event_id in ids:
                 state = self._event(event_id)
                 if key not in state.agent_vms:
+                    if state.agent_vms is _NO_AGENTS:
+                        state.agent_vms = {}
                     state.agent_vms[key] = ref
                     azure_vm = state.azure_vms.get(key)
                     if azure_vm is None or _same_vm(azure_vm, ref):
                         state.unflag(key)
                     if state.azure_state is None:
-                        self._check(now + self.grace, "agentOnly", event_id.lower(), key)
+                        self._check(now + self.grace, "agentOnly", state.key, key)
 
     # -- findings due ---------------------------------------------------------------------------------
 
@@ -251,9 +258,10 @@ class Reconciler:
         return True
 
     def _event(self, event_id: str) -> _Event:
-        state = self._events.get(event_id.lower())
+        key = sys.intern(event_id.lower())  # AzureEvent.key: the same string object
+        state = self._events.get(key)
         if state is None:
-            state = self._events[event_id.lower()] = _Event(event_id)
+            state = self._events[key] = _Event(event_id, key)
             if len(self._events) > self.max_events:
                 self._events.popitem(last=False)
         return state

@@ -7,8 +7,10 @@ NotBefore is news) was not seen for the event before. Deliveries also arrive out
 ``Completed`` before its ``Started``): the late one is still published, it happened, but the event's
 state (``state`` in the record) never moves back.
 
-Bounded memory: at most ``max_events`` events and ``max_deliveries`` delivery ids are remembered, the
-oldest forgotten first.
+Bounded memory: at most ``max_events`` events are remembered, the oldest forgotten first, each by its
+state and the hashes of the contents seen (a few 64-bit numbers, not the text: a wave's events were
+most of the channel's memory). Delivery ids are not remembered at all: a redelivery carries the same
+envelope, so its content is a duplicate already (the map of 200 000 ids only repeated that check).
 
 Across a restart (SIGTERM or kill -9) each event's state is kept (issue 33: ``Completed``, a restart,
 then a late ``Started`` was published ``state: Started, late: false``, the state moved back):
@@ -43,16 +45,11 @@ class News:
 
 
 class EventTracker:
-    def __init__(
-        self, max_events: int = 200_000, max_deliveries: int = 200_000, state_path: Path | None = None
-    ) -> None:
+    def __init__(self, max_events: int = 200_000, state_path: Path | None = None) -> None:
         self.max_events = max_events
-        self.max_deliveries = max_deliveries
         self._lock = threading.Lock()
-        # Delivery ids and contents are remembered by their 64-bit hashes, not their text (a wave's
-        # 200 000 ids as strings were most of the channel's memory): two different ones sharing a
-        # hash among 200 000 is a chance of about 1 in 10^9, and would cost one redelivery's news.
-        self._deliveries: OrderedDict[int, None] = OrderedDict()
+        # Contents are remembered by their 64-bit hashes: two different contents of one event
+        # sharing a hash is a chance of about 1 in 10^19 (it would cost that observation's news).
         self._events: OrderedDict[str, tuple[Status, tuple[int, ...]]] = OrderedDict()
         self._journal = None if state_path is None else Journal(state_path)
         self._persisted: dict[str, Status] = {}  # what the file says of each event
@@ -72,7 +69,7 @@ class EventTracker:
         with self._lock:
             changed: list[tuple[str, str]] = []
             for event in events:
-                key = event.event_id.lower()
+                key = event.key
                 known = self._events.get(key)
                 if known is not None and self._persisted.get(key) != known[0]:
                     self._persisted[key] = known[0]
@@ -81,16 +78,9 @@ class EventTracker:
             self._journal.append(changed, Live(len(tracked), lambda: {k: s for k, (s, _) in tracked.items()}))
 
     def observe(self, event: AzureEvent) -> News | None:
-        """News, or None for a duplicate (same delivery id, or same content as before)."""
+        """News, or None for a duplicate (the same content as before: a redelivery, a repeated row)."""
         with self._lock:
-            if event.delivery_id is not None:
-                delivery = hash(event.delivery_id)
-                if delivery in self._deliveries:
-                    return None
-                self._deliveries[delivery] = None
-                if len(self._deliveries) > self.max_deliveries:
-                    self._deliveries.popitem(last=False)
-            key = event.event_id.lower()
+            key = event.key
             state, seen = self._events.pop(key, (event.event_status, ()))
             self._events[key] = (state, seen)  # most recently seen last
             content = hash(event.content)
@@ -110,9 +100,7 @@ class EventTracker:
         """Undo :meth:`observe` for an observation whose records could not be stored, so it is news
         again when it is read again (the source was not committed): nothing is lost to a failure."""
         with self._lock:
-            if event.delivery_id is not None:
-                self._deliveries.pop(hash(event.delivery_id), None)
-            key = event.event_id.lower()
+            key = event.key
             known = self._events.get(key)
             if known is not None:
                 content = hash(event.content)

@@ -108,7 +108,7 @@ def test_duplicates_are_dropped_and_a_late_status_never_moves_the_event_back() -
     completed = from_event_grid(grid_event(E1, "Completed", ["vm-a"], delivery_id="d3"))
     started = from_event_grid(grid_event(E1, "Started", ["vm-a"], delivery_id="d2"))
     assert tracker.observe(scheduled) == News("Scheduled", late=False)
-    assert tracker.observe(scheduled) is None  # same delivery id
+    assert tracker.observe(scheduled) is None  # a redelivery: same id, same content
     assert tracker.observe(completed) == News("Completed", late=False)  # out of order: before Started
     assert tracker.observe(started) == News("Completed", late=True)  # published, state kept
     redelivered = from_event_grid(grid_event(E1, "Started", ["vm-a"], delivery_id="d9"))
@@ -118,7 +118,7 @@ def test_duplicates_are_dropped_and_a_late_status_never_moves_the_event_back() -
 
 
 def test_memory_is_bounded() -> None:
-    tracker = EventTracker(max_events=10, max_deliveries=10)
+    tracker = EventTracker(max_events=10)
     for _ in range(100):
         tracker.observe(from_event_grid(grid_event(str(uuid.uuid4()), "Scheduled", ["vm-a"])))
     assert len(tracker) == 10
