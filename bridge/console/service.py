@@ -21,6 +21,7 @@ import functools
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -146,6 +147,16 @@ class ConsoleService:
                 daemon=True,
             )
             reader.start()
+        # Bound before anything is printed: a port in use is a configuration error (exit 2, one line),
+        # not a clickable sign-in address followed by uvicorn's exit 3 in JSON logs.
+        from bridge.settings import ConfigError
+
+        try:
+            sock = _bind(self.host, self.port)
+        except OSError as exc:
+            self.release()
+            why = exc.strerror or str(exc)
+            raise ConfigError(f"listen: cannot serve on {self.config.listen}: {why}") from None
         if self.access.lab_token:
             # Printed, never logged: the token is the lab's only key.
             print(f"console: open http://{self.host}:{self.port}/?token={self.access.lab_token}", flush=True)
@@ -183,8 +194,9 @@ class ConsoleService:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         try:
-            server.run()
+            server.run(sockets=[sock])
         finally:
+            sock.close()
             self.stop.set()
             self.publisher.close()
             self.release()
@@ -202,6 +214,21 @@ def main(config: ConsoleConfig) -> int:
         return 130
     finally:
         sys.stdout.flush()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 when the host is), as uvicorn would bind it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _verifier(config: ConsoleConfig) -> TokenVerifier | None:

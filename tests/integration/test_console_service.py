@@ -73,3 +73,25 @@ def test_a_state_directory_deleted_under_the_console_stops_it_with_exit_70(tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait(20)
+
+
+def test_a_port_in_use_is_one_line_and_no_sign_in_address(tmp_path: Path) -> None:
+    """Issue 33: the console printed a clickable token URL, then died with exit 3 in JSON logs."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        key_file, _ = pem_files(tmp_path, "console", DECISION_KEY)
+        (tmp_path / "events.jsonl").touch()
+        done = subprocess.run(
+            [sys.executable, "-m", "bridge", "console", "--auth", "lab",
+             "--events-source", f"file://{tmp_path / 'events.jsonl'}",
+             "--sink", f"file://{tmp_path / 'd.jsonl'}", "--key", f"console={key_file}",
+             "--state-dir", str(tmp_path / "state"), "--listen", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 2
+    assert "token=" not in done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"se-bridge: configuration refused: listen: cannot serve on 127.0.0.1:{port}: Address already in use"
+    ]
