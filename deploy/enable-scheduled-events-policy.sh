@@ -68,6 +68,10 @@ for id in "$@"; do
 done
 
 if [ "$dry_run" -eq 0 ]; then
+    if ! command -v az >/dev/null 2>&1; then
+        echo "the Azure CLI (az) is not installed or not on PATH: https://learn.microsoft.com/cli/azure/install-azure-cli" >&2
+        exit 3
+    fi
     state=$(az feature show --namespace Microsoft.Compute --name SendScheduledEventsPolicy \
         --query properties.state --output tsv 2>/dev/null || true)
     if [ "$state" != "Registered" ]; then

@@ -61,7 +61,12 @@ def merged(
 
 
 def az(*args: str) -> str:
-    done = subprocess.run(["az", *args], capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(["az", *args], capture_output=True, text=True, check=False)
+    except FileNotFoundError:  # said in one line, not as a traceback
+        raise RuntimeError(
+            "the Azure CLI (az) is not installed or not on PATH: https://learn.microsoft.com/cli/azure/install-azure-cli"
+        ) from None
     if done.returncode != 0:
         raise RuntimeError(f"az {' '.join(args[:2])} failed: {done.stderr.strip()}")
     return done.stdout

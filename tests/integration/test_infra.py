@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -1234,3 +1235,25 @@ def test_alert_rules_depend_on_the_tables_they_query() -> None:
     assert len(rules) == 2
     for name, body in rules:
         assert re.search(r"dependsOn: \[\s*tables\s*\]", body), f"{name} does not depend on the tables"
+
+
+def test_the_deploy_scripts_without_the_azure_cli_say_so_in_one_line(tmp_path: Path) -> None:
+    """Issue 33: deploy/enable_vm_application.py ended in a traceback and the policy script told
+    the user to register an Azure feature when `az` was simply not installed."""
+    sub = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg/providers/Microsoft.Compute"
+    env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}  # no az anywhere
+    sh = shutil.which("sh")
+    assert sh is not None
+    policy = subprocess.run(
+        [sh, str(ROOT / "deploy" / "enable-scheduled-events-policy.sh"), f"{sub}/virtualMachines/vm-1"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    app = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "enable_vm_application.py"), "--version-id",
+         f"{sub}/galleries/g/applications/se-bridge/versions/1.0.0", f"{sub}/virtualMachines/vm-1"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    for done in (policy, app):
+        assert done.returncode != 0
+        assert "Traceback" not in done.stderr and "feature" not in done.stderr
+        assert "the Azure CLI (az) is not installed or not on PATH" in done.stderr, done.stderr
