@@ -21,6 +21,12 @@ Everything else is the real approver over real sockets (Kafka protocol, HTTP).
 
     .venv/bin/python bench/fleet_scale_bench.py --vms 1000 5000 10000 --json out.json
     .venv/bin/python bench/fleet_scale_bench.py --vms 100000 --waves 30 --decisions 200
+    .venv/bin/python bench/fleet_scale_bench.py --vms 10000 --waves 20 --coordinate   # issue 33
+
+With ``--coordinate`` the approver coordinates (``--coordinate``, the coordinator key): in each wave
+every VM also publishes its ``preparation`` (prepared) for its event, the coordinator approves each
+event through the stand-in agents, and the RSS after each wave shows whether what it keeps of the
+events is forgotten once they are over. The decision burst is skipped (the coordinator decides).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py)
 
 from benchkit import scheduled_events_bytes, stop_process  # noqa: E402
 from brokers import TansuBroker  # noqa: E402
+from records import preparation as preparation_fixture  # noqa: E402
+from records import vm_block as vm_fixture  # noqa: E402
 
 from bridge.decisions import generate_key_pair, new_decision, parse_key, sign  # noqa: E402
 
@@ -105,8 +113,27 @@ def vm(index: int) -> dict[str, Any]:
     }
 
 
-def record(machine: dict[str, Any], events: list[dict[str, Any]]) -> bytes:
-    return scheduled_events_bytes(machine, events, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+def record(
+    machine: dict[str, Any], events: list[dict[str, Any]], ended: dict[str, Any] | None = None
+) -> bytes:
+    """A VM's record; ``ended``: the event that just left its document (its ``completed`` change)."""
+    changes = None
+    if ended is not None:
+        changes = [{"eventId": ended["eventId"], "change": "completed", "eventType": ended["eventType"],
+                    "previousStatus": "Scheduled", "eventStatus": None}]  # fmt: skip
+    return scheduled_events_bytes(
+        machine, events, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), changes
+    )
+
+
+def prepared(machine: dict[str, Any], event: dict[str, Any]) -> bytes:
+    """The ``preparation`` record an agent run with ``coordinate = "fleet"`` publishes."""
+    block = vm_fixture(machine["name"], vm_id=machine["vmId"], resource_id=machine["resourceId"],
+                       private_ip=machine["privateIp"])  # fmt: skip
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return orjson.dumps(
+        preparation_fixture(block, event["eventId"], at=at, resources=tuple(event["resources"]))
+    )
 
 
 def wave_event(wave: int, index: int, set_size: int = 5) -> dict[str, Any]:
@@ -146,9 +173,16 @@ class Scale:
              "--relay-url-template", f"http://{{privateIp}}:{self.agents.server_address[1]}",
              "--key", f"ops={workdir / 'ops.pub'}", "--relay-key", f"relay={workdir / 'relay.key'}",
              "--sink", f"file://{workdir}/audit.jsonl", "--state-dir", str(workdir / "state"),
-             "--listen", f"127.0.0.1:{self.port}", "--standby-after", "0"],
+             "--listen", f"127.0.0.1:{self.port}", "--standby-after", "0", *self.coordination(workdir)],
             env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=self.log, cwd=workdir,
         )  # fmt: skip
+
+    def coordination(self, workdir: Path) -> list[str]:
+        if not self.args.coordinate:
+            return []
+        key_pem, _ = generate_key_pair()
+        (workdir / "coordinator.key").write_bytes(key_pem)
+        return ["--coordinate", "--coordinate-key", f"coordinator={workdir / 'coordinator.key'}"]
 
     def produce(self, values: list[tuple[str, bytes]]) -> None:
         for key, value in values:
@@ -228,9 +262,21 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
             for wave in range(args.waves):
                 run.produce([(m["name"], record(m, [wave_event(wave, i)])) for i, m in enumerate(machines)])
                 run.wait_metric("se_bridge_approver_fleet_events", n // 5, 600)
-                if wave == args.waves - 1:
+                if args.coordinate:
+                    relayed = run.agents.relayed
+                    run.produce(
+                        [(m["name"], prepared(m, wave_event(wave, i))) for i, m in enumerate(machines)]
+                    )
+                    deadline = time.monotonic() + 600
+                    while run.agents.relayed < relayed + n // 5 and time.monotonic() < deadline:
+                        time.sleep(0.2)  # every event of the wave approved by the coordinator
+                    figures["coordinatedApprovals"] = figures.get("coordinatedApprovals", 0) + (
+                        run.agents.relayed - relayed
+                    )
+                elif wave == args.waves - 1:
                     figures.update(decisions(run, machines, wave, args.decisions))
-                run.produce([(m["name"], record(m, [])) for m in machines])  # the wave is over
+                # the wave is over: each event leaves the documents (an agent's "completed" change)
+                run.produce([(m["name"], record(m, [], wave_event(wave, i))) for i, m in enumerate(machines)])
                 run.wait_metric("se_bridge_approver_fleet_events", 0, 600)
                 rss_after_waves.append(round(run.rss_mb(), 1))
             figures["rssAfterWavesMb"] = rss_after_waves
@@ -280,6 +326,7 @@ def main() -> int:
     parser.add_argument("--waves", type=int, default=3, help="simulated maintenance waves (a month: 30)")
     parser.add_argument("--decisions", type=int, default=1000)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--coordinate", action="store_true", help="the approver coordinates (see above)")
     args = parser.parse_args()
     results = [measure(n, args) for n in args.vms]
     print(f"\n{'VMs':>8} {'RSS MB':>8} {'after waves':>24} {'ingest/s':>9} {'dec/s':>7} {'CPU ms/dec':>10}")

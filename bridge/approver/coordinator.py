@@ -18,6 +18,16 @@ coordinator that acts again on an event its predecessor already approved asks fo
 id, on the same VM first: that agent's ledger answers without a second StartRequest. An approval
 that reached no agent at all is not spent: it is neither recorded as final nor audited, and the event
 is assessed again ``RETRY_AFTER`` seconds later while it is still Scheduled.
+
+**Bounded memory over a month** (issue 33: 1.15 KB kept per event for good, 77.6 -> 121.3 MB over 20
+waves at 10 000 VMs; a preparation arriving after its event started, or forged by any agent
+credential, kept for good): an event is forgotten ``FORGET_AFTER`` seconds after it was last useful
+(its NotBefore, or its last record) whether or not a verdict was given (an ended event simply
+vanishes from the agents' documents: no record says so); a preparation for an event already decided
+or started is not kept; reports waiting for their event's record are kept ``FORGET_AFTER`` seconds
+at most, for at most ``MAX_EARLY_EVENTS`` events; a report counts only for a VM the event names
+(or, before its record, for at most ``MAX_RESOURCES`` VMs); the decided events remembered are capped
+at ``MAX_DONE``. Every cap drops the oldest first.
 """
 
 from __future__ import annotations
@@ -25,12 +35,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bridge import coordination
 from bridge.coordination import CoordinationPolicy, Verdict
 from bridge.imds.document import SCHEDULED
+from bridge.records.fields import MAX_RESOURCES
 from bridge.records.preparation import Preparation
 from bridge.records.reader import Record
 from bridge.records.scheduled_events import ScheduledEvents
@@ -42,14 +54,29 @@ FORGET_AFTER = 3600.0
 #: Seconds before an approval that reached no agent of its event is tried again (each try already
 #: went through every VM of the event a few times, bridge.approver.relaying).
 RETRY_AFTER = 5.0
+#: Changes after which an event has nothing left to approve (it started, or left the document).
+ENDED = frozenset({"started", "startedWithoutNotice", "completed", "canceled", "removed"})
+#: Events whose preparations came before any record of the event (a partition read ahead): at most.
+MAX_EARLY_EVENTS = 10_000
+#: Events a verdict was acted on (or that left Scheduled), remembered for a day: at most.
+MAX_DONE = 200_000
 
 
-@dataclass
+@dataclass(slots=True)
 class _Event:
     resources: list[str]
     not_before: str | None
     seen_at: float
+    members: frozenset[str] = frozenset()  # lower-cased VM names the event names
     reports: dict[str, str] = field(default_factory=dict)  # lower-cased VM name -> last report
+
+
+@dataclass(slots=True)
+class _Early:
+    """Reports that came before their event's record."""
+
+    first_at: float
+    reports: dict[str, str] = field(default_factory=dict)
 
 
 class FleetCoordinator:
@@ -73,9 +100,9 @@ class FleetCoordinator:
         self.retry_after = retry_after
         self._lock = threading.Lock()
         self._events: dict[str, _Event] = {}
-        self._early: dict[str, dict[str, str]] = {}  # reports that came before their event's record
+        self._early: OrderedDict[str, _Early] = OrderedDict()  # oldest first
         # Event ids a verdict was acted on, or that left Scheduled (-> when), forgotten after a day.
-        self._done: dict[str, float] = {}
+        self._done: OrderedDict[str, float] = OrderedDict()
         # Event id -> when an approval that reached no agent of the event is tried again.
         self._retry_at: dict[str, float] = {}
 
@@ -89,27 +116,62 @@ class FleetCoordinator:
     def _observe_document(self, record: ScheduledEvents) -> None:
         now = time.time()
         with self._lock:
+            for change in record.changes:
+                if change.change in ENDED:  # gone from the document: nothing left to approve
+                    self._mark_done(change.event_id, now)
+                    self._events.pop(change.event_id, None)
+                    self._retry_at.pop(change.event_id, None)
+                    self._early.pop(change.event_id, None)
             for event in record.events:
                 event_id = event.event_id
                 if event.status != SCHEDULED:
-                    self._done[event_id] = now  # Started (or gone): nothing left to approve
+                    self._mark_done(event_id, now)  # Started (or gone): nothing left to approve
                     self._events.pop(event_id, None)
                     self._retry_at.pop(event_id, None)
+                    self._early.pop(event_id, None)
                     continue
                 known = self._events.get(event_id)
                 if known is None:
-                    known = _Event(list(event.resources), event.not_before, now)
-                    known.reports.update(self._early.pop(event_id, {}))
+                    resources = list(event.resources)
+                    members = frozenset(coordination.members(resources))
+                    known = _Event(resources, event.not_before, now, members)
+                    early = self._early.pop(event_id, None)
+                    if early is not None:
+                        known.reports.update((k, v) for k, v in early.reports.items() if k in members)
                     self._events[event_id] = known
                 known.seen_at = now
 
     def _observe_preparation(self, record: Preparation) -> None:
         if record.vm is None or not record.vm.name:
             return
+        key = record.vm.key
         with self._lock:
             known = self._events.get(record.event_id)
-            reports = known.reports if known is not None else self._early.setdefault(record.event_id, {})
-            reports[record.vm.key] = record.result
+            if known is not None:
+                if key in known.members:  # a VM the event does not name has nothing to report
+                    known.reports[key] = record.result
+                return
+            if record.event_id in self._done:
+                return  # decided or started already: too late to matter
+            early = self._early.get(record.event_id)
+            if early is None:
+                early = self._early[record.event_id] = _Early(time.time())
+                while len(self._early) > MAX_EARLY_EVENTS:
+                    self._early.popitem(last=False)
+            if key in early.reports or len(early.reports) < MAX_RESOURCES:
+                early.reports[key] = record.result
+
+    def _mark_done(self, event_id: str, now: float) -> None:
+        self._done.pop(event_id, None)
+        self._done[event_id] = now  # newest last
+        while len(self._done) > MAX_DONE:
+            gone, _ = self._done.popitem(last=False)
+            self._retry_at.pop(gone, None)
+
+    def __len__(self) -> int:
+        """Events held (waiting, decided, or reported before their record): what the bounds bound."""
+        with self._lock:
+            return len(self._events) + len(self._early)
 
     def run(self, stop: threading.Event) -> None:
         """Assess every waiting event each ``interval`` (on its own thread) until ``stop``."""
@@ -145,6 +207,10 @@ class FleetCoordinator:
         due = []
         with self._lock:
             for event_id, event in list(self._events.items()):
+                if now - _last_useful(event) > FORGET_AFTER:
+                    # Decided or not: an ended event vanishes from the documents, no record says so.
+                    del self._events[event_id]
+                    continue
                 if event_id in self._done or self._retry_at.get(event_id, 0.0) > now:
                     continue
                 members = coordination.members(event.resources)
@@ -153,14 +219,13 @@ class FleetCoordinator:
                 }
                 verdict = coordination.assess(event.resources, reports, event.not_before, now, self.policy)
                 if verdict.action != "wait":
-                    self._done[event_id] = now
+                    self._mark_done(event_id, now)
                     due.append((event_id, members, verdict))
-                elif now - _last_useful(event) > FORGET_AFTER:
-                    self._events.pop(event_id, None)
-            for event_id, when in list(self._done.items()):
-                if now - when > 24 * FORGET_AFTER:
-                    del self._done[event_id]
-                    self._retry_at.pop(event_id, None)
+            while self._early and now - next(iter(self._early.values())).first_at > FORGET_AFTER:
+                self._early.popitem(last=False)
+            while self._done and now - next(iter(self._done.values())) > 24 * FORGET_AFTER:
+                gone, _ = self._done.popitem(last=False)
+                self._retry_at.pop(gone, None)
         return due
 
 
