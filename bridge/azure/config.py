@@ -91,7 +91,8 @@ class AzureChannelConfig(RecordSigningSettings, ArmSettings, ReadTokenSettings, 
     graph_interval: float = setting(
         60.0,
         number(10, 3600),
-        "Seconds between two Resource Graph polls (Resource Graph allows 15 queries per 5 s per user).",
+        "Seconds between two Resource Graph polls, from 10 to 3600 (refused at start otherwise; Resource "
+        "Graph allows 15 queries per 5 s per user).",
         metavar="SECONDS",
     )
 
