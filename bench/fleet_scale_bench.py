@@ -182,7 +182,7 @@ class Scale:
             return []
         key_pem, _ = generate_key_pair()
         (workdir / "coordinator.key").write_bytes(key_pem)
-        return ["--coordinate", "--coordinate-key", f"coordinator={workdir / 'coordinator.key'}"]
+        return ["--coordinate", "true", "--coordinate-key", f"coordinator={workdir / 'coordinator.key'}"]
 
     def produce(self, values: list[tuple[str, bytes]]) -> None:
         for key, value in values:
@@ -221,7 +221,9 @@ class Scale:
                 if conn.getresponse().status == 200:
                     return
             time.sleep(0.1)
-        raise RuntimeError("the approver never became ready")
+        self.log.flush()
+        tail = (self.workdir / "approver.log").read_bytes()[-3000:].decode("utf-8", "replace")
+        raise RuntimeError(f"the approver never became ready; its log ends:\n{tail}")
 
     def rss_mb(self) -> float:
         status = Path(f"/proc/{self.approver.pid}/status").read_text()
@@ -333,7 +335,11 @@ def main() -> int:
     for r in results:
         waves = ",".join(str(x) for x in r["rssAfterWavesMb"])
         print(f"{r['vms']:>8} {r['rssMb']:>8} {waves:>24} {r['ingestRecordsPerS']:>9} "
-              f"{r['decisionsPerS']:>7} {r['cpuMsPerDecision']:>10}")  # fmt: skip
+              f"{r.get('decisionsPerS', '-'):>7} {r.get('cpuMsPerDecision', '-'):>10}")  # fmt: skip
+        if "coordinatedApprovals" in r:
+            print(
+                f"{'':>8} coordinated approvals: {r['coordinatedApprovals']} (every event of every wave once)"
+            )
     if args.json:
         args.json.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
     return 0
