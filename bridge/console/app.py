@@ -35,6 +35,7 @@ from bridge.console.access import SESSION_COOKIE, Access, Person
 from bridge.console.board import Board, Message
 from bridge.decisions import SigningKey, new_decision, sign
 from bridge.schemas import JsonObject
+from bridge.support.timeutil import epoch_of
 
 log = logging.getLogger(__name__)
 
@@ -261,14 +262,22 @@ class Console:
             return JSONResponse(
                 {"error": "the decisions topic did not confirm the decision"}, status_code=503
             )
-        self.board.published(str(decision["decisionId"]), str(decision["eventId"]))
+        sent = self.board.published(
+            str(decision["decisionId"]),
+            str(decision["eventId"]),
+            action=str(decision["action"]),
+            expires=epoch_of(decision.get("expiresAt")) or 0.0,
+            issued_by=person.name,
+        )
         self._on_decision(str(decision["action"]))
         log.info(
             "decision published",
             extra={"decisionId": decision["decisionId"], "eventId": decision["eventId"],
                    "action": decision["action"], "issuedBy": person.name},
         )  # fmt: skip
-        return JSONResponse({"decisionId": decision["decisionId"]}, status_code=202)
+        # What it waits for, at once: an event none of whose agents reports can only be retried by
+        # the approvers until the decision expires (or acknowledged through ARM): the page says so.
+        return JSONResponse(sent, status_code=202)
 
     def _decision(self, body: object, person: Person) -> JsonObject:
         """The signed decision a request asks for, once everything in it was checked."""

@@ -60,8 +60,23 @@ MAX_AUDITS = 50
 HISTORY_LIMIT = 50_000
 #: This console's own decisions remembered (their verdicts are linked to their events).
 MAX_MINE = 10_000
+#: This console's decisions on one event listed on its page (the latest).
+MAX_SENT_SHOWN = 10
 
 Message = dict[str, object]
+
+
+@dataclass(slots=True)
+class Sent:
+    """A decision this console published (issue 33: the person must see what became of it)."""
+
+    event_id: str
+    action: str
+    at: float
+    expires: float
+    issued_by: str
+
+
 #: Why the board did not believe a record or a part of it (the se_bridge_console_refused_total labels).
 REFUSALS = ("changedClaim", "notNamed", "unprovenApproval")
 
@@ -243,7 +258,7 @@ class Board:
         #: The decisions this console published, by id: their event (the most recent MAX_MINE). An
         #: approver's verdict on a message it could not prove (unknownKey, badSignature) names the
         #: decision only under ``unverified``; this is how the person still sees it (issue 33).
-        self._mine: OrderedDict[str, str] = OrderedDict()
+        self._mine: OrderedDict[str, Sent] = OrderedDict()
         self.silent_after = silent_after
         self.history_days = history_days
         self._lock = threading.Lock()
@@ -410,19 +425,58 @@ class Board:
             }  # fmt: skip
         self._announce({"type": "event", "event": event.summary()})
 
-    def published(self, decision_id: str, event_id: str) -> None:
-        """A decision this console signed and published: its verdict is shown whatever it is."""
+    def published(
+        self,
+        decision_id: str,
+        event_id: str,
+        *,
+        action: str = "approve",
+        expires: float = 0.0,
+        issued_by: str = "",
+        now: float | None = None,
+    ) -> dict[str, object]:
+        """A decision this console signed and published: its verdict is shown whatever it is, and
+        until there is one, what it waits for (:meth:`sent`). Returns what the page shows at once."""
+        now = time.time() if now is None else now
+        sent = Sent(event_id.upper(), action, now, expires, issued_by)
         with self._lock:
-            self._mine[decision_id] = event_id.upper()
+            self._mine[decision_id] = sent
             while len(self._mine) > MAX_MINE:
                 self._mine.popitem(last=False)
+            event = self._events.get(sent.event_id)
+            return self._sent_json(decision_id, sent, event, now)
+
+    def _sent_json(
+        self, decision_id: str, sent: Sent, event: EventRow | None, now: float
+    ) -> dict[str, object]:
+        """One of this console's decisions as the event page shows it: answered or not, and when not,
+        whether any agent of the event is reporting at all (no agent: the approvers can only retry
+        until the decision expires, or acknowledge through ARM if they run with it)."""
+        answered = event is not None and any(a.get("decisionId") == decision_id for a in event.audits)
+        silent: list[str] = []
+        if event is not None:
+            for name in event.resources:
+                row = self._vms.get(name.lower())  # VM rows are keyed by name, case-folded
+                if row is None or row.silent(now, self.silent_after):
+                    silent.append(name)
+        reporting = event is not None and len(silent) < len(event.resources)
+        return {
+            "decisionId": decision_id,
+            "action": sent.action,
+            "at": sent.at,
+            "expires": sent.expires,
+            "issuedBy": sent.issued_by,
+            "answered": answered,
+            "agentsSilent": silent,
+            "anyAgentReporting": reporting,
+        }
 
     def _approval(self, record: Approval, now: float) -> None:
         audit = _audit_of(record, now)
         events = [e.upper() for e in record.event_ids]
         mine = record.unverified.get("decisionId")
         if not events and mine is not None and mine in self._mine:  # refused before it was proven
-            events, audit["decisionId"] = [self._mine[mine]], mine
+            events, audit["decisionId"] = [self._mine[mine].event_id], mine
         shown = []
         with self._lock:
             for event_id in events:
@@ -468,12 +522,14 @@ class Board:
             },
         }
 
-    def event(self, event_id: str) -> dict[str, object] | None:
+    def event(self, event_id: str, now: float | None = None) -> dict[str, object] | None:
         key = event_id.upper()
+        now = time.time() if now is None else now
         with self._lock:
             event = self._events.get(key)
             if event is not None:
-                return {**event.detail(), "open": True}
+                sent = [self._sent_json(d, s, event, now) for d, s in self._mine.items() if s.event_id == key]
+                return {**event.detail(), "open": True, "sent": sent[-MAX_SENT_SHOWN:]}
             closed = self._closed.get(key)
             if closed is None:
                 return None

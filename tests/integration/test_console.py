@@ -317,6 +317,38 @@ def test_a_dead_agent_is_flagged(stack: Stack, browser: Any, tmp_path: Path) -> 
     page.screenshot(path=str(shots(tmp_path) / "silent.png"), full_page=True)
 
 
+def test_an_approval_no_agent_can_carry_out_says_so_now_and_after_a_reload(
+    stack: Stack, browser: Any, tmp_path: Path
+) -> None:
+    """Issue 33: an event whose agents are all dead, approvers without --arm: the console accepted the
+    approval, the approvers retried the dead agents until the decision's TTL, and the page said
+    "waiting for the approver", then "not approved" after a reload. It says what the decision waits
+    for: an agent, with the silent ones named and the time the decision expires."""
+    context = browser.new_context(extra_http_headers=APPROVER)
+    page = context.new_page()
+    event_id = stack.add_event()
+    page.goto(f"{stack.url}/events/{event_id}")
+    page.wait_for_selector("body[data-ready=true]")
+    for agent in stack.agents.values():
+        agent.kill()  # every agent of the event dies before anyone approves
+    page.goto(stack.url + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    page.locator("li.silent").nth(len(VMS) - 1).wait_for(timeout=30_000)  # --silent-after 4
+    page.goto(f"{stack.url}/events/{event_id}")
+    page.wait_for_selector("body[data-ready=true]")
+    page.get_by_role("button", name="Approve…").click()
+    page.locator("#approve-reason").fill("patching window")
+    page.locator("#approve-next").click()
+    page.locator("#approve-confirm").click()
+    state = page.locator("#decision-state")
+    state.filter(has_text="waiting for an agent").wait_for(timeout=10_000)
+    assert all(vm in state.inner_text() for vm in VMS) and "expires at" in state.inner_text()
+    page.screenshot(path=str(shots(tmp_path) / "waiting-for-an-agent.png"), full_page=True)
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    page.locator("#decision-state", has_text="waiting for an agent").wait_for(timeout=10_000)
+
+
 def test_a_vm_nobody_watches_is_flagged_from_azures_channel(
     stack: Stack, browser: Any, tmp_path: Path
 ) -> None:

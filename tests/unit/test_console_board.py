@@ -289,3 +289,27 @@ def test_closed_events_are_compacted_and_the_history_keeps_only_its_days() -> No
     close(second, 1_800_000_000.0 + day)
     close(third, 1_800_000_000.0 + 3 * day)  # the first is now older than history_days
     assert board.event(first) is None and board.event(second) is not None and board.event(third) is not None
+
+
+def test_a_decision_for_an_event_whose_agents_are_all_silent_says_what_it_waits_for() -> None:
+    """Issue 33: an approval nobody could carry out (the only VM's agent dead, approvers without
+    --arm) looked like "waiting for the approver" for 45 s and "not approved" after a reload. The
+    board tells the page, at once and after a reload, that no agent of the event is reporting, and
+    when the approvers' verdict has come."""
+    now = 1_795_168_800.0  # 2026-11-20T10:00:00Z, when the records say they were observed
+    board = Board(silent_after=60, approver_keys=KeyRing({"approvers": APPROVER_KEY}))
+    for vm in SET:
+        take_raw(board, record(vm, "Scheduled", "2026-11-20T10:00:00Z"), now=now)
+    later = now + 600  # every agent silent since (silent_after 60 s)
+    sent = board.published("d-1", EVENT, action="approve", expires=later + 900, issued_by="alice", now=later)
+    assert sent["anyAgentReporting"] is False and sent["agentsSilent"] == SET and sent["answered"] is False
+    page = board.event(EVENT, now=later)
+    assert page is not None and [s["decisionId"] for s in page["sent"]] == ["d-1"]  # after a reload too
+    take_raw(board, record("vm-b", "Scheduled", "2026-11-20T10:10:00Z"), now=later)  # vm-b's agent is back
+    page = board.event(EVENT, now=later)
+    assert page is not None
+    (mine,) = page["sent"]
+    assert mine["anyAgentReporting"] is True and mine["agentsSilent"] == ["vm-a", "vm-c"]
+    take_raw(board, approver_audit(), now=later)  # the approvers' verdict
+    page = board.event(EVENT, now=later)
+    assert page is not None and page["sent"][0]["answered"] is True

@@ -179,6 +179,14 @@ function renderEvent() {
     el("p", { id: "event-approved", text: e.approved ? `approved by ${e.approvedBy || "?"} at ${when(e.approvedAt)}` : "not approved" }));
   const decision = document.getElementById("decision");
   decision.hidden = !(e.open && e.eventStatus === "Scheduled" && state.me && state.me.canApprove);
+  const last = (e.sent || []).at(-1);
+  if (last) {
+    const audit = e.audits.find((a) => a.decisionId === last.decisionId && a.component !== "agent");
+    const text = audit
+      ? `${last.action} by ${last.issuedBy || "?"}: ${audit.outcome} by the approvers${audit.reason ? " (" + audit.reason + ")" : ""}`
+      : sentState(last, Date.now() / 1000);
+    document.getElementById("decision-state").textContent = text;
+  }
   fill("#timeline tbody", e.timeline, (t) => [when(t.at), t.vm, t.change, t.eventStatus || "(gone)", String(t.incarnation ?? "")]);
   fill("#preparations tbody", e.preparationRecords, (p) => [when(p.at), p.vm, p.result, p.hook ? `${p.hook.result} (exit ${p.hook.exitCode})` : "no hook"]);
   fill("#audits tbody", e.audits, (a) => [when(a.at), a.issuedBy || "", a.component, a.path || "", a.outcome, [a.decisionReason, a.reason].filter(Boolean).join(" · "), a.detail || ""]);
@@ -244,7 +252,7 @@ async function submitDecision() {
       headers: { "Content-Type": "application/json", "X-CSRF-Token": state.me.csrf },
       body: JSON.stringify({ eventId: event.eventId, target, action, reason: document.getElementById("approve-reason").value, confirm: event.releases }),
     });
-    const waiting = `${action} sent (decision ${answer.decisionId.slice(8, 16)}), waiting for the approver`;
+    const waiting = sentState(answer, Date.now() / 1000);
     state.pending.set(event.eventId, waiting);
     document.getElementById("approve").close();
     showDecisionState(event.eventId, waiting);
@@ -258,6 +266,22 @@ async function submitDecision() {
   } catch (error) {
     document.getElementById("approve-error").textContent = error.message;
   }
+}
+
+// What one of this console's decisions waits for, or its verdict (issue 33: an approval nobody can
+// carry out looked like "waiting" for ever). `sent` is what the console answered on publishing and
+// lists on the event page: answered or not, and whether any agent of the event is reporting.
+function sentState(sent, now) {
+  const what = `${sent.action} sent at ${when(sent.at)}`;
+  if (sent.answered) return "";  // the verdict: the audit line (live) or the audit table (page)
+  if (!sent.anyAgentReporting) {
+    const silent = sent.agentsSilent.length ? ` (silent: ${sent.agentsSilent.join(", ")})` : "";
+    return `${what}: waiting for an agent. No agent of this event is reporting${silent}; the approvers retry until the decision expires at ${when(sent.expires)}, or acknowledge it through Azure if they run with --arm. Otherwise the event starts at its NotBefore.`;
+  }
+  if (now - sent.at >= NO_VERDICT_SECONDS) {
+    return `${what}, but no approver has answered in ${Math.round(now - sent.at)} s: are the approvers running, and do they hold this console's key?`;
+  }
+  return `${what} (decision ${sent.decisionId.slice(8, 16)}), waiting for the approver`;
 }
 
 function showDecisionState(id, text) {
