@@ -9,8 +9,11 @@ by bench/fleet_bench.py, not here.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,3 +125,85 @@ def test_the_survivor_acts_on_a_dead_instances_decisions_before_the_takeover(
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(20)
+
+
+def test_one_arm_acknowledgement_per_decision_with_a_standby_and_a_dead_agent(
+    broker: TansuBroker, tmp_path: Path
+) -> None:
+    """Issue 33 section 4: an event naming only a VM whose agent is dead, two fleet approvers with
+    ``--arm fallback`` in one group: every approval was acknowledged through ARM twice (the owner
+    after its relay rounds, the standby after ``--standby-after``), with two audit records under one
+    recordId. Real processes, real Kafka-protocol broker, the fake ARM over TLS counting requests,
+    tokens from a managed-identity endpoint (App Service's protocol, as azure-identity speaks it)."""
+    import base64
+    import json
+    import socket
+
+    import records
+    from confluent_kafka import Producer
+    from peers.azure_identity import IdentityEndpoint
+    from peers.fake_arm import FakeArm
+
+    sub = "0d2d7c4e-6a1b-4f3e-8a52-9c3b1e7f4a21"
+    vm_id = f"/subscriptions/{sub}/resourceGroups/rg1/providers/Microsoft.Compute/virtualMachines/vm1"
+    arm = FakeArm(tmp_path, "https://management.azure.com")
+
+    def token(resource: str) -> str:
+        claims = base64.urlsafe_b64encode(json.dumps({"aud": resource.removesuffix("/")}).encode())
+        return "eyJhbGciOiJub25lIn0." + claims.decode().rstrip("=") + "."
+
+    identity = IdentityEndpoint("test-header", token)
+    with socket.socket() as s:  # the agent's port: nothing listens (its VM is down)
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    event_ids = [str(uuid.uuid4()).upper() for _ in range(8)]
+    vm = records.vm_block("vm1", vm_id="5f0c2d4a-93f1-4c59-b7a8-2e61d0c4f9ab", resource_id=vm_id,
+                          private_ip="127.0.0.1")  # fmt: skip
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(
+        orjson.dumps(records.scheduled_events(vm, [records.event(e, "vm1") for e in event_ids])) + b"\n"
+    )
+    source = f"kafka://{broker.bootstrap}/{TOPIC}"
+    fleet = ("--mode", "fleet", "--events-source", f"file://{events}", "--relay-url-template",
+             f"http://{{privateIp}}:{dead}", "--group", "fleet-arm", "--standby-after", "1",
+             "--arm", "fallback", "--arm-endpoint", arm.url, "--arm-audience", "https://management.azure.com",
+             "--arm-ca-file", str(arm.ca_file),
+             "--arm-scope", f"/subscriptions/{sub}/resourceGroups/rg1")  # fmt: skip
+    env = {**os.environ, **identity.env()}
+    workdirs = [tmp_path / "a", tmp_path / "b"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for workdir in workdirs:
+            workdir.mkdir()
+            procs.append(start_approver(workdir, source, f"file://{workdir}/audit.jsonl", "http://unused:1",
+                                        KEY, *fleet, env=env))  # fmt: skip
+        apis = [approver_api(w) for w in workdirs]
+        wait_until(
+            lambda: (
+                sorted(scrape(a, "se_bridge_approver_partitions_owned") for a in apis) in ([2, 2], [1, 3])
+            ),
+            60,
+            what="both instances owning a share of the 4 partitions",
+        )
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        ids = []
+        for index, event_id in enumerate(event_ids):
+            decision = sign(new_decision(event_id, "vm1", "tests", 600), "ops", KEY)
+            producer.produce(TOPIC, orjson.dumps(decision), partition=index % 4)
+            ids.append(decision["decisionId"])
+        assert producer.flush(30) == 0
+        wait_until(lambda: set(_audits(workdirs)) == set(ids), 90, what="every decision audited")
+        time.sleep(8)  # the standbys' own rounds (ARM after STANDBY_ARM_EXTRA more) have passed
+        acknowledged = [r["path"].split("?")[0].rsplit("/", 2)[-2].upper() for r in arm.requests]
+        assert sorted(acknowledged) == sorted(event_ids), arm.requests  # once each, never twice
+        for audits in _audits(workdirs).values():
+            assert len(audits) == 1, audits  # one final audit per decision
+            assert (audits[0]["outcome"], audits[0]["path"]) == ("approved", "arm"), audits
+        assert identity.seen, "the approvers never asked the identity endpoint for a token"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(20)
+        arm.server.shutdown()
+        identity.stop()
