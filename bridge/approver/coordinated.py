@@ -87,7 +87,7 @@ class CoordinatedApprovals:
         self, decision: Decision, message: Message, verdict: Verdict, account: dict[str, Any]
     ) -> bool:
         earlier = self.store.get(decision.decision_id)
-        if earlier is not None and earlier["state"] == "final":
+        if earlier is not None and earlier.state == "final":
             return True  # acted on already (the stream was read again after a restart)
         if verdict.action == "leave":
             detail = verdict.left_detail()

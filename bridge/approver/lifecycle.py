@@ -186,14 +186,14 @@ class DecisionLife:
         if not self.router.owns(decision):
             return _skipped(decision, self.router, self.metrics)
         earlier = self.store.get(decision.decision_id)
-        if earlier is not None and earlier["state"] == "final":
-            if earlier.get("position") == str(message.position):
+        if earlier is not None and earlier.state == "final":
+            if earlier.position == str(message.position):
                 log.info(
                     "decision already final (re-read after a restart)",
                     extra={"decisionId": decision.decision_id},
                 )
-                return {"outcome": earlier["outcome"], "reason": earlier.get("reason"), "reread": True}
-            ending = Ending("refused", "replayed", f"decision id already used ({earlier['outcome']})")
+                return {"outcome": earlier.outcome, "reason": earlier.reason, "reread": True}
+            ending = Ending("refused", "replayed", f"decision id already used ({earlier.outcome})")
             return self.audit.finish(decision, message, ending, record_final=False)
         if decision.action == "decline":  # a person said no: audited, nothing relayed
             detail = f"declined by {decision.issued_by}: the platform starts the event at NotBefore"

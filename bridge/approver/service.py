@@ -98,7 +98,9 @@ class Approver:
         self.stop_event, self.health = self.shell.stop_event, self.shell.health
         self.outbox, self.workers = self.shell.outbox, self.shell.workers
         self.state_dir = state_dir
-        self.store = DecisionStore(state_dir)
+        # Remembered as long as a decision can live (and an hour more): a replay after that is refused
+        # ``expired`` by validation before the store is asked.
+        self.store = DecisionStore(state_dir, keep=policy.max_ttl + policy.max_skew + 3600.0)
         self.relayer = Relayer(
             router, relay, attempts=relay_attempts, stop_event=self.stop_event, arm=arm, arm_mode=arm_mode
         )

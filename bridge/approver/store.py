@@ -17,59 +17,93 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import orjson
 
 from bridge.streams.base import Position
 from bridge.support.fsutil import datasync, write_atomic
 
+#: A file of fewer lines is never rewritten (nor read back twice at start).
 COMPACT_AT = 20_000
+#: The default memory: the longest a decision can live under the default policy, with margin.
 KEEP_SECONDS = 7 * 24 * 3600.0
+
+State = Literal["started", "final"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What the store knows of one decision."""
+
+    decision_id: str
+    state: State
+    position: str  # of the message that carried it (a re-read after a crash is the same message)
+    at: float
+    outcome: str | None = None  # final only
+    reason: str | None = None
+
+    def to_json(self) -> bytes:
+        entry: dict[str, object] = {"decisionId": self.decision_id, "state": self.state,
+                                    "position": self.position, "at": self.at}  # fmt: skip
+        if self.state == "final":
+            entry.update(outcome=self.outcome, reason=self.reason)
+        return orjson.dumps(entry) + b"\n"
+
+    @classmethod
+    def of(cls, line: bytes) -> Stored | None:
+        try:
+            entry = orjson.loads(line)
+            state = entry["state"]
+            if state not in ("started", "final"):
+                return None
+            position, at = str(entry.get("position") or ""), float(entry.get("at") or 0)
+            return cls(
+                str(entry["decisionId"]), state, position, at, entry.get("outcome"), entry.get("reason")
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            return None  # a torn last line after a crash
 
 
 class DecisionStore:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, keep: float = KEEP_SECONDS) -> None:
         self.path = state_dir / "decisions.jsonl"
+        self.keep = keep
         self._lock = threading.Lock()
-        self._entries: dict[str, dict[str, Any]] = {}
-        lines = 0
+        self._entries: OrderedDict[str, Stored] = OrderedDict()  # the oldest write first
+        self._lines = 0
         if self.path.exists():
             for line in self.path.read_bytes().splitlines():
-                lines += 1
-                try:
-                    entry = orjson.loads(line)
-                    self._entries[entry["decisionId"]] = entry
-                except (orjson.JSONDecodeError, KeyError, TypeError):
-                    continue  # a torn last line after a crash
-        if lines > COMPACT_AT:
+                self._lines += 1
+                entry = Stored.of(line)
+                if entry is not None:
+                    self._remember(entry)
+        self._forget_old(time.time())
+        if self._lines > COMPACT_AT:
             self._compact()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
-    def get(self, decision_id: str) -> dict[str, Any] | None:
+    def get(self, decision_id: str) -> Stored | None:
         with self._lock:
             return self._entries.get(decision_id)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
 
     def started(self, decision_id: str, position: Position, *, sync: bool = True) -> None:
         """Record that the decision is being acted on. ``sync=False`` leaves the line for the
         caller's :meth:`sync` (one disk sync for a lane's whole batch, before it is relayed)."""
-        entry = {"decisionId": decision_id, "state": "started", "position": str(position), "at": time.time()}
-        self._write(entry, sync)
+        self._write(Stored(decision_id, "started", str(position), time.time()), sync)
 
     def final(
         self, decision_id: str, position: Position, outcome: str, reason: str | None, *, sync: bool = True
     ) -> None:
         """Record the decision's outcome (``sync`` as for :meth:`started`: before its commit)."""
-        entry = {
-            "decisionId": decision_id,
-            "state": "final",
-            "position": str(position),
-            "outcome": outcome,
-            "reason": reason,
-            "at": time.time(),
-        }
-        self._write(entry, sync)
+        self._write(Stored(decision_id, "final", str(position), time.time(), outcome, reason), sync)
 
     def sync(self) -> None:
         """Make every line written so far durable."""
@@ -78,10 +112,14 @@ class DecisionStore:
     def close(self) -> None:
         os.close(self._fd)
 
-    def _write(self, entry: dict[str, Any], sync: bool) -> None:
+    def _write(self, entry: Stored, sync: bool) -> None:
         with self._lock:
-            self._entries[entry["decisionId"]] = entry
-            os.write(self._fd, orjson.dumps(entry) + b"\n")
+            self._remember(entry)
+            os.write(self._fd, entry.to_json())
+            self._lines += 1
+            self._forget_old(entry.at)
+            if self._lines > COMPACT_AT and self._lines > 4 * len(self._entries):
+                self._compact_open()
         if not sync:
             return
         # Durable before returning, but synced outside the lock: the lanes' writes then share their
@@ -90,8 +128,26 @@ class DecisionStore:
         # the store the fleet approver's bottleneck in bench/fleet_bench.py's burst.
         datasync(self._fd)
 
+    def _remember(self, entry: Stored) -> None:
+        self._entries.pop(entry.decision_id, None)
+        self._entries[entry.decision_id] = entry  # newest last
+
+    def _forget_old(self, now: float) -> None:
+        cutoff = now - self.keep
+        while self._entries:
+            oldest = next(iter(self._entries.values()))
+            if oldest.at >= cutoff:
+                break
+            self._entries.popitem(last=False)
+
     def _compact(self) -> None:
-        cutoff = time.time() - KEEP_SECONDS
-        keep = [e for e in self._entries.values() if e.get("at", 0) >= cutoff]
-        self._entries = {e["decisionId"]: e for e in keep}
-        write_atomic(self.path, b"".join(orjson.dumps(e) + b"\n" for e in keep))
+        write_atomic(self.path, b"".join(e.to_json() for e in self._entries.values()))
+        self._lines = len(self._entries)
+
+    def _compact_open(self) -> None:
+        """Rewrite the file as what is remembered while running (under the lock): the new file is
+        durable and in place before the old descriptor is let go."""
+        self._compact()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.close(self._fd)
+        self._fd = fd

@@ -504,14 +504,14 @@ def test_a_coordinated_approval_that_reached_no_agent_is_tried_again(
     try:
         assert service.coordinated(event_id, [vm_name.lower()], verdict) is False  # no agent known
         assert service.outbox.last_seq == 0  # nothing audited
-        assert service.store.get(f"coordinated-{event_id}")["state"] == "started"  # type: ignore[index]
+        assert service.store.get(f"coordinated-{event_id}").state == "started"  # type: ignore[union-attr]
         assert emulator.state()["startRequests"] == {}
         router.learn(
             records.typed(records.scheduled_events(records.vm_block(vm_name, private_ip="127.0.0.1")))
         )
         assert service.coordinated(event_id, [vm_name.lower()], verdict) is True
         assert emulator.state()["startRequests"] == {event_id: 1}
-        assert service.store.get(f"coordinated-{event_id}")["outcome"] == "approved"  # type: ignore[index]
+        assert service.store.get(f"coordinated-{event_id}").outcome == "approved"  # type: ignore[union-attr]
         assert service.outbox.last_seq == 1
         assert service.coordinated(event_id, [vm_name.lower()], verdict) is True  # final: nothing again
         assert emulator.state()["startRequests"] == {event_id: 1}
