@@ -24,15 +24,16 @@ def follow(
 ) -> None:
     """Hand every record of ``source`` that ``reader`` reads (typed: its schema checked, signatures
     verified) to ``on_record`` until ``stop``; refused records are counted by the reader and skipped.
-    ``caught_up()`` whenever a poll finds nothing more once the source has its share (the stream was
-    read to its end). A failing source is opened again after 2 s, whatever it raised: a reader must
+    ``caught_up()`` whenever a poll finds nothing more once the source has its share, and the source
+    does not know of anything waiting (:meth:`DecisionSource.behind`): the stream was read to its
+    end. A failing source is opened again after 2 s, whatever it raised: a reader must
     never die."""
     while not stop.is_set():
         try:
             source.open()
             while not stop.is_set():
                 messages = source.poll(0.5)
-                if not messages and source.assigned():
+                if not messages and source.assigned() and not source.behind():
                     caught_up()
                 for message in messages:
                     record = reader.read_bytes(message.payload)

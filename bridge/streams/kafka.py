@@ -118,6 +118,28 @@ class KafkaSource(DecisionSource):
     def assigned(self) -> bool:
         return self._assigned
 
+    def behind(self) -> int | None:
+        """The owned partitions' lag summed (called after an empty poll). From librdkafka's cached
+        watermarks when it has fetched from a partition; otherwise asked of the broker (a start, when
+        an empty poll meant only that nothing was fetched yet), a partition not read from yet
+        counting from its low watermark (``auto.offset.reset`` is earliest). None when the broker
+        does not answer."""
+        if self._consumer is None or not self._owned:
+            return 0 if self._assigned else None
+        owned = [TopicPartition(k.rpartition("/")[0], int(k.rpartition("/")[2])) for k in self._owned]
+        total = 0
+        try:
+            for tp in self._consumer.position(owned):
+                low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+                if high < 0:
+                    low, high = self._consumer.get_watermark_offsets(tp, timeout=2.0, cached=False)
+                if high < 0:
+                    return None
+                total += max(0, high - (tp.offset if tp.offset >= 0 else max(low, 0)))
+        except KafkaException:
+            return None
+        return total
+
     def _refresh_lag(self) -> None:
         """Lag of each owned partition (high watermark - position), from librdkafka's cached
         watermarks: no broker round trip, at most every 5 s, on the polling thread."""

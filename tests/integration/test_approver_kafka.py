@@ -299,3 +299,47 @@ def test_fleet_approvers_share_partitions_and_survive_a_kill(
     finally:
         for proc in procs:
             stop(proc)
+
+
+def test_an_events_reader_is_caught_up_only_at_the_end_of_its_backlog(
+    broker: TansuBroker, tmp_path: Path
+) -> None:
+    """Issue 33: "caught up" was the first empty poll, and a Kafka consumer's poll is empty while it
+    has fetched nothing yet: a fleet approver with a 1.1 M-record backlog said ready after 7 s and
+    read for 108 s more. ``behind()`` says what waits, from the broker's watermarks."""
+    import threading
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from bridge.records.reader import Reader
+    from bridge.streams.follow import follow
+    from bridge.streams.kafka import KafkaSource
+
+    topic = "events-backlog"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic(topic, 2)]).values():
+        future.result(30)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20})
+    for n in range(3000):
+        producer.produce(topic, orjson.dumps({"n": n}), partition=n % 2)
+    assert producer.flush(30) == 0
+    source = KafkaSource(f"kafka://{broker.bootstrap}/{topic}", "backlog-reader")
+    seen: list[int] = []
+    caught_up_after: list[int] = []
+    stop = threading.Event()
+
+    class Counting(Reader):
+        def read_bytes(self, payload: bytes):  # type: ignore[no-untyped-def]
+            seen.append(1)
+            return None  # not records: only counted
+
+    def caught_up() -> None:
+        caught_up_after.append(len(seen))
+        stop.set()
+
+    reader = threading.Thread(target=follow, args=(source, lambda r: None, stop, Counting(), caught_up))
+    reader.start()
+    reader.join(60)
+    assert caught_up_after and caught_up_after[0] == 3000  # never before the last one
+    assert source.behind() == 0
