@@ -210,12 +210,18 @@ class Console:
     async def fleet(self, request: Request) -> Response:
         if self._person(request) is None:
             return _unauthorized()
-        return _json(self.board.fleet(query=request.query_params.get("q", "")[:128]))
+        query = request.query_params.get("q", "")[:128]
+        # Built and encoded off the event loop: at 200 000 VMs this took 13.8 s, and /healthz, every
+        # page and the live stream waited for it (issue 33).
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: _json(self.board.fleet(query=query))
+        )
 
     async def event(self, request: Request) -> Response:
         if self._person(request) is None:
             return _unauthorized()
-        found = self.board.event(request.path_params["event_id"][:128])
+        event_id = request.path_params["event_id"][:128]
+        found = await asyncio.get_running_loop().run_in_executor(None, self.board.event, event_id)
         return (
             _json(found) if found is not None else JSONResponse({"error": "no such event"}, status_code=404)
         )
@@ -227,7 +233,10 @@ class Console:
             days = min(max(float(request.query_params.get("days", "30")), 1.0), 366.0)
         except ValueError:
             days = 30.0
-        return _json(self.board.history(days, request.query_params.get("group", "")[:128]))
+        group = request.query_params.get("group", "")[:128]
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: _json(self.board.history(days, group))
+        )
 
     async def follow(self, request: Request) -> Response:
         if self._person(request) is None:

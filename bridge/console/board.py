@@ -60,6 +60,10 @@ MAX_AUDITS = 50
 HISTORY_LIMIT = 50_000
 #: This console's own decisions remembered (their verdicts are linked to their events).
 MAX_MINE = 10_000
+#: VMs the board keeps (issue 33: a hostile stream of 200 000 invented VMs took the console to
+#: 684 MB). Past it, the VM heard from least recently that shows no open event is forgotten first,
+#: counted as ``se_bridge_console_refused_total{reason="overBudget"}``.
+MAX_VMS = 200_000
 #: This console's decisions on one event listed on its page (the latest).
 MAX_SENT_SHOWN = 10
 
@@ -78,7 +82,7 @@ class Sent:
 
 
 #: Why the board did not believe a record or a part of it (the se_bridge_console_refused_total labels).
-REFUSALS = ("changedClaim", "notNamed", "unprovenApproval")
+REFUSALS = ("changedClaim", "notNamed", "unprovenApproval", "overBudget")
 
 
 @dataclass(slots=True)
@@ -300,10 +304,24 @@ class Board:
                 self.refused["changedClaim"] += 1  # another VM speaking in this one's name
                 return None
             if row is None:
-                row = self._vms[key] = VmRow(vm.name)
+                row = self._add_vm(key, VmRow(vm.name))
+            else:
+                self._vms[key] = self._vms.pop(key)  # heard from most recently last (see _add_vm)
             row.take(vm, record.observed_at or now, heartbeat)
         if heartbeat:  # a page judges silence by lastSeen: every heartbeat moves it on
             self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})
+        return row
+
+    def _add_vm(self, key: str, row: VmRow) -> VmRow:
+        """A VM not known yet (under the lock); past MAX_VMS the VM heard from least recently that
+        shows no open event makes room (the map is kept in that order: a record moves its VM last)."""
+        self._vms[key] = row
+        if len(self._vms) > MAX_VMS:
+            for old_key, old in self._vms.items():
+                if not old.events and old_key != key:
+                    del self._vms[old_key]
+                    self.refused["overBudget"] += 1
+                    break
         return row
 
     def _scheduled_events(self, record: ScheduledEvents, now: float) -> None:
@@ -403,7 +421,7 @@ class Board:
                 return  # ended already, or its agent reported it meanwhile
             row = self._vms.get(name.lower())
             if row is None:
-                row = self._vms[name.lower()] = VmRow(name, resource_group=vm.resource_group)
+                row = self._add_vm(name.lower(), VmRow(name, resource_group=vm.resource_group))
             row.unwatched = tuple(dict.fromkeys((*row.unwatched, key)))
             row.events = tuple(dict.fromkeys((*row.events, key)))
         self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})

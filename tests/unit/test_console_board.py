@@ -313,3 +313,22 @@ def test_a_decision_for_an_event_whose_agents_are_all_silent_says_what_it_waits_
     take_raw(board, approver_audit(), now=later)  # the approvers' verdict
     page = board.event(EVENT, now=later)
     assert page is not None and page["sent"][0]["answered"] is True
+
+
+def test_a_stream_of_invented_vms_cannot_grow_the_board_past_its_bound(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 33: 200 000 invented VMs took the console to 684 MB. Past the bound, the VM heard from
+    least recently with no open event makes room; a VM showing an open event is kept."""
+    from records import heartbeat
+
+    from bridge.console import board as module
+
+    monkeypatch.setattr(module, "MAX_VMS", 100)
+    board = Board()
+    for vm in SET:  # the real fleet: an open event on each
+        take_raw(board, record(vm, "Scheduled", "2026-11-20T10:00:00Z"))
+    for n in range(1000):
+        take_raw(board, heartbeat(vm_block(f"invented-{n:04d}")))
+    fleet = board.fleet()
+    names = {v["name"] for v in fleet["vms"]}  # type: ignore[union-attr]
+    assert len(names) == 100 and set(SET) <= names
+    assert board.refused["overBudget"] == 1000 + len(SET) - 100
