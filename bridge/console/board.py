@@ -527,7 +527,11 @@ class Board:
                 for v in self._vms.values()
                 if not wanted or wanted in v.name.lower() or wanted in v.resource_group.lower()
             ]
-            events = {e.event_id: e.summary() for e in self._events.values()}
+            events = {
+                e.event_id: e.summary()
+                for e in self._events.values()
+                if not wanted or _event_matches(e, wanted)
+            }
         return {
             "now": now,
             "silentAfter": self.silent_after,
@@ -584,6 +588,18 @@ class Board:
         with self._lock:
             silent = sum(1 for v in self._vms.values() if v.silent(now, self.silent_after))
             return len(self._vms), silent, len(self._events)
+
+
+def _event_matches(event: EventRow, wanted: str) -> bool:
+    """The search box on open events (issue 33: "what touches vm-001" found only the VM): the event's
+    id, type, status or source, or a VM it names."""
+    return (
+        wanted in event.event_id.lower()
+        or wanted in event.event_type.lower()
+        or wanted in event.status.lower()
+        or wanted in event.source.lower()
+        or any(wanted in r.lower() for r in event.resources)
+    )
 
 
 def _approval_proven(record: Approval, event: EventRow, row: VmRow | None) -> bool:

@@ -222,6 +222,8 @@ def test_a_person_approves_an_event_and_watches_it_through(
 
     wait_until(lambda: stack.ledger(event_id)["startRequests"] >= 1, 30, what="the StartRequest")
     page.locator(f"#event-{event_id} .approved").filter(has_text="approved").wait_for(timeout=30_000)
+    # Issue 33: no Approve… button beside "approved" (it stayed clickable for ~5 s).
+    assert page.locator(f"#event-{event_id} button").count() == 0
     page.locator(f"#event-{event_id}[data-status=Started]").wait_for(timeout=30_000)
     (decision,) = stack.decisions_published()
     assert decision["issuedBy"] == "alice@contoso.example" and decision["target"] == VMS[0]
@@ -347,6 +349,41 @@ def test_an_approval_no_agent_can_carry_out_says_so_now_and_after_a_reload(
     page.reload()
     page.wait_for_selector("body[data-ready=true]")
     page.locator("#decision-state", has_text="waiting for an agent").wait_for(timeout=10_000)
+
+
+def test_search_finds_the_events_a_vm_is_in_and_a_narrow_window_breaks_no_name(
+    stack: Stack, browser: Any, tmp_path: Path
+) -> None:
+    """Issue 33: the search box filtered only the VM list; the duration was shown nowhere; empty tables
+    said nothing; at 760 px the events table overflowed the page and names wrapped mid-name."""
+    page = browser.new_context(extra_http_headers=LOOKER, viewport={"width": 760, "height": 900}).new_page()
+    page.goto(stack.url + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    event_id = stack.add_event()
+    row = page.locator(f"#event-{event_id}")
+    row.wait_for(timeout=30_000)
+    assert (
+        row.locator(".duration").inner_text() in ("not given", "0 s")
+        or "min" in row.locator(".duration").inner_text()
+    )
+    page.locator("#search").fill("fleet-vm-001")
+    row.wait_for(timeout=10_000)  # "what touches vm-001": the event names it
+    page.locator("#search").fill("no-such-vm")
+    row.wait_for(state="detached", timeout=10_000)
+    page.locator("#search").fill("")
+    row.wait_for(timeout=10_000)
+    wide = page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    assert wide, "the page scrolls sideways at 760 px"
+    broken = page.evaluate(
+        "[...document.querySelectorAll('#events .name')].filter((n) => n.getClientRects().length > 1).length"
+    )
+    assert broken == 0, "a VM name wrapped mid-name"
+    page.screenshot(path=str(shots(tmp_path) / "narrow.png"), full_page=True)
+    details = page.context.new_page()
+    details.goto(f"{stack.url}/events/{event_id}")
+    details.wait_for_selector("body[data-ready=true]")
+    details.locator("#audits tr.none", has_text="none yet").wait_for(timeout=10_000)
+    assert "duration" in details.locator("#summary").inner_text()
 
 
 def test_a_vm_nobody_watches_is_flagged_from_azures_channel(

@@ -87,7 +87,7 @@ function renderCounts() {
 function placeEventRow(event) {
   const body = document.querySelector("#events tbody");
   const old = document.getElementById(`event-${event.eventId}`);
-  if (event.outcome || !state.fleet.events[event.eventId]) {
+  if (event.outcome || !state.fleet.events[event.eventId] || !matchesSearch(event)) {
     if (old) old.remove();
   } else if (old) {
     old.replaceWith(eventRow(event));
@@ -99,13 +99,29 @@ function placeEventRow(event) {
   document.getElementById("no-events").hidden = body.children.length > 0;
 }
 
+// The search box filters the open events too (issue 33): by id, type, status, source or a VM named.
+function matchesSearch(event) {
+  const wanted = document.getElementById("search").value.trim().toLowerCase();
+  if (!wanted) return true;
+  return [event.eventId, event.eventType, event.eventStatus, event.eventSource || "", ...event.resources]
+    .some((text) => String(text).toLowerCase().includes(wanted));
+}
+
+// DurationInSeconds as IMDS gives it: -1 or absent when the platform does not say.
+function duration(seconds) {
+  if (seconds == null || seconds < 0) return "not given";
+  if (seconds < 120) return `${seconds} s`;
+  return seconds < 7200 ? `${Math.round(seconds / 60)} min` : `${(seconds / 3600).toFixed(1)} h`;
+}
+
 function eventRow(event) {
   const starts = el("td");
   if (event.eventStatus === "Scheduled") countdown(starts, event.notBefore);
   else starts.textContent = event.eventStatus;
   const prepared = Object.values(event.preparations).filter((r) => r === "prepared").length;
   const action = el("td");
-  if (event.eventStatus === "Scheduled" && state.me && state.me.canApprove) {
+  // Not once it is approved: the Approved column said "approved" while the button stayed for ~5 s.
+  if (event.eventStatus === "Scheduled" && !event.approved && state.me && state.me.canApprove) {
     const button = el("button", { type: "button", class: "danger", "data-event": event.eventId, text: "Approve…" });
     button.addEventListener("click", () => openApprove(event, "approve"));
     action.append(button);
@@ -116,7 +132,8 @@ function eventRow(event) {
     el("td", {}, el("a", { href: `/events/${event.eventId}`, text: event.eventId.slice(0, 8) })),
     el("td", { text: event.eventType }), el("td", { text: event.eventSource || "" }),
     el("td", { class: "status", text: event.eventStatus }), starts,
-    el("td", { text: event.resources.join(", ") }),
+    el("td", { class: "duration", text: duration(event.durationInSeconds) }),
+    el("td", { class: "names" }, ...event.resources.flatMap((name, i) => [...(i ? [", "] : []), el("span", { class: "name", text: name })])),
     el("td", { text: `${prepared}/${event.resources.length}` }), approved, action);
 }
 
@@ -174,7 +191,7 @@ function renderEvent() {
   document.getElementById("summary").replaceChildren(
     el("h2", { text: `${e.eventType} ${e.eventId}` }),
     el("p", { class: "status", id: "event-status", text: e.open ? e.eventStatus : `${e.outcome} (${e.eventStatus} when last seen)` }),
-    el("p", { text: `${e.eventSource || ""} · VMs: ${e.resources.join(", ")} · ${e.description || ""}` }),
+    el("p", { text: `${e.eventSource || ""} · VMs: ${e.resources.join(", ")} · duration ${duration(e.durationInSeconds)} · ${e.description || ""}` }),
     e.eventStatus === "Scheduled" ? el("p", {}, "Starts ", starts) : el("p", { text: `Started at ${when(e.startedAt)}` }),
     el("p", { id: "event-approved", text: e.approved ? `approved by ${e.approvedBy || "?"} at ${when(e.approvedAt)}` : "not approved" }));
   const decision = document.getElementById("decision");
@@ -193,7 +210,13 @@ function renderEvent() {
 }
 
 function fill(selector, rows, cells) {
-  document.querySelector(selector).replaceChildren(...rows.map((row) => el("tr", {}, ...cells(row).map((text) => el("td", { text })))));
+  const body = document.querySelector(selector);
+  if (!rows.length) {  // an empty table says so (issue 33)
+    const columns = body.closest("table").querySelectorAll("thead th").length || 1;
+    body.replaceChildren(el("tr", { class: "none" }, el("td", { colspan: String(columns), text: "none yet" })));
+    return;
+  }
+  body.replaceChildren(...rows.map((row) => el("tr", {}, ...cells(row).map((text) => el("td", { text })))));
 }
 
 // -- approving ----------------------------------------------------------------------------------
@@ -353,6 +376,10 @@ function onFleetMessage(message) {
         const verdict = `${message.audit.outcome} by the approvers${message.audit.reason ? " (" + message.audit.reason + ")" : ""}`;
         state.pending.set(id, verdict);
         showDecisionState(id, verdict);
+        // Approved: the row loses its Approve… button now, not when the event's next record comes.
+        if (message.audit.outcome === "approved" && fleet.events[id]) {
+          fleet.events[id] = { ...fleet.events[id], approved: true, approvedBy: fleet.events[id].approvedBy || message.audit.issuedBy };
+        }
       }
       if (fleet.events[id]) placeEventRow(fleet.events[id]);
     }
