@@ -174,7 +174,7 @@ class AzureChannel:
                 while not self.stop_event.is_set():
                     messages = source.poll(0.5)
                     if messages:
-                        messages += self._linger(source, len(messages))
+                        messages += linger(source, len(messages), self.stop_event)
                     streak.success()
                     backoff.reset()
                     if messages and self._publish(messages):
@@ -186,27 +186,6 @@ class AzureChannel:
                 streak.failure(kind, str(exc))
                 self.stop_event.wait(backoff.next_delay())
         source.close()
-
-    def _linger(self, source: DecisionSource, have: int) -> list[Message]:
-        """What else arrives within :data:`LINGER` seconds of a poll's first messages (at most
-        :data:`MAX_BATCH` in all), so they are stored, journalled and committed together.
-
-        Why: a source that wakes on every write (the file source's inotify, an Event Hub under a
-        trickle) handed over one delivery at a time, and each paid its own outbox fsync, journal
-        fsync and position commit: at 10 000 deliveries a minute that was most of the service's CPU
-        (bench/azure_bench.py). Azure announces maintenance minutes to days ahead; 50 ms is nothing
-        to the person waiting, and a wave's burst is where the batches grow."""
-        out: list[Message] = []
-        deadline = time.monotonic() + LINGER
-        while have + len(out) < MAX_BATCH and not self.stop_event.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            more = source.poll(remaining)
-            if not more:
-                break
-            out += more
-        return out
 
     def _publish(self, messages: list[Message]) -> bool:
         """The records of a poll's messages, durable; False when stopping first (not committed)."""
@@ -258,24 +237,8 @@ class AzureChannel:
             if message is not None and isinstance(item, AzureEventRefused)
             else orjson.dumps(item)
         )
-        entry = {
-            "at": time.time(),
-            "reason": refusal.reason,
-            "detail": refusal.detail,
-            "position": str(message.position) if message is not None else "resourceGraph",
-            "payload": payload[:DEAD_LETTER_BYTES].decode("utf-8", "replace"),
-            "truncated": len(payload) > DEAD_LETTER_BYTES,
-        }
-        try:
-            ensure_private_dir(self._dead_letter.parent)
-            fd = os.open(self._dead_letter, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, orjson.dumps(entry) + b"\n")
-                datasync(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            log.error("cannot write the dead letter", extra={"error": str(exc)})
+        position = str(message.position) if message is not None else "resourceGraph"
+        dead_letter(self._dead_letter, refusal, position, payload)
 
     def _store(self, records: list[JsonObject], observed: Sequence[AzureEvent] = ()) -> bool:
         """``records`` durable in the outbox (waiting out a full or failing disk); False when stopping
@@ -388,6 +351,51 @@ class AzureChannel:
         left = self.shell.drain(10.0)
         self.shell.close()
         log.info("azure channel stopped", extra={"undelivered": left})
+
+
+def linger(source: DecisionSource, have: int, stop: threading.Event) -> list[Message]:
+    """What else arrives within :data:`LINGER` seconds of a poll's first messages (at most
+    :data:`MAX_BATCH` in all), so they are stored, journalled and committed together.
+
+    Why: a source that wakes on every write (the file source's inotify, an Event Hub under a
+    trickle) handed over one delivery at a time, and each paid its own outbox fsync, journal fsync
+    and position commit: at 10 000 deliveries a minute that was most of the service's CPU
+    (bench/azure_bench.py). Azure announces maintenance minutes to days ahead; 50 ms is nothing to
+    the person waiting, and a wave's burst is where the batches grow."""
+    out: list[Message] = []
+    deadline = time.monotonic() + LINGER
+    while have + len(out) < MAX_BATCH and not stop.is_set():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        more = source.poll(remaining)
+        if not more:
+            break
+        out += more
+    return out
+
+
+def dead_letter(path: Path, refusal: AzureEventRefused, position: str, payload: bytes) -> None:
+    """One refused delivery, with its reason, appended (fsynced) to ``path``; its payload cut to
+    DEAD_LETTER_BYTES. A disk that refuses costs the dead letter only (logged), never the reader."""
+    entry = {
+        "at": time.time(),
+        "reason": refusal.reason,
+        "detail": refusal.detail,
+        "position": position,
+        "payload": payload[:DEAD_LETTER_BYTES].decode("utf-8", "replace"),
+        "truncated": len(payload) > DEAD_LETTER_BYTES,
+    }
+    try:
+        ensure_private_dir(path.parent)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, orjson.dumps(entry) + b"\n")
+            datasync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.error("cannot write the dead letter", extra={"error": str(exc)})
 
 
 def build(config: AzureChannelConfig) -> AzureChannel:

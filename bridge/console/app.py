@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response, Stream
 from starlette.routing import Route
 
 from bridge.console.access import SESSION_COOKIE, Access, Person
-from bridge.console.board import Board, Message
+from bridge.console.board import Board, Message, Sent
 from bridge.decisions import SigningKey, new_decision, sign
 from bridge.schemas import JsonObject
 from bridge.support.timeutil import epoch_of
@@ -271,13 +271,9 @@ class Console:
             return JSONResponse(
                 {"error": "the decisions topic did not confirm the decision"}, status_code=503
             )
-        sent = self.board.published(
-            str(decision["decisionId"]),
-            str(decision["eventId"]),
-            action=str(decision["action"]),
-            expires=epoch_of(decision.get("expiresAt")) or 0.0,
-            issued_by=person.name,
-        )
+        expires = epoch_of(decision.get("expiresAt")) or 0.0
+        mine = Sent.now(str(decision["eventId"]), str(decision["action"]), expires, person.name)
+        sent = self.board.published(str(decision["decisionId"]), mine)
         self._on_decision(str(decision["action"]))
         log.info(
             "decision published",

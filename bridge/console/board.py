@@ -74,11 +74,15 @@ Message = dict[str, object]
 class Sent:
     """A decision this console published (issue 33: the person must see what became of it)."""
 
-    event_id: str
+    event_id: str  # upper-cased, as the board keys events
     action: str
     at: float
     expires: float
     issued_by: str
+
+    @classmethod
+    def now(cls, event_id: str, action: str, expires: float, issued_by: str) -> Sent:
+        return cls(event_id.upper(), action, time.time(), expires, issued_by)
 
 
 #: Why the board did not believe a record or a part of it (the se_bridge_console_refused_total labels).
@@ -313,8 +317,7 @@ class Board:
         return row
 
     def _add_vm(self, key: str, row: VmRow) -> VmRow:
-        """A VM not known yet (under the lock); past MAX_VMS the VM heard from least recently that
-        shows no open event makes room (the map is kept in that order: a record moves its VM last)."""
+        """A new VM (under the lock); past MAX_VMS the least recently heard VM with no open event goes."""
         self._vms[key] = row
         if len(self._vms) > MAX_VMS:
             for old_key, old in self._vms.items():
@@ -443,51 +446,16 @@ class Board:
             }  # fmt: skip
         self._announce({"type": "event", "event": event.summary()})
 
-    def published(
-        self,
-        decision_id: str,
-        event_id: str,
-        *,
-        action: str = "approve",
-        expires: float = 0.0,
-        issued_by: str = "",
-        now: float | None = None,
-    ) -> dict[str, object]:
+    def published(self, decision_id: str, sent: Sent) -> dict[str, object]:
         """A decision this console signed and published: its verdict is shown whatever it is, and
-        until there is one, what it waits for (:meth:`sent`). Returns what the page shows at once."""
-        now = time.time() if now is None else now
-        sent = Sent(event_id.upper(), action, now, expires, issued_by)
+        until there is one, what it waits for. Returns what the page shows at once."""
+        now = sent.at
         with self._lock:
             self._mine[decision_id] = sent
             while len(self._mine) > MAX_MINE:
                 self._mine.popitem(last=False)
             event = self._events.get(sent.event_id)
-            return self._sent_json(decision_id, sent, event, now)
-
-    def _sent_json(
-        self, decision_id: str, sent: Sent, event: EventRow | None, now: float
-    ) -> dict[str, object]:
-        """One of this console's decisions as the event page shows it: answered or not, and when not,
-        whether any agent of the event is reporting at all (no agent: the approvers can only retry
-        until the decision expires, or acknowledge through ARM if they run with it)."""
-        answered = event is not None and any(a.get("decisionId") == decision_id for a in event.audits)
-        silent: list[str] = []
-        if event is not None:
-            for name in event.resources:
-                row = self._vms.get(name.lower())  # VM rows are keyed by name, case-folded
-                if row is None or row.silent(now, self.silent_after):
-                    silent.append(name)
-        reporting = event is not None and len(silent) < len(event.resources)
-        return {
-            "decisionId": decision_id,
-            "action": sent.action,
-            "at": sent.at,
-            "expires": sent.expires,
-            "issuedBy": sent.issued_by,
-            "answered": answered,
-            "agentsSilent": silent,
-            "anyAgentReporting": reporting,
-        }
+            return _sent_json(decision_id, sent, event, self._vms, now, self.silent_after)
 
     def _approval(self, record: Approval, now: float) -> None:
         audit = _audit_of(record, now)
@@ -532,17 +500,7 @@ class Board:
                 for e in self._events.values()
                 if not wanted or _event_matches(e, wanted)
             }
-        return {
-            "now": now,
-            "silentAfter": self.silent_after,
-            "vms": vms,
-            "events": events,
-            "counts": {
-                "vms": len(vms),
-                "silent": sum(1 for v in vms if v["silent"]),
-                "openEvents": len(events),
-            },
-        }
+        return _fleet_json(vms, events, now, self.silent_after)
 
     def event(self, event_id: str, now: float | None = None) -> dict[str, object] | None:
         key = event_id.upper()
@@ -550,17 +508,14 @@ class Board:
         with self._lock:
             event = self._events.get(key)
             if event is not None:
-                sent = [self._sent_json(d, s, event, now) for d, s in self._mine.items() if s.event_id == key]
+                sent = [
+                    _sent_json(d, s, event, self._vms, now, self.silent_after)
+                    for d, s in self._mine.items()
+                    if s.event_id == key
+                ]
                 return {**event.detail(), "open": True, "sent": sent[-MAX_SENT_SHOWN:]}
             closed = self._closed.get(key)
-            if closed is None:
-                return None
-            return {
-                **closed.detail(),
-                **_closure(closed),
-                "resources": list(closed.resources),
-                "open": False,
-            }
+            return None if closed is None else {**closed.detail(), **_closure(closed), "open": False}
 
     def scheduled(self, event_id: str) -> EventRow | None:
         """The open event if it waits for approval (the console approves nothing else)."""
@@ -588,6 +543,49 @@ class Board:
         with self._lock:
             silent = sum(1 for v in self._vms.values() if v.silent(now, self.silent_after))
             return len(self._vms), silent, len(self._events)
+
+
+def _sent_json(
+    decision_id: str,
+    sent: Sent,
+    event: EventRow | None,
+    vms: dict[str, VmRow],
+    now: float,
+    silent_after: float,
+) -> dict[str, object]:
+    """One of this console's decisions as the event page shows it (under the board's lock): answered
+    or not, and when not, whether any agent of the event is reporting at all (no agent: the approvers
+    can only retry until the decision expires, or acknowledge through ARM if they run with it)."""
+    answered = event is not None and any(a.get("decisionId") == decision_id for a in event.audits)
+    silent: list[str] = []
+    if event is not None:
+        for name in event.resources:
+            row = vms.get(name.lower())  # VM rows are keyed by name, case-folded
+            if row is None or row.silent(now, silent_after):
+                silent.append(name)
+    reporting = event is not None and len(silent) < len(event.resources)
+    return {
+        "decisionId": decision_id,
+        "action": sent.action,
+        "at": sent.at,
+        "expires": sent.expires,
+        "issuedBy": sent.issued_by,
+        "answered": answered,
+        "agentsSilent": silent,
+        "anyAgentReporting": reporting,
+    }
+
+
+def _fleet_json(
+    vms: list[dict[str, object]], events: dict[str, dict[str, object]], now: float, silent_after: float
+) -> dict[str, object]:
+    return {
+        "now": now,
+        "silentAfter": silent_after,
+        "vms": vms,
+        "events": events,
+        "counts": {"vms": len(vms), "silent": sum(1 for v in vms if v["silent"]), "openEvents": len(events)},
+    }
 
 
 def _event_matches(event: EventRow, wanted: str) -> bool:

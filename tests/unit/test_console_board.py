@@ -16,7 +16,7 @@ from records import approval, preparation, scheduled_events, typed, vm_block
 from records import change as make_change
 from records import event as make_event
 
-from bridge.console.board import Board
+from bridge.console.board import Board, Sent
 from bridge.signing import KeyRing, sign_record
 
 SET = ["vm-a", "vm-b", "vm-c"]
@@ -238,7 +238,7 @@ def test_the_approvers_verdict_on_this_consoles_decision_is_shown_even_unproven(
     kept saying "waiting". The console links the verdict to the decision it published."""
     board = Board(approver_keys=KeyRing({"approvers": APPROVER_KEY}))
     take_raw(board, scheduled("vm-a", SET, "id-a"))
-    board.published("console-d-1", EVENT)
+    board.published("console-d-1", Sent.now(EVENT, "approve", 0.0, "alice"))
     seen: list[dict[str, Any]] = []
     board.listeners.append(seen.append)
     refused = sign_record("approvers", APPROVER_KEY, approval(
@@ -301,7 +301,7 @@ def test_a_decision_for_an_event_whose_agents_are_all_silent_says_what_it_waits_
     for vm in SET:
         take_raw(board, record(vm, "Scheduled", "2026-11-20T10:00:00Z"), now=now)
     later = now + 600  # every agent silent since (silent_after 60 s)
-    sent = board.published("d-1", EVENT, action="approve", expires=later + 900, issued_by="alice", now=later)
+    sent = board.published("d-1", Sent(EVENT, "approve", later, later + 900, "alice"))
     assert sent["anyAgentReporting"] is False and sent["agentsSilent"] == SET and sent["answered"] is False
     page = board.event(EVENT, now=later)
     assert page is not None and [s["decisionId"] for s in page["sent"]] == ["d-1"]  # after a reload too
