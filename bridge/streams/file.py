@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 #: The most one read takes from the file: a backlog is handed out in pieces of about this size.
 READ_BYTES = 1024 * 1024
-#: What is kept of a line longer than a read (see ``FileSource._skip_long_line``).
+#: The longest line handed on whole (a consumer's own limit refuses it as too large); a longer one is
+#: cut to its first LONG_LINE_HEAD bytes (see ``FileSource._skip_long_line``).
+MAX_LINE = 16 * 1024 * 1024
 LONG_LINE_HEAD = 1024
 
 
@@ -132,10 +134,10 @@ class FileSource(DecisionSource):
         self._handed = self._lines
 
     def _skip_long_line(self, file: BinaryIO, out: list[Message]) -> bool:
-        """A line longer than a read (no record is: Event Grid's and the readers' limits are far
-        below): found its end without holding it, and handed on cut to its first bytes, which the
-        reader refuses as unreadable (counted, logged, dead-lettered) rather than lost unseen.
-        False while its end is not written yet (a writer mid-line)."""
+        """A line longer than a read: handed on whole up to :data:`MAX_LINE` (a consumer refuses it
+        by its own size limit, as ``tooLarge``); past that, found its end without holding it and handed
+        on cut to its first bytes, which the consumer refuses as unreadable (counted, logged,
+        dead-lettered) rather than lost unseen. False while its end is not written yet."""
         head = b""
         length = 0
         while True:
@@ -149,9 +151,16 @@ class FileSource(DecisionSource):
                 length += newline
                 break
             length += len(data)
-        log.warning("a line longer than a read was cut", extra={"file": str(self.path), "bytes": length})
+        if length <= MAX_LINE:
+            file.seek(self._offset)
+            line = file.read(length)
+        else:
+            log.warning(
+                "a line longer than MAX_LINE was cut", extra={"file": str(self.path), "bytes": length}
+            )
+            line = head
         self._offset += length + 1
-        self._take(head, out)
+        self._take(line, out)
         return True
 
     def commit(self, message: Message) -> None:

@@ -262,10 +262,23 @@ def test_a_backlog_is_handed_out_in_pieces_in_order_and_resumed_after_a_restart(
     again.close()
 
 
-def test_a_line_longer_than_a_read_is_handed_on_cut_and_the_next_lines_follow(tmp_path: Path) -> None:
-    """Never held whole, never silently dropped: its first bytes go on, and the reader refuses them."""
+def test_a_line_longer_than_a_read_is_handed_on_and_the_next_lines_follow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to MAX_LINE whole (its consumer refuses it as too large); past that never held whole and
+    never silently dropped: its first bytes go on, and the reader refuses them as unreadable."""
+    from bridge.streams import file as module
     from bridge.streams.file import LONG_LINE_HEAD, READ_BYTES
 
+    path = tmp_path / "whole.jsonl"
+    path.write_bytes(b'{"huge": "' + b"y" * (2 * READ_BYTES) + b'"}\n{"n": 2}\n')
+    source = FileSource(f"file://{path}", tmp_path / "state-whole")
+    got = []
+    while batch := source.poll(0.2):
+        got += batch
+    assert [len(m.payload) for m in got] == [2 * READ_BYTES + 12, 8]
+    source.close()
+    monkeypatch.setattr(module, "MAX_LINE", 2 * READ_BYTES)
     path = tmp_path / "long.jsonl"
     path.write_bytes(b'{"n": 1}\n' + b'{"huge": "' + b"y" * (3 * READ_BYTES) + b'"}\n{"n": 3}\n')
     source = FileSource(f"file://{path}", tmp_path / "state")
