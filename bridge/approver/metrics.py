@@ -46,6 +46,7 @@ class FleetCollector:
 
     def __init__(self) -> None:
         self.counts: Any = None  # () -> (VMs, events)
+        self.lag: Any = None  # () -> messages of the events stream known not read yet
 
     def describe(self) -> list[Any]:
         return []
@@ -60,6 +61,12 @@ class FleetCollector:
         yield GaugeMetricFamily(
             "se_bridge_approver_fleet_events", "Open events the fleet view knows.", value=events
         )
+        if self.lag is not None:
+            yield GaugeMetricFamily(
+                "se_bridge_events_reader_lag",
+                "Records of the events stream known not read yet (/readyz waits for it to reach 0).",
+                value=self.lag(),
+            )
 
 
 class ApproverMetrics(PipelineMetrics):

@@ -47,6 +47,7 @@ from bridge.shell.service import Shell
 from bridge.shell.statedir import EXIT_COMPONENT_FAILED
 from bridge.sinks import Sink
 from bridge.streams import DecisionSource, Message, SourceError
+from bridge.streams.base import lag_of
 from bridge.support.observability import ErrorStreak
 from bridge.support.retry import Backoff
 
@@ -91,6 +92,7 @@ class Approver:
         self.metrics.ownership.source = source
         if isinstance(router, FleetRouter):
             self.metrics.fleet.counts = router.view.counts
+            self.metrics.fleet.lag = lambda: lag_of(router.sources)
             refused = self.metrics.fleet_claims_refused
             router.view.on_refused = lambda reason: refused.labels(reason).inc()
         # State directory (locked, watched), outbox, delivery, health, stop: the services' one shell.

@@ -42,6 +42,7 @@ from bridge.signing import KeyRing, load_key
 from bridge.sinks import SinkError
 from bridge.sinks.publisher import DecisionPublisher
 from bridge.streams import DecisionSource, SourceError, create_source, topology
+from bridge.streams.base import lag_of
 from bridge.streams.follow import follow
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,12 @@ class ConsoleService:
             Gauge(name, text, registry=self.registry).set_function(functools.partial(count, index))
         self.registry.register(_RefusedCollector(self.board))
         self.registry.register(self.board.reader)
+        lag = Gauge(
+            "se_bridge_events_reader_lag",
+            "Records of the events stream known not read yet (/readyz waits for it to reach 0).",
+            registry=self.registry,
+        )
+        lag.set_function(lambda: lag_of(self.sources) if hasattr(self, "sources") else 0.0)
         pages = Gauge("se_bridge_console_pages", "Pages following the live stream.", registry=self.registry)
         pages.set_function(lambda: len(self.console.stream.queues) if hasattr(self, "console") else 0)
 

@@ -143,3 +143,9 @@ class DecisionSource(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
+
+
+def lag_of(sources: list[DecisionSource] | tuple[DecisionSource, ...]) -> float:
+    """Messages the readers of ``sources`` know they have not read yet (the partitions' lags, as each
+    source last measured them; sources that cannot tell count 0): an events reader's lag metric."""
+    return float(sum(lag for source in sources for lag in source.ownership().values() if lag))

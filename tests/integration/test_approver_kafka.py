@@ -308,11 +308,13 @@ def test_an_events_reader_is_caught_up_only_at_the_end_of_its_backlog(
     has fetched nothing yet: a fleet approver with a 1.1 M-record backlog said ready after 7 s and
     read for 108 s more. ``behind()`` says what waits, from the broker's watermarks."""
     import threading
+    import time
 
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from bridge.records.reader import Reader
+    from bridge.streams.base import lag_of
     from bridge.streams.follow import follow
     from bridge.streams.kafka import KafkaSource
 
@@ -343,3 +345,6 @@ def test_an_events_reader_is_caught_up_only_at_the_end_of_its_backlog(
     reader.join(60)
     assert caught_up_after and caught_up_after[0] == 3000  # never before the last one
     assert source.behind() == 0
+    time.sleep(5.1)  # the lag is measured at most every 5 s, by the polls
+    source.poll(0.1)
+    assert lag_of([source]) == 0.0  # se_bridge_events_reader_lag

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
+import requests
 from brokers import TansuBroker, tansu_binary, tansu_broker
 from procs import DECISION_KEY, Emulator, approver_api, scrape, start_approver, wait_until
 
@@ -200,6 +201,9 @@ def test_one_arm_acknowledgement_per_decision_with_a_standby_and_a_dead_agent(
             assert len(audits) == 1, audits  # one final audit per decision
             assert (audits[0]["outcome"], audits[0]["path"]) == ("approved", "arm"), audits
         assert identity.seen, "the approvers never asked the identity endpoint for a token"
+        for api in apis:  # the events reader's lag metric: read to its end
+            text = requests.get(api + "/metrics", timeout=5, proxies={"http": ""}).text
+            assert "\nse_bridge_events_reader_lag 0.0\n" in text
     finally:
         for proc in procs:
             if proc.poll() is None:
