@@ -246,6 +246,12 @@ def test_a_person_approves_an_event_and_watches_it_through(
     history.goto(stack.url + "/history")
     history.wait_for_selector("body[data-ready=true]")
     assert "completed" in history.locator("#closed").inner_text()
+    # Issue 33: history rows are links, the chart has a scale and days; VM names lead to their search.
+    assert history.locator(f"#closed a[href='/events/{event_id}']").count() == 1
+    assert history.locator("#chart text.axis").count() >= 3
+    details.locator("#timeline a", has_text="fleet-vm-000").first.click()
+    details.wait_for_selector("body[data-ready=true]")
+    assert details.locator("#search").input_value() == "fleet-vm-000"
     history.screenshot(path=str(shots(tmp_path) / "history.png"), full_page=True)
 
 

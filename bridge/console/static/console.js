@@ -161,7 +161,7 @@ function renderGroups() {
 
 function vmItem(vm, now) {
   const silent = now - vm.lastSeen > state.fleet.silentAfter;
-  const item = el("li", { id: `vm-${vm.name}`, class: silent ? "silent" : "" }, el("strong", { text: vm.name }));
+  const item = el("li", { id: `vm-${vm.name}`, class: silent ? "silent" : "" }, el("strong", {}, vmLink(vm.name)));
   if (vm.unwatched && vm.unwatched.length) {
     item.classList.add("silent");
     item.append(el("span", { class: "flag", text: " no agent reported its maintenance (Azure's channel)" }));
@@ -204,8 +204,8 @@ function renderEvent() {
       : sentState(last, Date.now() / 1000);
     document.getElementById("decision-state").textContent = text;
   }
-  fill("#timeline tbody", e.timeline, (t) => [when(t.at), t.vm, t.change, t.eventStatus || "(gone)", String(t.incarnation ?? "")]);
-  fill("#preparations tbody", e.preparationRecords, (p) => [when(p.at), p.vm, p.result, p.hook ? `${p.hook.result} (exit ${p.hook.exitCode})` : "no hook"]);
+  fill("#timeline tbody", e.timeline, (t) => [when(t.at), vmLink(t.vm), t.change, t.eventStatus || "(gone)", String(t.incarnation ?? "")]);
+  fill("#preparations tbody", e.preparationRecords, (p) => [when(p.at), vmLink(p.vm), p.result, p.hook ? `${p.hook.result} (exit ${p.hook.exitCode})` : "no hook"]);
   fill("#audits tbody", e.audits, (a) => [when(a.at), a.issuedBy || "", a.component, a.path || "", a.outcome, [a.decisionReason, a.reason].filter(Boolean).join(" · "), a.detail || ""]);
 }
 
@@ -216,7 +216,12 @@ function fill(selector, rows, cells) {
     body.replaceChildren(el("tr", { class: "none" }, el("td", { colspan: String(columns), text: "none yet" })));
     return;
   }
-  body.replaceChildren(...rows.map((row) => el("tr", {}, ...cells(row).map((text) => el("td", { text })))));
+  body.replaceChildren(...rows.map((row) => el("tr", {}, ...cells(row).map((cell) => cell instanceof Node ? el("td", {}, cell) : el("td", { text: cell })))));
+}
+
+// A VM's name as a link to the fleet page searched for it: its events and its state (issue 33).
+function vmLink(name) {
+  return name ? el("a", { href: `/?q=${encodeURIComponent(name)}`, text: name }) : "";
 }
 
 // -- approving ----------------------------------------------------------------------------------
@@ -333,11 +338,26 @@ async function loadHistory() {
     bar.append(title);
     svg.append(bar);
   });
+  // Axes (issue 33: bars without values): the scale at the left, the first and last day below.
+  const label = (x, y, text, anchor = "start") => {
+    const t = document.createElementNS("http://www.w3.org/2000/svg", "text");
+    for (const [k, v] of Object.entries({ x, y, "text-anchor": anchor, class: "axis" })) t.setAttribute(k, v);
+    t.textContent = text;
+    svg.append(t);
+  };
+  const width = Math.max(1, history.days.length) * 24;
+  svg.setAttribute("viewBox", `-28 -4 ${width + 32} 136`);
+  label(-4, 12, String(max), "end");
+  label(-4, 110, "0", "end");
+  if (history.days.length) {
+    label(0, 128, history.days[0][0]);
+    if (history.days.length > 1) label(width, 128, history.days.at(-1)[0], "end");
+  }
   document.getElementById("chart").replaceChildren(svg);
   const n = history.noticeSeconds, l = history.approvalLeadSeconds;
   document.getElementById("spread").textContent =
     `Notice given (Scheduled → Started): median ${n.p50 ?? "–"} s over ${n.n} events · approved ahead of NotBefore: median ${l.p50 ?? "–"} s over ${l.n}`;
-  fill("#closed tbody", history.events.slice().reverse(), (h) => [when(h.endedAt), h.eventId.slice(0, 8), h.eventType, h.outcome || "", h.noticeSeconds == null ? "" : `${h.noticeSeconds} s`, h.approvalLeadSeconds == null ? "" : `${h.approvalLeadSeconds} s`, h.approvedBy || ""]);
+  fill("#closed tbody", history.events.slice().reverse(), (h) => [when(h.endedAt), el("a", { href: `/events/${encodeURIComponent(h.eventId)}`, text: h.eventId.slice(0, 8) }), h.eventType, h.outcome || "", h.noticeSeconds == null ? "" : `${h.noticeSeconds} s`, h.approvalLeadSeconds == null ? "" : `${h.approvalLeadSeconds} s`, h.approvedBy || ""]);
 }
 
 // -- live ---------------------------------------------------------------------------------------
@@ -416,6 +436,8 @@ async function start() {
   wireDialog();
   const page = document.body.dataset.page;
   if (page === "fleet") {
+    const asked = new URLSearchParams(location.search).get("q");
+    if (asked) document.getElementById("search").value = asked;  // a VM link from another page
     document.getElementById("search").addEventListener("input", () => scheduleRender(loadFleet));
     document.getElementById("group").addEventListener("change", renderGroups);
     await loadFleet();
