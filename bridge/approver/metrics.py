@@ -3,6 +3,7 @@ serves both) and the approver's own, with bounded labels."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from bridge.pipeline.metrics import PipelineMetrics, counter, gauge
@@ -46,7 +47,7 @@ class FleetCollector:
 
     def __init__(self) -> None:
         self.counts: Any = None  # () -> (VMs, events)
-        self.lag: Any = None  # () -> messages of the events stream known not read yet
+        self.lag: Callable[[], float] | None = None  # messages of the events stream known not read yet
 
     def describe(self) -> list[Any]:
         return []
