@@ -89,17 +89,22 @@ def deliveries(rate: float, seconds: float, duplicates: float) -> list[bytes]:
     return out
 
 
+def start_channel(work: Path, source: Path, sink: Path) -> subprocess.Popen[bytes]:
+    """One real ``se-bridge azure-channel`` reading ``source`` (a file of Event Grid events) into the
+    file sink ``sink``, its state in ``work/state``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "bridge", "azure-channel", "--source", f"file://{source}", "--sink",
+         f"file://{sink}", "--state-dir", str(work / "state"), "--listen", f"127.0.0.1:{free_port()}",
+         "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 def stream(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="azure-bench-"))
     source, sink = work / "grid.jsonl", work / "azure.jsonl"
     source.touch()
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bridge", "azure-channel", "--source", f"file://{source}", "--sink",
-         f"file://{sink}", "--state-dir", str(work / "state"), "--listen", f"127.0.0.1:{port}", "--log-level",
-         "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc = start_channel(work, source, sink)
     time.sleep(2.0)
     lines = deliveries(args.rate, args.seconds, args.duplicates)
     sent_duplicates = len(lines) - len(set(lines))
@@ -158,14 +163,8 @@ def backlog(count: int, duplicates: float) -> dict[str, Any]:
         for index, line in enumerate(lines):
             out.write(line.replace(b'"{t}"', orjson.dumps(f"{time.time():.6f}-{index}")) + b"\n")
     wanted = len(set(lines))
-    port = free_port()
     started = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bridge", "azure-channel", "--source", f"file://{source}", "--sink",
-         f"file://{sink}", "--state-dir", str(work / "state"), "--listen", f"127.0.0.1:{port}", "--log-level",
-         "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    proc = start_channel(work, source, sink)
     done = 0
     while time.monotonic() - started < 600:
         done = sink.read_bytes().count(b'"recordType":"azureScheduledEvent"') if sink.exists() else 0

@@ -556,7 +556,10 @@ def _sent_json(
     """One of this console's decisions as the event page shows it (under the board's lock): answered
     or not, and when not, whether any agent of the event is reporting at all (no agent: the approvers
     can only retry until the decision expires, or acknowledge through ARM if they run with it)."""
-    answered = event is not None and any(a.get("decisionId") == decision_id for a in event.audits)
+    # The approvers' verdict (an agent's own audit of the relay is not one: the page shows theirs).
+    answered = event is not None and any(
+        a.get("decisionId") == decision_id and a.get("component") != "agent" for a in event.audits
+    )
     silent: list[str] = []
     if event is not None:
         for name in event.resources:

@@ -56,6 +56,18 @@ def _audits(workdirs: list[Path]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def _publish(producer: Any, event_ids: list[str], target: str) -> list[str]:
+    """A signed decision for each event on ``target``, spread over the 4 partitions (each instance
+    owns some of them); their ids."""
+    ids = []
+    for index, event_id in enumerate(event_ids):
+        decision = sign(new_decision(event_id, target, "tests", 600), "ops", KEY)
+        producer.produce(TOPIC, orjson.dumps(decision), partition=index % 4)
+        ids.append(decision["decisionId"])
+    assert producer.flush(30) == 0
+    return ids
+
+
 def test_the_survivor_acts_on_a_dead_instances_decisions_before_the_takeover(
     emulator: Emulator, make_agent, broker: TansuBroker, tmp_path: Path
 ) -> None:
@@ -78,14 +90,7 @@ def test_the_survivor_acts_on_a_dead_instances_decisions_before_the_takeover(
     producer = Producer({"bootstrap.servers": broker.bootstrap})
 
     def publish(event_ids: list[str]) -> list[str]:
-        ids = []
-        for index, event_id in enumerate(event_ids):
-            decision = sign(new_decision(event_id, "vm-bridge-0", "tests", 600), "ops", KEY)
-            # Spread over the partitions: each instance owns some of them.
-            producer.produce(TOPIC, orjson.dumps(decision), partition=index % 4)
-            ids.append(decision["decisionId"])
-        assert producer.flush(30) == 0
-        return ids
+        return _publish(producer, event_ids, "vm-bridge-0")
 
     try:
         wait_until(
@@ -186,13 +191,7 @@ def test_one_arm_acknowledgement_per_decision_with_a_standby_and_a_dead_agent(
             60,
             what="both instances owning a share of the 4 partitions",
         )
-        producer = Producer({"bootstrap.servers": broker.bootstrap})
-        ids = []
-        for index, event_id in enumerate(event_ids):
-            decision = sign(new_decision(event_id, "vm1", "tests", 600), "ops", KEY)
-            producer.produce(TOPIC, orjson.dumps(decision), partition=index % 4)
-            ids.append(decision["decisionId"])
-        assert producer.flush(30) == 0
+        ids = _publish(Producer({"bootstrap.servers": broker.bootstrap}), event_ids, "vm1")
         wait_until(lambda: set(_audits(workdirs)) == set(ids), 90, what="every decision audited")
         time.sleep(8)  # the standbys' own rounds (ARM after STANDBY_ARM_EXTRA more) have passed
         acknowledged = [r["path"].split("?")[0].rsplit("/", 2)[-2].upper() for r in arm.requests]
