@@ -30,9 +30,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from bridge.console import fleet_pages
 from bridge.imds.document import STATUS_RANK
 from bridge.records.approval import Approval
 from bridge.records.azure import AzureEvent, Finding
@@ -143,6 +144,7 @@ class EventRow:
     source: str = ""
     status: str = ""
     not_before: str | None = None
+    not_before_at: float = 0.0  # NotBefore as Unix time (0: none, Started), the fleet page's order
     description: str = ""
     duration: int | None = None
     resources: tuple[str, ...] = ()
@@ -182,7 +184,9 @@ class EventRow:
         self.source = item.source or self.source
         if STATUS_RANK.get(item.status, 0) >= STATUS_RANK.get(self.status, 0):
             self.status = item.status or self.status
-        self.not_before = item.not_before if item.not_before is not None else self.not_before
+        if item.not_before is not None and item.not_before != self.not_before:
+            self.not_before = item.not_before
+            self.not_before_at = epoch_of(item.not_before) or 0.0
         self.description = item.description or self.description
         self.duration = item.duration
         if reporter is None:
@@ -276,6 +280,7 @@ class Board:
         # records come late (its partition behind the others) can still show an event the others
         # already dropped; the row is then reopened, not counted as a second event.
         self._closed = History(history_days)
+        self._pages = fleet_pages.FleetPages(silent_after)
         self.listeners: list[Callable[[Message], None]] = []
 
     # -- reading the stream -------------------------------------------------------------------------
@@ -485,22 +490,25 @@ class Board:
 
     # -- what the pages ask -------------------------------------------------------------------------
 
-    def fleet(self, now: float | None = None, query: str = "") -> dict[str, object]:
-        """Every VM (with its open events' ids), every open event (summaries), and counts."""
+    def fleet(
+        self,
+        now: float | None = None,
+        query: str = "",
+        group_by: str = "resourceGroup",
+        opened: Sequence[str] = (),
+        limit: int = fleet_pages.FIRST_EVENTS,
+    ) -> dict[str, object]:
+        """The fleet page's first answer (:mod:`~bridge.console.fleet_pages`)."""
         now = time.time() if now is None else now
-        wanted = query.strip().lower()
         with self._lock:
-            vms = [
-                v.to_json(now, self.silent_after)
-                for v in self._vms.values()
-                if not wanted or wanted in v.name.lower() or wanted in v.resource_group.lower()
-            ]
-            events = {
-                e.event_id: e.summary()
-                for e in self._events.values()
-                if not wanted or _event_matches(e, wanted)
-            }
-        return _fleet_json(vms, events, now, self.silent_after)
+            return self._pages.first(self._vms, self._events, now, query, group_by, opened, limit)
+
+    def fleet_events(
+        self, query: str = "", after: str = "", limit: int = fleet_pages.MAX_PAGE
+    ) -> dict[str, object]:
+        """The open events after the page's cursor ``after`` (NotBefore order), at most ``limit``."""
+        with self._lock:
+            return self._pages.after(self._events, query, after, limit)
 
     def event(self, event_id: str, now: float | None = None) -> dict[str, object] | None:
         key = event_id.upper()
@@ -530,12 +538,7 @@ class Board:
         (``group``: a resource group's or a scale set's VMs only)."""
         now = time.time() if now is None else now
         with self._lock:
-            names = (
-                {v.name.lower() for v in self._vms.values() if group in (v.resource_group, v.scale_set)}
-                if group
-                else None
-            )
-            return self._closed.summary(days or self.history_days, names, now)
+            return self._closed.summary(days or self.history_days, _members(self._vms, group), now)
 
     def counts(self) -> tuple[int, int, int]:
         """(VMs, silent VMs, open events): the console's gauges."""
@@ -543,6 +546,13 @@ class Board:
         with self._lock:
             silent = sum(1 for v in self._vms.values() if v.silent(now, self.silent_after))
             return len(self._vms), silent, len(self._events)
+
+
+def _members(vms: dict[str, VmRow], group: str) -> set[str] | None:
+    """The VMs of a resource group or scale set (lower-cased names); None: no group, every VM."""
+    return (
+        {v.name.lower() for v in vms.values() if group in (v.resource_group, v.scale_set)} if group else None
+    )
 
 
 def _sent_json(
@@ -577,30 +587,6 @@ def _sent_json(
         "agentsSilent": silent,
         "anyAgentReporting": reporting,
     }
-
-
-def _fleet_json(
-    vms: list[dict[str, object]], events: dict[str, dict[str, object]], now: float, silent_after: float
-) -> dict[str, object]:
-    return {
-        "now": now,
-        "silentAfter": silent_after,
-        "vms": vms,
-        "events": events,
-        "counts": {"vms": len(vms), "silent": sum(1 for v in vms if v["silent"]), "openEvents": len(events)},
-    }
-
-
-def _event_matches(event: EventRow, wanted: str) -> bool:
-    """The search box on open events (issue 33: "what touches vm-001" found only the VM): the event's
-    id, type, status or source, or a VM it names."""
-    return (
-        wanted in event.event_id.lower()
-        or wanted in event.event_type.lower()
-        or wanted in event.status.lower()
-        or wanted in event.source.lower()
-        or any(wanted in r.lower() for r in event.resources)
-    )
 
 
 def _approval_proven(record: Approval, event: EventRow, row: VmRow | None) -> bool:

@@ -21,6 +21,8 @@ length over the cap is refused before anything is read: :mod:`bridge.console.app
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from typing import Any
 
 import h11
@@ -40,6 +42,14 @@ class BoundedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
+        # The console binds its own socket (IPPROTO 0), so asyncio leaves Nagle on for the connections
+        # it accepts: uvicorn writes a response's headers and body apart, and every request after the
+        # first on a kept-alive connection waited ~44 ms for the browser's delayed ACK (every page
+        # load: /api/me, /api/fleet, each page of events; bench/console_bench.py).
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         crowded = len(self.connections) > MAX_CONNECTIONS
         self._arm(TRIAGE_TIMEOUT if crowded else REQUEST_TIMEOUT)
 

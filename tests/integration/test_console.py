@@ -468,3 +468,47 @@ def test_records_forged_on_the_stream_do_not_steer_what_the_page_shows(stack: St
     assert event["resources"] == VMS and event["eventStatus"] == "Scheduled"
     assert event["description"] != "routine, one VM" and not str(event["notBefore"]).startswith("2027")
     assert event["approved"] is False and event["preparations"] == {} and event["releases"] == VMS
+
+
+def test_the_fleet_page_loads_its_events_in_pages_each_once_in_order(stack: Stack, browser: Any) -> None:
+    """Issue 33: the first answer carries the soonest 100 open events, the page fetches the rest by
+    cursor after its first frame; events arriving meanwhile, before or after what is loaded, show
+    once. 450 one-VM events (their VMs' own records, on a stream the console reads)."""
+    import time
+
+    def iso(epoch: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+    now = time.time()
+
+    def append(first: int, count: int, offset: float) -> list[str]:
+        ids, lines = [], []
+        for i in range(first, first + count):
+            name, event_id = f"page-vm-{i:04d}", f"00000000-0000-4000-8000-{i:012d}"
+            shown = records.event(event_id, name, not_before=iso(now + offset + (i * 37) % 3000))
+            lines.append(orjson.dumps(records.scheduled_events(records.vm_block(name), [shown], at=iso(now))))
+            ids.append(event_id.upper())
+        with stack.azure.open("ab") as out:
+            out.write(b"".join(line + b"\n" for line in lines))
+        return ids
+
+    ids = append(0, 450, 600)
+    wait_until(
+        lambda: scrape(stack.url, "se_bridge_console_open_events", LOOKER) >= 450, 30, what="450 events read"
+    )
+    page = browser.new_context(extra_http_headers=LOOKER).new_page()
+    page.goto(stack.url + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    ids += append(450, 1, -300) + append(451, 1, 90_000)  # one sorts first, one last
+    page.wait_for_function(
+        "() => document.querySelectorAll('#events tbody tr').length >= 452"
+        " && document.querySelector('#events tbody').dataset.complete",
+        timeout=30_000,
+    )
+    shown = page.evaluate("[...document.querySelectorAll('#events tbody tr')].map((r) => r.id.slice(6))")
+    assert len(shown) == len(set(shown)) == 452 and set(shown) == set(ids)
+    keys = page.evaluate(
+        "[...document.querySelectorAll('#events tbody tr')].map((r) => JSON.parse(r.dataset.key))"
+    )
+    assert keys == sorted(keys, key=lambda k: (k[0], k[1]))
+    page.locator("#counts", has_text="452 open events").wait_for(timeout=5_000)  # refreshed every 2 s

@@ -48,8 +48,8 @@ def test_the_console_demo_runs_a_fleet_a_person_can_approve_and_stops_clean(tmp_
 
         def reboot() -> dict | None:
             fleet = http.get(f"{origin}/api/fleet", timeout=10).json()
-            found = [e for e in fleet["events"].values() if e["eventType"] == "Reboot"]
-            return found[0] if len(fleet["vms"]) == 3 and found else None
+            found = [e for e in fleet["events"] if e["eventType"] == "Reboot"]
+            return found[0] if fleet["counts"]["vms"] == 3 and found else None
 
         event = wait_until(reboot, 30, what="three VMs and the user Reboot on the console")
         me = http.get(f"{origin}/api/me", timeout=10).json()

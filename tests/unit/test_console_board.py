@@ -12,10 +12,12 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 from records import approval, preparation, scheduled_events, typed, vm_block
 from records import change as make_change
 from records import event as make_event
 
+from bridge.console import fleet_pages
 from bridge.console.board import Board, Sent
 from bridge.signing import KeyRing, sign_record
 
@@ -23,9 +25,24 @@ SET = ["vm-a", "vm-b", "vm-c"]
 EVENT = "8D10DA13-8125-4BA9-A717-BF7490507B3D"
 
 
+@pytest.fixture(autouse=True)
+def _no_view_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read the board right after each record; a page sees VM views up to 1 s old."""
+    monkeypatch.setattr(fleet_pages, "VIEW_SECONDS", 0.0)
+
+
 def take_raw(board: Board, raw: object, now: float | None = None) -> None:
     """A record as parsed JSON, through the board's own reader (as the stream would hand it)."""
     board.take(board.reader.read(raw), now)
+
+
+def listed(fleet: dict[str, Any]) -> list[dict[str, Any]]:
+    """The VMs the fleet page's first answer lists (those of the groups shown open)."""
+    return [vm for group in fleet["groups"] for vm in group.get("listed", [])]
+
+
+def events_of(fleet: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["eventId"]: e for e in fleet["events"]}
 
 
 def record(vm: str, status: str | None, at: str, change: str = "") -> dict[str, Any]:
@@ -136,15 +153,15 @@ def test_azures_channel_shows_the_vms_nobody_watches_and_how_events_ended() -> N
     findings = reconciler.due(now + 11)
     for finding in findings:
         take_raw(board, finding, now + 11)
-    assert all(not vm["unwatched"] for vm in board.fleet(now + 11)["vms"])  # unsigned findings: not shown
+    assert all(not vm["unwatched"] for vm in listed(board.fleet(now + 11)))  # unsigned findings: not shown
     for finding in findings:
         take_raw(board, sign_record("azure", key, finding), now + 11)
     fleet = board.fleet(now + 11)
-    by_name = {vm["name"]: vm for vm in fleet["vms"]}
+    by_name = {vm["name"]: vm for vm in listed(fleet)}
     assert by_name["vm-c"]["unwatched"] == [EVENT] and by_name["vm-c"]["events"] == [EVENT]
-    assert by_name["vm-a"]["unwatched"] == [] and fleet["events"][EVENT]["eventStatus"] == "Scheduled"
+    assert by_name["vm-a"]["unwatched"] == [] and events_of(fleet)[EVENT]["eventStatus"] == "Scheduled"
     take_raw(board, record("vm-c", "Scheduled", "2026-11-20T10:01:00Z"), now + 12)  # its agent is back
-    assert {vm["name"]: vm for vm in board.fleet(now + 12)["vms"]}["vm-c"]["unwatched"] == []
+    assert {vm["name"]: vm for vm in listed(board.fleet(now + 12))}["vm-c"]["unwatched"] == []
     for vm in SET:
         take_raw(board, record(vm, None, "2026-11-20T10:16:00Z", change="completed"), now + 13)
     azure("Completed", now + 14)
@@ -329,6 +346,5 @@ def test_a_stream_of_invented_vms_cannot_grow_the_board_past_its_bound(monkeypat
     for n in range(1000):
         take_raw(board, heartbeat(vm_block(f"invented-{n:04d}")))
     fleet = board.fleet()
-    names = {v["name"] for v in fleet["vms"]}  # type: ignore[union-attr]
-    assert len(names) == 100 and set(SET) <= names
+    assert fleet["counts"]["vms"] == 100 and set(SET) <= {v["name"] for v in listed(fleet)}  # type: ignore[index]
     assert board.refused["overBudget"] == 1000 + len(SET) - 100

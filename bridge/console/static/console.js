@@ -3,7 +3,10 @@
 // whatever a record carries is data, never markup.
 "use strict";
 
-const state = { me: null, fleet: null, event: null, pending: new Map(), filling: false, fillGeneration: 0 };
+const state = {
+  me: null, fleet: null, event: null, pending: new Map(), filling: false, fillGeneration: 0, frontier: null, waiting: new Map(),
+  openGroups: new Set(), closedGroups: new Set(),  // the groups the person opened, or closed
+};
 // Seconds after which a decision no approver answered is flagged as such on the page.
 const NO_VERDICT_SECONDS = 5;
 
@@ -56,70 +59,119 @@ async function loadMe() {
 
 // -- the fleet page -----------------------------------------------------------------------------
 
-async function loadFleet() {
-  const q = document.getElementById("search").value;
-  state.fleet = await api(`/api/fleet?q=${encodeURIComponent(q)}`);
-  vmIndex.clear();
-  renderFleet();
-}
-
-// Paint at fleet scale (issue 33: 10 000 VMs and 2 000 open events, 56 000 elements built in one
-// task of 0.5 s, first paint at 1-1.8 s). The soonest FIRST_ROWS events are drawn at once, the rest
-// in chunks on the following frames (state.filling while they are); a VM group's list is built
-// when it is opened, and groups open by themselves only when few VMs need a look.
+// The fleet page's data comes in pages (issue 33: the whole fleet in one answer was 3.4 MB at
+// 10 000 VMs, and its fetch and parse alone took the first frame past 300 ms): the first answer has
+// the counts, the groups (VM lists only for the groups shown open) and the soonest FIRST_ROWS events;
+// the next events follow by cursor once the first frame is painted, CHUNK_ROWS at a time. Rows that
+// arrive live while they load are placed if they sort before what is loaded, else left to the pages.
 const FIRST_ROWS = 100;
 const CHUNK_ROWS = 200;
-const OPEN_GROUPS_UP_TO = 300;
 
-function renderFleet() {
-  const fleet = state.fleet;
-  const events = Object.values(fleet.events).filter(matchesSearch)
-    .sort((a, b) => String(a.notBefore).localeCompare(String(b.notBefore)));
+function fleetQuery(extra = {}) {
+  const params = new URLSearchParams({ q: document.getElementById("search").value, group: document.getElementById("group").value, ...extra });
+  for (const name of [...state.openGroups].slice(-20)) params.append("open", name);
+  return params.toString();
+}
+
+async function loadFleet(me = null) {
+  const generation = ++state.fillGeneration;
+  const first = await api(`/api/fleet?${fleetQuery({ events: FIRST_ROWS })}`);
+  await me;  // asked for at the same time (who may approve decides the rows' buttons)
+  if (generation !== state.fillGeneration) return;  // a newer search took over
+  state.fleet = { ...first, events: Object.fromEntries(first.events.map((e) => [e.eventId, e])) };
+  state.frontier = first.next;  // the sort key of the last row loaded; null once every row is
+  state.waiting = new Map();  // live events past the frontier, by id
   const body = document.querySelector("#events tbody");
-  const fill = ++state.fillGeneration;
-  const first = events.slice(0, FIRST_ROWS).map(eventRow);
-  body.replaceChildren(...first);
-  state.filling = events.length > FIRST_ROWS;
-  const more = (from) => {
-    if (fill !== state.fillGeneration) return;  // a newer render took over
-    body.append(...events.slice(from, from + CHUNK_ROWS).map(eventRow));
-    if (from + CHUNK_ROWS < events.length) setTimeout(() => more(from + CHUNK_ROWS));
-    else { state.filling = false; body.dataset.complete = String(Math.round(performance.now())); }
-  };
+  body.replaceChildren(...first.events.map(eventRow));
   delete body.dataset.complete;
-  // The rest once the first frame is painted (a frame, then a task after it), a chunk per task.
-  if (state.filling) requestAnimationFrame(() => setTimeout(() => more(FIRST_ROWS)));
+  state.filling = first.next !== null;
+  if (state.filling) requestAnimationFrame(() => setTimeout(() => moreEvents(generation)));
   else body.dataset.complete = String(Math.round(performance.now()));
-  document.getElementById("no-events").hidden = events.length > 0;
   renderCounts();
   renderGroups();
 }
 
+// The next page of events after the frontier, then the next, a task each; each page is asked for
+// as soon as the one before it arrives, so the fetch overlaps the drawing of the rows.
+function eventsPage(after) {
+  return api(`/api/fleet/events?${new URLSearchParams({ q: document.getElementById("search").value, after, limit: CHUNK_ROWS })}`);
+}
+
+async function moreEvents(generation, asked = eventsPage(state.frontier)) {
+  let page;
+  try {
+    page = await asked;
+  } catch {
+    setTimeout(() => moreEvents(generation), 2000);  // the console restarting: the same page again
+    return;
+  }
+  if (generation !== state.fillGeneration) return;
+  const next = page.next !== null ? eventsPage(page.next) : null;
+  next?.catch(() => {});  // handled when awaited
+  const body = document.querySelector("#events tbody");
+  for (const event of page.events) {
+    document.getElementById(`event-${event.eventId}`)?.remove();  // placed live meanwhile
+    if (state.fleet.events[event.eventId] === null) continue;  // ended meanwhile
+    state.fleet.events[event.eventId] = event;
+    body.append(eventRow(event));
+  }
+  state.frontier = page.next;
+  // Live events past the old frontier that this page did not bring (they came after the server
+  // answered it): their place is loaded now.
+  for (const [id, event] of state.waiting) if (loaded(event)) { state.waiting.delete(id); placeEventRow(event); }
+  if (next) setTimeout(() => moreEvents(generation, next));
+  else {
+    state.filling = false;
+    for (const [id, event] of Object.entries(state.fleet.events)) if (event === null) delete state.fleet.events[id];
+    body.dataset.complete = String(Math.round(performance.now()));
+  }
+}
+
+// An event's place in the table: NotBefore (none, i.e. Started: first), then its id; the server's
+// order (fleet_pages.sort_key) and its cursor "<epoch>~<id>".
+function sortKey(event) {
+  const at = Date.parse(event.notBefore || "");
+  return [Number.isNaN(at) ? 0 : at / 1000, event.eventId];
+}
+
+function before(a, b) {
+  return a[0] < b[0] || (a[0] === b[0] && a[1] <= b[1]);
+}
+
+function loaded(event) {
+  if (state.frontier === null) return true;
+  const cut = state.frontier.indexOf("~");
+  return before(sortKey(event), [Number(state.frontier.slice(0, cut)), state.frontier.slice(cut + 1)]);
+}
+
 function renderCounts() {
-  const fleet = state.fleet;
-  const now = Date.now() / 1000;
-  const silent = fleet.vms.filter((vm) => now - vm.lastSeen > fleet.silentAfter).length;
-  document.getElementById("counts").textContent =
-    `${fleet.vms.length} VMs · ${Object.keys(fleet.events).length} open events · ${silent} silent`;
-  return silent;
+  const counts = state.fleet.counts;
+  document.getElementById("counts").textContent = `${counts.vms} VMs · ${counts.openEvents} open events · ${counts.silent} silent`;
+  document.getElementById("no-events").hidden = counts.openEvents > 0 || document.querySelector("#events tbody").children.length > 0;
 }
 
 // One event changed: its row alone is replaced, added (in NotBefore order) or removed. Redrawing
 // the whole table for each record took seconds in a 10 000-VM wave (bench/console_bench.py).
 function placeEventRow(event) {
-  if (state.filling) { scheduleRender(renderFleet); return; }  // rows still being drawn: redraw all
   const body = document.querySelector("#events tbody");
   const old = document.getElementById(`event-${event.eventId}`);
-  if (event.outcome || !state.fleet.events[event.eventId] || !matchesSearch(event)) {
+  if (event.outcome || !matchesSearch(event)) {
     if (old) old.remove();
-  } else if (old) {
-    old.replaceWith(eventRow(event));
+    state.waiting.delete(event.eventId);
+    // Ended while the pages load: a later page must not bring it back.
+    if (state.filling) state.fleet.events[event.eventId] = null; else delete state.fleet.events[event.eventId];
   } else {
-    const key = String(event.notBefore);
-    const next = [...body.children].find((row) => row.dataset.notBefore > key);
-    body.insertBefore(eventRow(event), next || null);
+    state.fleet.events[event.eventId] = event;
+    if (old) old.remove();
+    state.waiting.delete(event.eventId);
+    if (!loaded(event)) state.waiting.set(event.eventId, event);  // placed when its page is loaded
+    else {
+      const key = sortKey(event);
+      const next = [...body.children].find((row) => !before(JSON.parse(row.dataset.key), key));
+      body.insertBefore(eventRow(event), next || null);
+    }
   }
-  document.getElementById("no-events").hidden = body.children.length > 0;
+  renderCounts();
 }
 
 // The search box filters the open events too (issue 33): by id, type, status, source or a VM named.
@@ -151,7 +203,7 @@ function eventRow(event) {
   }
   const pending = state.pending.get(event.eventId);
   const approved = el("td", { class: "approved", text: event.approved ? `approved${event.approvedBy ? " by " + event.approvedBy : ""}` : pending || "" });
-  return el("tr", { id: `event-${event.eventId}`, "data-status": event.eventStatus, "data-not-before": String(event.notBefore) },
+  return el("tr", { id: `event-${event.eventId}`, "data-status": event.eventStatus, "data-key": JSON.stringify(sortKey(event)) },
     el("td", {}, el("a", { href: `/events/${event.eventId}`, text: event.eventId.slice(0, 8) })),
     el("td", { text: event.eventType }), el("td", { text: event.eventSource || "" }),
     el("td", { class: "status", text: event.eventStatus }), starts,
@@ -160,34 +212,51 @@ function eventRow(event) {
     el("td", { text: `${prepared}/${event.resources.length}` }), approved, action);
 }
 
+// The VM groups as the server counted them; a group's list is there when it is shown open (the
+// person opened it, or few VMs need a look in all); opening another asks the server for its list.
 function renderGroups() {
-  const key = document.getElementById("group").value;
-  const fleet = state.fleet;
   const now = Date.now() / 1000;
-  const groups = new Map();
-  for (const vm of fleet.vms) {
-    const name = vm[key] || "(none)";
-    if (!groups.has(name)) groups.set(name, []);
-    groups.get(name).push(vm);
-  }
-  const entries = [...groups.entries()].sort(([a], [b]) => a.localeCompare(b)).map(([name, vms]) =>
-    [name, vms, vms.filter((vm) => vm.events.length || now - vm.lastSeen > fleet.silentAfter)]);
-  const toLook = entries.reduce((n, [, , interesting]) => n + interesting.length, 0);
-  const sections = entries.map(([name, vms, interesting]) => {
-    const open = interesting.length > 0 && toLook <= OPEN_GROUPS_UP_TO;
+  const sections = state.fleet.groups.map((group) => {
+    const open = group.listed && !state.closedGroups.has(group.name);
     const details = el("details", open ? { open: "" } : {},
-      el("summary", { text: `${name} · ${vms.length} VMs${interesting.length ? ` · ${interesting.length} to look at` : ""}` }));
-    const build = () => {
-      if (details.querySelector("ul")) return;
+      el("summary", { text: `${group.name} · ${group.vms} VMs${group.toLook ? ` · ${group.toLook} to look at` : ""}` }));
+    if (group.listed) {
       const list = el("ul", { class: "vms" });
-      for (const vm of (interesting.length ? interesting : vms).slice(0, 500)) list.append(vmItem(vm, now));
+      for (const vm of group.listed) list.append(vmItem(vm, now));
       details.append(list);
-    };
-    if (open) build();
-    else details.addEventListener("toggle", () => { if (details.open) build(); });
+    }
+    details.addEventListener("toggle", () => {
+      if (details.open) {
+        state.closedGroups.delete(group.name);
+        if (!group.listed) { state.openGroups.add(group.name); refreshFleet(); }
+      } else {
+        state.openGroups.delete(group.name);
+        state.closedGroups.add(group.name);
+      }
+    });
     return details;
   });
+  if (state.fleet.groupsOmitted) sections.push(el("p", { class: "quiet", text: `${state.fleet.groupsOmitted} more groups: search to narrow` }));
   document.getElementById("groups").replaceChildren(...sections);
+}
+
+// The counts and groups again (not the events: those are live): every 2 s, since silence is an
+// absence no message announces.
+let refreshing = false;
+async function refreshFleet() {
+  if (refreshing || !state.fleet) return;
+  refreshing = true;
+  try {
+    const fresh = await api(`/api/fleet?${fleetQuery({ events: 0 })}`);
+    state.fleet.groups = fresh.groups;
+    state.fleet.groupsOmitted = fresh.groupsOmitted;
+    state.fleet.silentAfter = fresh.silentAfter;
+    state.fleet.counts = { ...fresh.counts };
+    renderCounts();
+    renderGroups();
+  } finally {
+    refreshing = false;
+  }
 }
 
 function vmItem(vm, now) {
@@ -401,25 +470,12 @@ function follow(onMessage) {
   source.onmessage = (message) => onMessage(JSON.parse(message.data));
 }
 
-const vmIndex = new Map();  // VM name -> position in state.fleet.vms
-
-let groupsDirty = false;
-let silentShown = 0;
-
 function onFleetMessage(message) {
   const fleet = state.fleet;
   if (!fleet) return;
-  if (message.type === "vm") {  // a heartbeat or a record: kept, shown with the next VM render
-    if (vmIndex.size !== fleet.vms.length) fleet.vms.forEach((vm, i) => vmIndex.set(vm.name, i));
-    const i = vmIndex.get(message.vm.name);
-    if (i !== undefined) fleet.vms[i] = message.vm;
-    else { vmIndex.set(message.vm.name, fleet.vms.length); fleet.vms.push(message.vm); }
-  } else if (message.type === "event") {
-    const e = message.event;
-    if (e.outcome) delete fleet.events[e.eventId];
-    else fleet.events[e.eventId] = e;
-    placeEventRow(e);
-    renderCounts();
+  // A heartbeat or a record ("vm"): the groups and counts follow at the next refresh (every 2 s).
+  if (message.type === "event") {
+    placeEventRow(message.event);
   } else if (message.type === "audit") {
     for (const id of message.eventIds) {
       if (message.audit.component === "approver" || message.audit.component === "coordinator") {
@@ -435,17 +491,6 @@ function onFleetMessage(message) {
       if (fleet.events[id]) placeEventRow(fleet.events[id]);
     }
   }
-  groupsDirty = true;  // the VM lists follow at the next tick (they are the big part of the page)
-}
-
-// Every 2 s: the counts, and the VM lists if a record changed them or a VM fell silent (silence is
-// an absence: no message announces it).
-function tickFleet() {
-  if (!state.fleet) return;
-  const silent = renderCounts();
-  if (groupsDirty || silent !== silentShown) renderGroups();
-  groupsDirty = false;
-  silentShown = silent;
 }
 
 function onEventMessage(message) {
@@ -463,18 +508,23 @@ function scheduleRender(render) {
 // -- start ----------------------------------------------------------------------------------------
 
 async function start() {
-  await loadMe();
+  const me = loadMe();
   wireDialog();
   const page = document.body.dataset.page;
+  if (page !== "fleet") await me;
   if (page === "fleet") {
     const asked = new URLSearchParams(location.search).get("q");
     if (asked) document.getElementById("search").value = asked;  // a VM link from another page
     document.getElementById("search").addEventListener("input", () => scheduleRender(loadFleet));
-    document.getElementById("group").addEventListener("change", renderGroups);
-    await loadFleet();
+    document.getElementById("group").addEventListener("change", () => {
+      state.openGroups.clear();
+      state.closedGroups.clear();
+      refreshFleet();
+    });
+    await loadFleet(me);
     follow(onFleetMessage);
     setInterval(() => { document.querySelectorAll(".countdown").forEach(tick); }, 1000);
-    setInterval(tickFleet, 2000);
+    setInterval(refreshFleet, 2000);
   } else if (page === "event") {
     document.getElementById("event-approve").addEventListener("click", () => openApprove(state.event, "approve"));
     document.getElementById("event-decline").addEventListener("click", () => openApprove(state.event, "decline"));
