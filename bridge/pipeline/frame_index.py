@@ -7,6 +7,7 @@ order), so finding "the first record after a cursor" is a bisection and a read r
 from __future__ import annotations
 
 import bisect
+from array import array
 
 from bridge.pipeline import frames
 
@@ -14,11 +15,16 @@ Loc = frames.Span  # the index keeps, per record, what the frame scan or the app
 
 
 class FrameIndex:
-    """The frames some sink has not confirmed, in seq order; found by bisection, not by arithmetic."""
+    """The frames some sink has not confirmed, in seq order; found by bisection, not by arithmetic.
+
+    Kept in columns (one ``array('q')`` per field of :class:`Loc`), a Loc built only when asked:
+    64 bytes a record instead of ~270 for a tuple of eight ints (issue 33: an Azure's channel reading
+    a 40 000-delivery backlog held 10 000 unconfirmed records; an agent through a day-long broker
+    outage holds hundreds of thousands)."""
 
     def __init__(self) -> None:
-        self._locs: list[Loc] = []
-        self._seqs: list[int] = []
+        self._columns = tuple(array("q") for _ in Loc._fields)
+        self._seqs = self._columns[Loc._fields.index("seq")]
         self._head = 0  # frames before it were confirmed by every sink (compacted lazily)
         self.bytes = 0
 
@@ -26,8 +32,8 @@ class FrameIndex:
         return len(self._seqs) - self._head
 
     def add(self, loc: Loc) -> None:
-        self._locs.append(loc)
-        self._seqs.append(loc.seq)
+        for column, value in zip(self._columns, loc, strict=True):
+            column.append(value)
         self.bytes += loc.length
 
     def after(self, seq: int) -> int:
@@ -35,10 +41,10 @@ class FrameIndex:
         return bisect.bisect_right(self._seqs, seq, self._head)
 
     def at(self, position: int) -> Loc | None:
-        return self._locs[position] if position < len(self._locs) else None
+        return Loc(*(c[position] for c in self._columns)) if position < len(self._seqs) else None
 
     def slice(self, position: int, limit: int) -> list[Loc]:
-        return self._locs[position : position + limit]
+        return list(map(Loc, *(c[position : position + limit] for c in self._columns)))
 
     def last_seq(self) -> int | None:
         return self._seqs[-1] if len(self) else None
@@ -46,11 +52,12 @@ class FrameIndex:
     def drop_through(self, seq: int) -> None:
         """Forget every frame with a seq up to ``seq`` (all sinks confirmed them)."""
         end = self.after(seq)
-        for loc in self._locs[self._head : end]:
-            self.bytes -= loc.length
+        lengths = self._columns[Loc._fields.index("length")]
+        self.bytes -= sum(lengths[self._head : end])
         self._head = end
         if self._head > 1024 and self._head * 2 > len(self._seqs):
-            del self._locs[: self._head], self._seqs[: self._head]
+            for column in self._columns:
+                del column[: self._head]
             self._head = 0
 
     def count_after(self, seq: int) -> int:
@@ -59,8 +66,9 @@ class FrameIndex:
     def remove(self, loc: Loc) -> None:
         """Take out one frame found damaged when read back."""
         position = bisect.bisect_left(self._seqs, loc.seq, self._head)
-        if position < len(self._seqs) and self._locs[position] is loc:
-            del self._locs[position], self._seqs[position]
+        if position < len(self._seqs) and self.at(position) == loc:
+            for column in self._columns:
+                del column[position]
             self.bytes -= loc.length
 
 

@@ -164,8 +164,12 @@ function placeEventRow(event) {
     state.fleet.events[event.eventId] = event;
     if (old) old.remove();
     state.waiting.delete(event.eventId);
-    if (!loaded(event)) state.waiting.set(event.eventId, event);  // placed when its page is loaded
-    else {
+    if (!loaded(event)) {
+      // Shown now, at the end of what is loaded (a person must not wait for the table to fill: 20 000
+      // rows take seconds); put in its place when its page is loaded (or brought by that page).
+      state.waiting.set(event.eventId, event);
+      body.append(eventRow(event));
+    } else {
       const key = sortKey(event);
       const next = [...body.children].find((row) => !before(JSON.parse(row.dataset.key), key));
       body.insertBefore(eventRow(event), next || null);
