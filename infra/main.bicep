@@ -170,6 +170,9 @@ param deployConsole bool = false
 @description('Read Azure\'s own Scheduled Events channel (Event Grid system topic of this subscription\'s maintenance resources -> a dedicated hub) with se-bridge azure-channel, run under the approvers\' identity (docs/azure-channel.md). Azure publishes only for VMs, scale sets and availability sets whose scheduledEventsPolicy enables eventGridAndResourceGraph (preview).')
 param deployAzureChannel bool = false
 
+@description('With deployAzureChannel: the system topic of this subscription\'s MaintenanceResources that already exists (in this resource group), to subscribe to instead of creating one. Azure allows one per source: a second deployment in a subscription must name the first one\'s.')
+param existingMaintenanceSystemTopicName string = ''
+
 @description('Container image of the console (se-bridge[console,eventhubs] installed; docs/console.md); required when deployConsole is true.')
 param consoleImage string = ''
 
@@ -393,6 +396,8 @@ module azureChannel 'modules/azure-channel.bicep' = if (deployAzureChannel) {
     namespaceName: eventHubs.outputs.namespaceName
     retentionDays: retentionDays
     systemTopicName: '${namePrefix}-maintenance-${suffix}'
+    existingSystemTopicName: existingMaintenanceSystemTopicName
+    deadLetterAccountName: storage.outputs.accountName
     readerPrincipalId: identities.outputs.approver.principalId
     tags: tags
   }

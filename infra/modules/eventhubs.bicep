@@ -41,7 +41,7 @@ param eventsConsumerGroups array
 @description('Consumer groups on the decisions hub.')
 param decisionsConsumerGroups array
 
-@description('Subnets (resource ids) admitted by the network rules; empty: no rules.')
+@description('Subnets (resource ids) admitted by the network rules; empty with public access Enabled: no rules.')
 param allowedSubnetIds array
 
 @description('Log Analytics workspace (resource id) for the diagnostic settings; empty: none.')
@@ -122,7 +122,11 @@ output decisionsHubId string = decisionsHub.id
 
 // Network rules: with subnets, only they (and trusted Azure services, e.g. Data Explorer's data
 // connection) reach the namespace over its public endpoint; private endpoints are separate.
-resource networkRules 'Microsoft.EventHub/namespaces/networkRuleSets@2024-01-01' = if (!empty(allowedSubnetIds)) {
+// Whenever access is restricted (subnets) or public access is off (private endpoints): Event Grid
+// delivers Azure's own channel as a trusted service, and without this rule set saying so
+// (trustedServiceAccessEnabled) it cannot deliver to a namespace whose public access is Disabled
+// (issue 34: the rule set existed only when subnets were given).
+resource networkRules 'Microsoft.EventHub/namespaces/networkRuleSets@2024-01-01' = if (!empty(allowedSubnetIds) || publicNetworkAccess == 'Disabled') {
   parent: namespace
   name: 'default'
   properties: {

@@ -28,19 +28,26 @@ param retentionDays int = 90
 @maxValue(1440)
 param alertHorizonMinutes int = 30
 
+// At most as many receivers of each kind as an action group takes (Azure Monitor service limits,
+// action groups: email 1 000, SMS, app push, webhook and Logic App 10 each): refused before deploying.
 @description('Email addresses the action group notifies (empty: no email receiver).')
+@maxLength(1000)
 param alertEmails array = []
 
 @description('SMS receivers of the action group, [{countryCode, phoneNumber}].')
+@maxLength(10)
 param alertSms array = []
 
 @description('Azure mobile app push receivers, [email addresses of Azure accounts].')
+@maxLength(10)
 param alertPush array = []
 
 @description('Webhook receivers, [{name, serviceUri}] (a Logic App trigger, a chat bridge). Azure keeps the URI in the action group and the deployment records the parameter: use a URI whose secret can be rotated, or an email / Logic App without a secret in its address.')
+@maxLength(10)
 param alertWebhooks array = []
 
 @description('Logic App receivers, [{name, resourceId, callbackUrl}] (a workflow that posts to Teams, opens a ticket...); the callback URL carries the trigger\'s signature: same caveat as the webhooks.')
+@maxLength(10)
 param alertLogicApps array = []
 
 @description('Tags of every resource.')
@@ -79,7 +86,9 @@ resource tables 'Microsoft.OperationalInsights/workspaces/tables@2025-07-01' = [
 
 resource rule 'Microsoft.Insights/dataCollectionRules@2024-03-11' = {
   name: ruleName
-  location: location
+  // A data collection rule sends only to workspaces of its own region (issue 34): the workspace's,
+  // whatever region the deployment was given.
+  location: workspace.location
   kind: 'Direct'
   tags: tags
   dependsOn: [
@@ -158,7 +167,8 @@ resource workbook 'Microsoft.Insights/workbooks@2023-06-01' = {
   kind: 'shared'
   tags: tags
   properties: {
-    displayName: 'Scheduled Events across the fleet'
+    // Unique in the resource group (two deployments there, two workbooks: the same display name is refused).
+    displayName: 'Scheduled Events across the fleet (${ruleName})'
     category: 'workbook'
     sourceId: workspace.id
     serializedData: loadTextContent('../monitor/workbook.json')

@@ -665,7 +665,7 @@ def test_azures_channel_reaches_the_hub_the_azure_channel_service_reads(lint_rep
     assert re.search(r"includedEventTypes: \[\s*eventType\s*\]", module)
     assert "'Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted'" in module
     assert re.search(r"deliveryWithResourceIdentity: \{\s*identity: \{\s*type: 'SystemAssigned'", module)
-    assert re.search(r"dependsOn: \[\s*topicSends\s*\]", module)
+    assert re.search(r"dependsOn: \[[^\]]*\btopicSends\b", module)
     sender = re.search(r"resource topicSends [^{]*\{(.*?)\n\}", module, re.S)
     assert sender and "scope: hub" in sender.group(1) and "roles.eventHubsDataSender" in sender.group(1)
     main = (ROOT / "infra" / "main.bicep").read_text()
@@ -718,6 +718,49 @@ def test_azure_monitor_tables_rule_and_sink_share_one_layout(lint_report: dict[s
     filled = filled.replace("${identities.outputs.agent.clientId}", "0f8fad5b-d9cb-469f-a165-70867728950e")
     sink = create_sink(filled)
     assert isinstance(sink, LogsIngestionSink) and sink.credential_kind == "managed"
+
+
+def test_azures_channel_reuses_an_existing_system_topic_and_keeps_its_dead_letters(
+    lint_report: dict[str, Any],
+) -> None:
+    """Issue 34: Azure allows one system topic per source, so a second deployment in a subscription
+    failed (the module always created one): an existing topic is named instead, and nothing creates
+    another. Completed and Canceled exist only on this channel: a delivery Event Grid gives up on (30
+    attempts, 24 h) is dead-lettered to a blob container the topic's identity alone may write."""
+    module = (ROOT / "infra" / "modules" / "azure-channel.bicep").read_text()
+    assert lint_report["files"]["infra/modules/azure-channel.bicep"]["errors"] == []
+    topics = re.findall(
+        r"resource (\w+) 'Microsoft\.EventGrid/systemTopics@[^']+'( existing)? = (if \([^)]*\) )?", module
+    )
+    created = [t for t in topics if not t[1]]
+    assert len(created) == 1 and created[0][2] == "if (createTopic) ", topics
+    assert "var createTopic = empty(existingSystemTopicName)" in module
+    assert re.search(r"param existingSystemTopicName string = ''", module)
+    main = (ROOT / "infra" / "main.bicep").read_text()
+    assert "existingSystemTopicName: existingMaintenanceSystemTopicName" in main
+    assert "param existingMaintenanceSystemTopicName string = ''" in main
+    subscription = re.search(r"resource toHub [^{]*\{(.*?)\n\}", module, re.S)
+    assert subscription
+    body = subscription.group(1)
+    assert re.search(r"deadLetterWithResourceIdentity: \{\s*identity: \{\s*type: 'SystemAssigned'", body)
+    assert "endpointType: 'StorageBlob'" in body and "blobContainerName: deadLetters.name" in body
+    assert re.search(r"dependsOn: \[[^\]]*\btopicDeadLetters\b", body)
+    writer = re.search(r"resource topicDeadLetters [^{]*\{(.*?)\n\}", module, re.S)
+    assert writer and "scope: deadLetters" in writer.group(1)
+    assert "roles.storageBlobDataContributor" in writer.group(1) and "topicPrincipalId" in writer.group(1)
+    assert "deadLetterAccountName: storage.outputs.accountName" in main
+
+
+def test_event_grid_can_deliver_to_a_namespace_whose_public_access_is_off() -> None:
+    """Issue 34: the Event Hubs network rule set (with trustedServiceAccessEnabled, how Event Grid's
+    deliveries of Azure's channel are let in) existed only when subnet ids were given: with public
+    access Disabled and private endpoints alone, Event Grid could not deliver."""
+    module = (ROOT / "infra" / "modules" / "eventhubs.bicep").read_text()
+    rules = re.search(r"resource networkRules '[^']+' = if \((.*?)\) \{(.*?)\n\}", module, re.S)
+    assert rules, "the network rule set"
+    condition, body = rules.groups()
+    assert "publicNetworkAccess == 'Disabled'" in condition and "!empty(allowedSubnetIds)" in condition
+    assert "trustedServiceAccessEnabled: true" in body and "defaultAction: 'Deny'" in body
 
 
 def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: Path) -> None:
@@ -1235,6 +1278,22 @@ def test_alert_rules_depend_on_the_tables_they_query() -> None:
     assert len(rules) == 2
     for name, body in rules:
         assert re.search(r"dependsOn: \[\s*tables\s*\]", body), f"{name} does not depend on the tables"
+
+
+def test_azure_monitor_resources_keep_the_documented_limits_and_regions() -> None:
+    """Issue 34 (lows): the data collection rule must be in the workspace's region (it sends to
+    workspaces of its own region only), an action group takes at most 10 receivers of a kind (1 000
+    emails), and two deployments in one resource group must not give two workbooks one display name."""
+    module = (ROOT / "infra" / "modules" / "monitor.bicep").read_text()
+    rule = re.search(
+        r"resource rule 'Microsoft\.Insights/dataCollectionRules@[^']+' = \{(.*?)\n\}", module, re.S
+    )
+    assert rule and re.search(r"\n  location: workspace\.location\n", rule.group(1))
+    limits = {"alertEmails": 1000, "alertSms": 10, "alertPush": 10, "alertWebhooks": 10, "alertLogicApps": 10}
+    for name, most in limits.items():
+        assert re.search(rf"@maxLength\({most}\)\nparam {name} array", module), name
+    workbook = re.search(r"resource workbook '[^']+' = \{(.*?)\n\}", module, re.S)
+    assert workbook and re.search(r"displayName: '[^']*\$\{ruleName\}[^']*'", workbook.group(1))
 
 
 def test_the_deploy_scripts_without_the_azure_cli_say_so_in_one_line(tmp_path: Path) -> None:
