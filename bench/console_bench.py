@@ -72,7 +72,13 @@ CHROMIUM = "/usr/bin/chromium"
 # The console proves who a person is from an ID token (issue 31): a stand-in for Entra ID's token side.
 IDP = IdentityProvider(Path(tempfile.mkdtemp(prefix="se-bench-idp-")))
 PERSON = {"Authorization": "Bearer " + IDP.token("bench@contoso.example", groups=("maintenance-approvers",))}
-TARGETS = {"rss_mb_100k": 1024.0, "rss_mb_10k": 250.0, "fleet_ms_10k": 300.0, "update_s": 2.0}
+TARGETS = {
+    "rss_mb_100k": 1024.0,
+    "rss_mb_10k": 250.0,
+    "paint_ms_10k": 300.0,
+    "fleet_ms_10k": 300.0,
+    "update_s": 2.0,
+}
 SET_SIZE = 5
 
 
@@ -248,10 +254,13 @@ def browser_load_ms(port: int, loads: int = 3) -> float | None:
             # (issue 33: the data was there at ~350 ms, then one layout task took 0.4-1.1 s more)
             painted = page.wait_for_function("() => document.body.dataset.painted", timeout=60_000)
             times.append(float(painted.json_value()))
-            rows = page.wait_for_function(
-                "() => document.querySelector('#events tbody').dataset.complete", timeout=60_000
-            )
-            complete.append(rows.json_value())
+            try:  # every row: seconds at 100 000 VMs (20 000 rows); never finishing is a figure too
+                rows = page.wait_for_function(
+                    "() => document.querySelector('#events tbody').dataset.complete", timeout=300_000
+                )
+                complete.append(rows.json_value())
+            except Exception:  # playwright's TimeoutError
+                complete.append("-1")
         browser.close()
     BROWSER_COMPLETE.append(percentile([float(c) for c in complete], 0.5) or 0.0)
     return percentile(times, 0.5)
@@ -404,6 +413,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _rss_target(figures: dict[str, Any]) -> str:
+    return "rss_mb_10k" if figures["vms"] <= 10_000 else "rss_mb_100k"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vms", type=int, nargs="+", default=[1000, 10000])
@@ -425,12 +438,17 @@ def main() -> int:
         args.json.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
     largest = results[-1]
     targets = {
-        f"RSS <= {TARGETS['rss_mb_10k']:.0f} MB at {largest['vms']} VMs": largest["rssPeakMb"]
-        <= TARGETS["rss_mb_10k"],
-        **{
-            f"RSS <= 1 GB at {r['vms']} VMs": r["rssPeakMb"] <= TARGETS["rss_mb_100k"]
+        **{  # each size against its own target (issue 33: <= 250 MB at 10 000 VMs, <= 1 GB at 100 000)
+            f"RSS <= {TARGETS[_rss_target(r)]:.0f} MB at {r['vms']} VMs": r["rssPeakMb"]
+            <= TARGETS[_rss_target(r)]
             for r in results
-            if r["vms"] >= 100_000
+        },
+        **{
+            f"first frame <= {TARGETS['paint_ms_10k']:.0f} ms at {r['vms']} VMs (chromium)": (
+                r["fleetBrowserMs"] is not None and r["fleetBrowserMs"] <= TARGETS["paint_ms_10k"]
+            )
+            for r in results
+            if r["vms"] == 10_000
         },
         f"fleet page served <= {TARGETS['fleet_ms_10k']:.0f} ms (p99)": largest["fleetServerP99Ms"]
         <= TARGETS["fleet_ms_10k"],

@@ -84,10 +84,15 @@ class Stream:
                 with contextlib.suppress(asyncio.QueueFull):
                     queue.put_nowait(None)
 
-    async def follow(self) -> AsyncIterator[bytes]:
+    def follow(self) -> AsyncIterator[bytes]:
+        """A page's stream, its queue registered now, before the response's headers go out: a page
+        asks for its data once the stream is open, so nothing between the two is missed."""
         self.loop = asyncio.get_running_loop()
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(MAX_QUEUED)
         self.queues.add(queue)
+        return self._drain(queue)
+
+    async def _drain(self, queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
         try:
             yield b"retry: 2000\n\n"
             while True:

@@ -512,3 +512,36 @@ def test_the_fleet_page_loads_its_events_in_pages_each_once_in_order(stack: Stac
     )
     assert keys == sorted(keys, key=lambda k: (k[0], k[1]))
     page.locator("#counts", has_text="452 open events").wait_for(timeout=5_000)  # refreshed every 2 s
+
+
+def test_a_record_read_before_the_live_stream_opens_is_shown(stack: Stack, browser: Any) -> None:
+    """Issue 33: the page loaded its data, then opened the live stream; a record the console read in
+    between was never shown (until a reload). The stream now opens first and the data is asked for
+    once it is open. Here the stream's opening is held back while a new event arrives."""
+    page = browser.new_context(extra_http_headers=LOOKER).new_page()
+    held: list[Any] = []
+    page.route("**/api/stream", lambda route: held.append(route))
+    page.goto(stack.url + "/")
+    for _ in range(200):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the page never opened its live stream"
+    before = scrape(stack.url, "se_bridge_console_open_events", LOOKER)
+    event_id = stack.add_event()
+    wait_until(
+        lambda: scrape(stack.url, "se_bridge_console_open_events", LOOKER) > before, 30, what="the event read"
+    )
+
+    def reporters() -> int:
+        answer = requests.get(
+            f"{stack.url}/api/events/{event_id}", headers=LOOKER, timeout=5, proxies={"http": ""}
+        )
+        return len(answer.json().get("releases") or []) if answer.status_code == 200 else 0
+
+    # Every agent has reported it: no later record of this event will come to show it by chance.
+    wait_until(lambda: reporters() == len(VMS), 30, what="every agent's record of the event")
+    page.wait_for_timeout(1500)
+    held[0].continue_()
+    page.wait_for_selector("body[data-ready=true]")
+    page.locator(f"#event-{event_id}").wait_for(timeout=5_000)
