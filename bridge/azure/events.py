@@ -79,10 +79,20 @@ class VmRef:
     resource_group: str
     name: str
     resource_id: str
+    #: The other id the name may stand for (issue 34): a scale set's ``web_12345678`` is a Uniform
+    #: instance or a Flexible VM (``{scale-set}_{8-char-guid}``, whose 8 characters may all be
+    #: digits, or any name a Flexible VM was given); the event does not say which. "" when unambiguous.
+    other_id: str = ""
 
     @property
     def key(self) -> str:
         return vm_key(self.subscription_id, self.resource_group, self.name)
+
+    def named_by(self, resource_id: str) -> bool:
+        """Whether ``resource_id`` (an agent's) is this VM's, in either form it may have (ARM ids are
+        case-insensitive)."""
+        wanted = resource_id.lower()
+        return bool(wanted) and wanted in (self.resource_id.lower(), self.other_id.lower())
 
 
 def vm_key(subscription_id: str | None, resource_group: str | None, name: str | None) -> str:
@@ -140,12 +150,16 @@ class AzureEvent:
         scale_set = self.parent_kind == "virtualMachineScaleSets"
         out: list[VmRef] = []
         for name in self.resources or ((self.parent_name,) if self.parent_kind == "virtualMachines" else ()):
+            flexible = f"{base}/virtualMachines/{name}"
             instance = _uniform_instance(self.parent_name, name) if scale_set else None
-            if instance is not None:
-                resource_id = f"{base}/virtualMachineScaleSets/{self.parent_name}/virtualMachines/{instance}"
-            else:
-                resource_id = f"{base}/virtualMachines/{name}"
-            out.append(VmRef(self.subscription_id, self.resource_group, name, resource_id))
+            if instance is None:
+                out.append(VmRef(self.subscription_id, self.resource_group, name, flexible))
+                continue
+            uniform = f"{base}/virtualMachineScaleSets/{self.parent_name}/virtualMachines/{instance}"
+            # Eight characters: Flexible's generated name first (a Uniform instance id that long is
+            # far-fetched); either way, an agent naming the other form is this VM too.
+            first, other = (flexible, uniform) if len(instance) == FLEXIBLE_SUFFIX else (uniform, flexible)
+            out.append(VmRef(self.subscription_id, self.resource_group, name, first, other))
         return tuple(out)
 
     @property
@@ -153,6 +167,10 @@ class AzureEvent:
         """What makes two observations the same: status, NotBefore (a moved NotBefore is news) and
         the VMs named. Redeliveries and Resource Graph's unchanged rows repeat it."""
         return (self.event_id.lower(), self.event_status, self.not_before, self.resources)
+
+
+#: Characters after ``{scale-set}_`` in a Flexible scale set's generated VM names (an 8-char guid).
+FLEXIBLE_SUFFIX = 8
 
 
 def _uniform_instance(scale_set: str, name: str) -> str | None:

@@ -292,5 +292,6 @@ class Reconciler:
 
 
 def _same_vm(azure: VmRef, agent: VmRef) -> bool:
-    """The agent's resource id is the one Azure's event names for the VM (ARM ids: case-insensitive)."""
-    return bool(agent.resource_id) and agent.resource_id.lower() == azure.resource_id.lower()
+    """The agent's resource id is the one Azure's event names for the VM (in either form a scale
+    set's VM name may stand for: AzureEvent.vms)."""
+    return azure.named_by(agent.resource_id)

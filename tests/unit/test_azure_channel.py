@@ -44,6 +44,30 @@ def test_scale_set_instances_map_to_uniform_and_flexible_ids() -> None:
     assert event.parent_id.endswith("/virtualMachineScaleSets/web")
 
 
+def test_a_scale_set_vm_name_that_may_be_either_form_is_watched_by_its_agent_in_either() -> None:
+    """Issue 34: a Flexible scale set's VM is ``{set}_{8-char-guid}``, whose eight characters can all be
+    digits, and a Flexible VM may be given any name, ``web_7`` too; a Uniform instance is
+    ``{set}_{instance id}``. The event does not say which: a name that may be either is this VM for an
+    agent naming either id (it was taken for a Uniform instance, and its agent found "unwatched")."""
+    compute = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute"
+    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    names = ["web_12345678", "web_7", "web_3", "web_a1b2c3d4"]
+    observe(reconciler, tracker, grid_event(E1, "Scheduled", names, parent="web",
+                                            kind="virtualMachineScaleSets"), now=0)  # fmt: skip
+    reconciler.agent(agent_record("web_12345678", E1), now=1)  # Flexible: .../virtualMachines/<name>
+    reconciler.agent(agent_record("web_7", E1), now=2)  # a Flexible VM named like an instance
+    uniform = f"{compute}/virtualMachineScaleSets/web/virtualMachines/3"
+    reconciler.agent(agent_record("web_3", E1, resource_id=uniform), now=3)  # a Uniform instance
+    reconciler.agent(agent_record("web_a1b2c3d4", E1), now=4)
+    assert [f for f in reconciler.due(61) if f["finding"] == "unwatched"] == []
+    eight, seven, three, _ = from_event_grid(
+        grid_event(E1, "Scheduled", names, parent="web", kind="virtualMachineScaleSets")
+    ).vms()
+    assert eight.resource_id == f"{compute}/virtualMachines/web_12345678"  # the generated form first
+    assert three.resource_id == uniform and three.named_by(f"{compute}/virtualMachines/web_3")
+    assert not seven.named_by(f"{compute}/virtualMachines/web_8") and not seven.named_by("")
+
+
 def test_unknown_properties_are_kept_and_a_graph_row_parses_too() -> None:
     grid = grid_event(E1, "Started", ["vm-a"], NewField="x")
     event = from_event_grid(grid)
@@ -145,10 +169,11 @@ def agent_record(
     rg: str | None = RG,
     vm_id: str = "",
     kind: str = "scheduledEvents",
+    resource_id: str | None = None,
 ) -> Record:
     """An agent's record as IMDS fills its identity (compute.resourceId with the subscription and
     group), read as the channel reads it off the stream."""
-    resource_id = (
+    resource_id = resource_id or (
         f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}"
     )
     vm = vm_block(name, subscription_id=sub, resource_group=rg, vm_id=vm_id or f"id-{name}",
