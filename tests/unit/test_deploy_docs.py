@@ -1,0 +1,43 @@
+"""The deploy docs agree with each other and with the templates (issue 34: the deployment was named
+``-n se-bridge`` in one page and ``-n main`` in another, the agent's file ``config.toml`` in one and
+``agent.toml`` in another, ``jq`` used but not a prerequisite, and nothing said whether the package is
+on PyPI, which several install paths assumed)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+PAGES = sorted(DOCS.glob("*.md"))
+
+
+def test_every_page_names_the_main_deployment_alike() -> None:
+    names = {
+        (page.name, m.group(1))
+        for page in PAGES
+        for m in re.finditer(r"az deployment group (?:create|show)[^\n]*?-n (\S+)[^\n]*", page.read_text())
+        if "vm-extension" not in m.group(0)
+    }
+    assert names and {name for _, name in names} == {"se-bridge"}, names
+    creates = [
+        line
+        for page in PAGES
+        for line in page.read_text().splitlines()
+        if "az deployment group create" in line and "infra/main.bicep" in line
+    ]
+    assert creates and all(" -n se-bridge " in line for line in creates), creates
+
+
+def test_the_agents_file_has_one_name() -> None:
+    for page in PAGES:
+        assert "agent.toml" not in page.read_text(), page.name  # the installers render config.toml
+
+
+def test_the_prerequisites_cover_what_the_path_uses() -> None:
+    deploy = (DOCS / "deploy.md").read_text()
+    prerequisites = deploy.split("## 0. Prerequisites", 1)[1].split("\n## ", 1)[0]
+    if re.search(r"\bjq\b", deploy.split("## 0. Prerequisites", 1)[1]):
+        assert "`jq`" in prerequisites
+    assert "not published on PyPI" in prerequisites
+    assert "[eventhubs]" in prerequisites and "se-bridge decide" in prerequisites
