@@ -173,8 +173,11 @@ param deployAzureChannel bool = false
 @description('With deployAzureChannel: the system topic of this subscription\'s MaintenanceResources that already exists (in this resource group), to subscribe to instead of creating one. Azure allows one per source: a second deployment in a subscription must name the first one\'s.')
 param existingMaintenanceSystemTopicName string = ''
 
-@description('Container image of the console (se-bridge[console,eventhubs] installed; docs/console.md); required when deployConsole is true.')
+@description('Container image of the console, built from this repository by deploy/container/Dockerfile into the deployment\'s registry (deployRegistry; docs/deploy.md), e.g. <registryLoginServer>/se-bridge:0.1.0; required when deployConsole is true.')
 param consoleImage string = ''
+
+@description('Create the container registry the central services\' image is built into (az acr build), pulled from by the console with its own identity.')
+param deployRegistry bool = false
 
 @description('Application (client) id of the Entra app registration people sign in to the console with; required when deployConsole is true.')
 param consoleEntraClientId string = ''
@@ -366,6 +369,15 @@ module dataExplorer 'modules/dataexplorer.bicep' = if (deployDataExplorer) {
   }
 }
 
+module registry 'modules/registry.bicep' = if (deployRegistry) {
+  name: 'se-bridge-registry'
+  params: {
+    location: location
+    registryName: take('${compactPrefix}acr${suffix}', 50)
+    tags: tags
+  }
+}
+
 module console 'modules/console.bicep' = if (deployConsole) {
   name: 'se-bridge-console'
   params: {
@@ -375,6 +387,7 @@ module console 'modules/console.bicep' = if (deployConsole) {
     keyVaultName: take('${compactPrefix}ckv${suffix}', 24)
     identityName: '${namePrefix}-console'
     image: consoleImage
+    registryName: deployRegistry ? registry.outputs.name : ''
     namespaceName: eventHubs.outputs.namespaceName
     eventsHubName: eventsHubName
     decisionsHubName: decisionsHubName
@@ -498,3 +511,7 @@ output azureChannelSourceSpec string = deployAzureChannel ? 'eventhubs://${event
 output agentMonitorSinkSpec string = deployAzureMonitor ? 'azuremonitor://${replace(azureMonitor.outputs.logsIngestionEndpoint, 'https://', '')}/${azureMonitor.outputs.immutableId}?credential=managed&client_id=${identities.outputs.agent.clientId}' : ''
 
 output consoleUrl string = deployConsole ? console.outputs.url : ''
+
+@description('The container registry\'s name and login server (deployRegistry): az acr build --registry <name> --image se-bridge:0.1.0 --file deploy/container/Dockerfile .')
+output registryName string = deployRegistry ? registry.outputs.name : ''
+output registryLoginServer string = deployRegistry ? registry.outputs.loginServer : ''

@@ -31,8 +31,11 @@ param keyVaultName string
 @description('Name of the console\'s user-assigned identity.')
 param identityName string
 
-@description('Container image with se-bridge[console,eventhubs] installed (docs/console.md builds one).')
+@description('Container image built from this repository by deploy/container/Dockerfile (az acr build; docs/console.md), e.g. <registry>.azurecr.io/se-bridge:0.1.0.')
 param image string
+
+@description('Azure Container Registry (in this resource group) the image is pulled from with the console\'s identity (AcrPull); empty: a registry that needs no credential.')
+param registryName string = ''
 
 @description('Event Hubs namespace name.')
 param namespaceName string
@@ -81,6 +84,7 @@ var keyVaultSecretsUser = subscriptionResourceId('Microsoft.Authorization/roleDe
 var eventHubsDataReceiver = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', 'a638d3c7-ab3a-418d-83e6-5f17a39d4fde')
 var storageBlobDataContributor = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', 'ba92f5b4-2d11-453d-a403-e96b0029c9fe')
 var eventHubsDataSender = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '2b629674-e913-4c01-ae53-ef4638d8f975')
+var acrPull = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '7f951dda-4ed3-4680-a7ca-43fe172d538d')
 var namespaceFqdn = '${namespaceName}.servicebus.windows.net'
 // Entra ID's v2.0 issuer of this tenant: who signs people in, and whose ID tokens the console proves.
 var oidcIssuer = '${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0'
@@ -106,6 +110,22 @@ resource eventsHub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' existing
 resource decisionsHub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' existing = {
   parent: namespace
   name: decisionsHubName
+}
+
+resource registry 'Microsoft.ContainerRegistry/registries@2023-07-01' existing = if (!empty(registryName)) {
+  name: empty(registryName) ? 'unused' : registryName
+}
+
+// The image is pulled with the console's own identity (issue 34: no registry, no pull identity).
+resource pullsImage 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(registryName)) {
+  name: guid(resourceGroup().id, registryName, identity.id, acrPull)
+  scope: registry
+  properties: {
+    principalId: identity.properties.principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: acrPull
+    description: 'The se-bridge console pulls its image'
+  }
 }
 
 resource readsRecords 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
@@ -240,6 +260,12 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
         transport: 'http'
         allowInsecure: false
       }
+      registries: empty(registryName) ? [] : [
+        {
+          server: registry.properties.loginServer
+          identity: identity.id
+        }
+      ]
       secrets: [
         {
           name: keyRefName
@@ -336,6 +362,7 @@ resource app 'Microsoft.App/containerApps@2024-03-01' = {
     }
   }
   dependsOn: [
+    pullsImage
     readsSigningKey
     readsSignInSecret
     readsRecords

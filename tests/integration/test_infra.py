@@ -37,6 +37,7 @@ RECORD_SCHEMA = json.loads((ROOT / "schemas" / "record.v1.schema.json").read_tex
 # The API versions the templates are written against (known to exist; bump deliberately).
 API_VERSIONS = {
     "Microsoft.EventHub/namespaces": "2024-01-01",
+    "Microsoft.ContainerRegistry/registries": "2023-07-01",
     "Microsoft.EventHub/namespaces/eventhubs": "2024-01-01",
     "Microsoft.EventHub/namespaces/eventhubs/consumergroups": "2024-01-01",
     "Microsoft.Storage/storageAccounts": "2023-05-01",
@@ -111,6 +112,9 @@ PUBLISHED = {
     "Microsoft.OperationalInsights/workspaces/tables": {"2025-07-01"},  # the stable versions checked so far
     "Microsoft.Insights/scheduledQueryRules": {"2023-12-01"},
     "Microsoft.Insights/workbooks": {"2023-06-01"},
+    # GA versions listed by Microsoft's template reference (2026-11): 2019-05-01 ... 2025-11-01
+    "Microsoft.ContainerRegistry/registries": {"2019-05-01", "2021-09-01", "2022-12-01", "2023-07-01",
+                                               "2025-04-01", "2025-11-01"},
 }  # fmt: skip
 
 
@@ -134,6 +138,10 @@ EXPECTED_SKIPS = {
         "CKV_AZURE_17",
         "CKV_AZURE_212",
         "CKV_AZURE_213",
+        "CKV_AZURE_233",  # the container registry (modules/registry.bicep): Basic SKU
+        "CKV_AZURE_166",  # the container registry (modules/registry.bicep): Basic SKU
+        "CKV_AZURE_139",  # the container registry (modules/registry.bicep): Basic SKU
+        "CKV_AZURE_163",  # the container registry (modules/registry.bicep): Basic SKU
     },
     "deploy": set(),
 }
@@ -205,6 +213,7 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
         "Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31",  # attach one identity, no other
         "Microsoft.Resources/templateSpecs@2022-02-01",  # read the one spec a policy deploys from
         "Microsoft.Insights/dataCollectionRules@2024-03-11",  # send through the one rule (Azure Monitor)
+        "Microsoft.ContainerRegistry/registries@2023-07-01",  # pull from the one registry (AcrPull)
     }
     assignments = 0
     for path, entry in lint_report["files"].items():
