@@ -172,6 +172,7 @@ class Scale:
         self.port = _free_port()
         self.log = open(workdir / "approver.log", "wb")  # noqa: SIM115 - closed in close()
         self.coordinate_args = self.coordination(workdir)
+        self.produced = 0
         self.approver = self.start()
 
     def start(self) -> subprocess.Popen[bytes]:
@@ -201,8 +202,10 @@ class Scale:
                 conn.request("GET", "/readyz")
                 if ready is None and conn.getresponse().status == 200:
                     ready = time.monotonic() - started
-            lag = self.metric("se_bridge_events_reader_lag")
-            if caught_up is None and lag == 0 and self.metric("se_bridge_approver_fleet_vms") == n:
+            # Caught up: every record of the events topic taken again (counted by the approver;
+            # its lag gauge says 0 until its reader has fetched, so it cannot tell this alone).
+            read = self.metric("se_bridge_approver_fleet_records_read_total")
+            if caught_up is None and read >= self.produced:
                 caught_up = time.monotonic() - started
             with contextlib.suppress(OSError, StopIteration):
                 peak = max(peak, self.hwm_mb())
@@ -211,6 +214,7 @@ class Scale:
             "restartReadySeconds": None if ready is None else round(ready, 1),
             "restartCaughtUpSeconds": None if caught_up is None else round(caught_up, 1),
             "restartPeakRssMb": round(peak, 1),
+            "restartRecords": self.produced,
         }
 
     def hwm_mb(self) -> float:
@@ -225,6 +229,7 @@ class Scale:
         return ["--coordinate", "true", "--coordinate-key", f"coordinator={workdir / 'coordinator.key'}"]
 
     def produce(self, values: list[tuple[str, bytes]]) -> None:
+        self.produced += len(values)  # the events topic's size: what a restart must read again
         for key, value in values:
             while True:
                 try:

@@ -192,7 +192,7 @@ param consoleApproverRole string = 'Maintenance.Approve'
 @description('Key id under which the approvers know the console\'s signing key.')
 param consoleDecisionKeyId string = 'console'
 
-@description('The console\'s HMAC signing key (at least 32 bytes); required when deployConsole is true. Stored in the console\'s Key Vault, nowhere else.')
+@description('The console\'s signing key: an Ed25519 private key, PEM (se-bridge keygen; its public half goes to the approvers and agents); required when deployConsole is true. Stored in the console\'s Key Vault, nowhere else.')
 @secure()
 param consoleDecisionKey string = ''
 

@@ -48,6 +48,7 @@ class FleetCollector:
     def __init__(self) -> None:
         self.counts: Any = None  # () -> (VMs, events)
         self.lag: Callable[[], float] | None = None  # messages of the events stream known not read yet
+        self.read: Callable[[], int] | None = None  # records taken from the events stream since start
 
     def describe(self) -> list[Any]:
         return []
@@ -62,6 +63,14 @@ class FleetCollector:
         yield GaugeMetricFamily(
             "se_bridge_approver_fleet_events", "Open events the fleet view knows.", value=events
         )
+        if self.read is not None:
+            from prometheus_client.core import CounterMetricFamily
+
+            yield CounterMetricFamily(
+                "se_bridge_approver_fleet_records_read",
+                "Records taken from the events stream since start (a restart reads it again).",
+                value=self.read(),
+            )
         if self.lag is not None:
             yield GaugeMetricFamily(
                 "se_bridge_events_reader_lag",

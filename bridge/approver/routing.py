@@ -296,6 +296,7 @@ class FleetRouter:
         self.observers: list[Callable[[Record], None]] = []
         self._threads: list[threading.Thread] = []
         self._caught_up: set[int] = set()  # sources read to their end once (readiness)
+        self._read = [0] * len(sources)  # records taken, per source
 
     def learn(self, record: ScheduledEvents) -> None:
         self.view.learn(record)
@@ -368,7 +369,16 @@ class FleetRouter:
             self._threads.append(thread)
 
     def _follow(self, index: int, source: DecisionSource, stop: threading.Event) -> None:
-        follow(source, self._record, stop, self.reader, caught_up=lambda: self._caught_up.add(index))
+        def take(record: Record) -> None:
+            self._read[index] += 1  # one thread per source: its own count
+            self._record(record)
+
+        follow(source, take, stop, self.reader, caught_up=lambda: self._caught_up.add(index))
+
+    def records_read(self) -> int:
+        """Records taken from the events sources since start (``se_bridge_approver_fleet_records_read``:
+        how far a restart's re-reading has come, against the stream's size)."""
+        return sum(self._read)
 
     def _record(self, record: Record) -> None:
         if isinstance(record, ScheduledEvents):

@@ -93,6 +93,7 @@ class Approver:
         if isinstance(router, FleetRouter):
             self.metrics.fleet.counts = router.view.counts
             self.metrics.fleet.lag = lambda: lag_of(router.sources)
+            self.metrics.fleet.read = router.records_read
             refused = self.metrics.fleet_claims_refused
             router.view.on_refused = lambda reason: refused.labels(reason).inc()
         # State directory (locked, watched), outbox, delivery, health, stop: the services' one shell.

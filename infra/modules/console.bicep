@@ -52,7 +52,7 @@ param consumerGroup string
 @description('Key id the approvers know the console\'s signing key under (their --key).')
 param decisionKeyId string
 
-@description('The HMAC key the console signs decisions with (at least 32 bytes): stored in Key Vault, nowhere else.')
+@description('The Ed25519 private key (PEM) the console signs decisions with; the approvers and agents hold its public half. Stored in Key Vault, nowhere else.')
 @secure()
 param decisionKey string
 
@@ -174,12 +174,12 @@ resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
 }
 
 resource signingKey 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
-  // checkov:skip=CKV_AZURE_41: the HMAC key is rotated by deploying a new key under a new key id (the approvers hold both meanwhile), not by expiry: an expired key would stop every approval made in the console
+  // checkov:skip=CKV_AZURE_41: the signing key is rotated by deploying a new key under a new key id (the approvers hold both meanwhile), not by expiry: an expired key would stop every approval made in the console
   parent: vault
   name: 'se-bridge-console-key'
   properties: {
     value: decisionKey
-    contentType: 'text/plain; HMAC-SHA256 key of se-bridge decisions'
+    contentType: 'application/x-pem-file; Ed25519 private key of se-bridge decisions'
   }
 }
 
