@@ -167,3 +167,29 @@ def scheduled_events_bytes(
         "vm": vm_block(**vm), "documentIncarnation": 1, "previousIncarnation": None,
         "events": [event_block(**e) for e in events], "changes": changes or [], "raw": {},
     })  # fmt: skip
+
+
+def fleet_topics(bootstrap: str, linger_ms: int) -> Any:
+    """The fleet benches' topics on a local broker (``events`` 8 partitions, ``decisions`` 4) and a
+    producer that can queue a whole wave of records."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic("events", 8), NewTopic("decisions", 4)]).values():
+        future.result(30)
+    return Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms,
+                     "queue.buffering.max.messages": 1_000_000})  # fmt: skip
+
+
+def produce_keyed(producer: Any, topic: str, values: list[tuple[str, bytes]]) -> None:
+    """Every (key, value) to ``topic``, waiting when the producer's queue is full; flushed."""
+    for key, value in values:
+        while True:
+            try:
+                producer.produce(topic, value, key=key.encode())
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    producer.flush(120)

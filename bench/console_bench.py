@@ -61,7 +61,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py)
 sys.path.insert(0, str(REPO / "bench"))
 
-from benchkit import percentile, scheduled_events_bytes, stop_process  # noqa: E402
+from benchkit import fleet_topics, percentile, produce_keyed, scheduled_events_bytes, stop_process  # noqa: E402
 from brokers import TansuBroker  # noqa: E402
 from fleet_scale_bench import vm  # noqa: E402
 from peers.identity_provider import IdentityProvider  # noqa: E402
@@ -119,15 +119,8 @@ class Run:
             self.file = open(workdir / "events.jsonl", "ab")  # noqa: SIM115 - closed in close()
             events, decisions = f"file://{workdir / 'events.jsonl'}", f"file://{workdir / 'decisions.jsonl'}"
         else:
-            from confluent_kafka import Producer
-            from confluent_kafka.admin import AdminClient, NewTopic
-
             self.broker = TansuBroker(workdir).start()
-            admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
-            for future in admin.create_topics([NewTopic("events", 8), NewTopic("decisions", 4)]).values():
-                future.result(30)
-            self.producer = Producer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 5,
-                                      "queue.buffering.max.messages": 1_000_000})  # fmt: skip
+            self.producer = fleet_topics(self.broker.bootstrap, linger_ms=5)
             events = f"kafka://{self.broker.bootstrap}/events"
             decisions = f"kafka://{self.broker.bootstrap}/decisions"
         (workdir / "console.key").write_bytes(b"console-bench-signing-key-" + b"k" * 32)
@@ -147,15 +140,7 @@ class Run:
             self.file.write(b"".join(value + b"\n" for _, value in values))
             self.file.flush()
             return
-        for key, value in values:
-            while True:
-                try:
-                    self.producer.produce("events", value, key=key.encode())
-                    break
-                except BufferError:
-                    self.producer.poll(0.1)
-            self.producer.poll(0)
-        self.producer.flush(120)
+        produce_keyed(self.producer, "events", values)
 
     def get(self, path: str) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)

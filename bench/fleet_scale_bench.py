@@ -56,7 +56,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the Tansu fixture (tests/brokers.py)
 
-from benchkit import scheduled_events_bytes, stop_process  # noqa: E402
+from benchkit import fleet_topics, produce_keyed, scheduled_events_bytes, stop_process  # noqa: E402
 from brokers import TansuBroker  # noqa: E402
 from records import preparation as preparation_fixture  # noqa: E402
 from records import vm_block as vm_fixture  # noqa: E402
@@ -155,16 +155,9 @@ def wave_event(wave: int, index: int, set_size: int = 5) -> dict[str, Any]:
 
 class Scale:
     def __init__(self, workdir: Path, args: argparse.Namespace) -> None:
-        from confluent_kafka import Producer
-        from confluent_kafka.admin import AdminClient, NewTopic
-
         self.workdir, self.args = workdir, args
         self.broker = TansuBroker(workdir).start()
-        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
-        for future in admin.create_topics([NewTopic("events", 8), NewTopic("decisions", 4)]).values():
-            future.result(30)
-        self.producer = Producer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 20,
-                                  "queue.buffering.max.messages": 1_000_000})  # fmt: skip
+        self.producer = fleet_topics(self.broker.bootstrap, linger_ms=20)
         self.agents = StandInAgents()
         threading.Thread(target=self.agents.serve_forever, daemon=True).start()
         (workdir / "ops.pub").write_bytes(OPS_PUB_PEM)
@@ -187,7 +180,7 @@ class Scale:
             env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=self.log, cwd=workdir,
         )  # fmt: skip
 
-    def restart(self, n: int) -> dict[str, Any]:
+    def restart(self) -> dict[str, Any]:
         """SIGTERM, start again on the same state directory (its fleet pins) and topics: how long to
         /readyz 200, and to the events stream read to its end (issue 33: ready said 200 after 7.2 s
         while the backlog took 115 s). Ready must not come before caught up."""
@@ -230,15 +223,7 @@ class Scale:
 
     def produce(self, values: list[tuple[str, bytes]]) -> None:
         self.produced += len(values)  # the events topic's size: what a restart must read again
-        for key, value in values:
-            while True:
-                try:
-                    self.producer.produce("events", value, key=key.encode())
-                    break
-                except BufferError:
-                    self.producer.poll(0.1)
-            self.producer.poll(0)
-        self.producer.flush(120)
+        produce_keyed(self.producer, "events", values)
 
     def metric(self, name: str) -> float:
         with contextlib.suppress(OSError, http.client.HTTPException):
@@ -329,7 +314,7 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
             figures["rssAfterWavesMb"] = rss_after_waves
             figures["rssMb"] = max([figures["rssLearnedMb"], *rss_after_waves])
             if args.restart:
-                figures.update(run.restart(n))
+                figures.update(run.restart())
             return figures
         finally:
             run.close()

@@ -123,3 +123,26 @@ def test_the_answer_is_bounded_whatever_the_stream_and_the_page_asks() -> None:
     for junk in ("", "x", "nan~", "1e999~Z", "-inf~", "~~~"):
         assert fleet_pages.parse_cursor(junk) is None
         assert [e["eventId"] for e in board.fleet_events(after=junk)["events"]] == ["E1"]  # type: ignore[attr-defined]
+
+
+def test_vm_views_are_built_at_most_once_a_second_per_question_and_kept_bounded(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """docs/console.md: every open page asks for the groups every 2 s; the server builds a view at most
+    once a second per (search, grouping, groups open), and keeps at most MAX_VIEWS of them."""
+    board, _ = fleet(50)
+    built: list[str] = []
+    real = fleet_pages.vm_view
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        built.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fleet_pages, "vm_view", counting)
+    board.fleet(now=NOW)
+    board.fleet(now=NOW + 0.5)  # a second page, half a second later: the same view
+    assert len(built) == 1
+    board.fleet(now=NOW + 1.5)  # a second on: built again (a VM may have fallen silent)
+    board.fleet(now=NOW + 1.6, query="vm-000001")  # another question: its own view
+    assert len(built) == 3
+    for i in range(fleet_pages.MAX_VIEWS + 10):
+        board.fleet(now=NOW + 2, query=f"q{i}")
+    assert len(board._pages._views) <= fleet_pages.MAX_VIEWS
