@@ -221,6 +221,30 @@ class Follower(threading.Thread):
 BROWSER_COMPLETE: list[float] = []
 
 
+#: Where each load's time went (ms since navigation start), read by measure(): the HTML, the script,
+#: the stream's opening, the first answer's request and response, the rows drawn.
+STAGES: list[dict[str, float]] = []
+STAGES_JS = """() => {
+  const out = {};
+  const nav = performance.getEntriesByType("navigation")[0];
+  out.html = nav.responseEnd;
+  for (const r of performance.getEntriesByType("resource")) {
+    const name = new URL(r.name).pathname;
+    if (name.endsWith("console.js")) {
+      out.scriptFetch = r.fetchStart; out.scriptAsked = r.requestStart; out.script = r.responseEnd;
+    }
+    if (name === "/api/fleet") { out.fleetAsked = r.requestStart; out.fleetAnswered = r.responseEnd; }
+    if (name === "/api/me") { out.meAsked = r.requestStart; out.me = r.responseEnd; }
+  }
+  for (const m of performance.getEntriesByType("mark")) {
+    if (m.name.startsWith("se:")) out[m.name.slice(3)] = m.startTime;
+  }
+  out.painted = Number(document.body.dataset.painted);
+  for (const k of Object.keys(out)) out[k] = Math.round(out[k]);
+  return out;
+}"""
+
+
 def browser_load_ms(port: int, loads: int = 3) -> float | None:
     """Navigation start -> the fleet page loaded and drawn, in chromium; None without chromium."""
     if not Path(CHROMIUM).exists():
@@ -239,6 +263,7 @@ def browser_load_ms(port: int, loads: int = 3) -> float | None:
             # (issue 33: the data was there at ~350 ms, then one layout task took 0.4-1.1 s more)
             painted = page.wait_for_function("() => document.body.dataset.painted", timeout=60_000)
             times.append(float(painted.json_value()))
+            STAGES.append(page.evaluate(STAGES_JS))
             try:  # every row: seconds at 100 000 VMs (20 000 rows); never finishing is a figure too
                 rows = page.wait_for_function(
                     "() => document.querySelector('#events tbody').dataset.complete", timeout=300_000
@@ -384,6 +409,7 @@ def measure(n: int, args: argparse.Namespace) -> dict[str, Any]:
                 "fleetEventPages": pages,
                 "fleetBrowserMs": browser_load_ms(run.port),
                 "fleetBrowserAllRowsMs": BROWSER_COMPLETE[-1] if BROWSER_COMPLETE else None,
+                "fleetBrowserStages": STAGES[-3:],  # each load's milestones (ms since navigation start)
             }
             figures.update(updates(run, machines, args))
             figures["rssAfterUpdatesMb"], figures["rssPeakMb"] = (round(v, 1) for v in run.memory_mb())

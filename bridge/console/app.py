@@ -63,9 +63,10 @@ MAX_REASON = 2048
 class Stream:
     """Fans the board's messages out to every open page (one queue each, on the server's loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, changes: Callable[[], int]) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.queues: set[asyncio.Queue[bytes | None]] = set()
+        self._changes = changes  # the board's count of messages announced
 
     def publish(self, message: Message) -> None:
         """From the reader's thread: hand the message to the loop, which queues it for each page."""
@@ -85,16 +86,19 @@ class Stream:
                     queue.put_nowait(None)
 
     def follow(self) -> AsyncIterator[bytes]:
-        """A page's stream, its queue registered now, before the response's headers go out: a page
-        asks for its data once the stream is open, so nothing between the two is missed."""
+        """A page's stream, its queue registered now. Its first message, ``hello``, carries the
+        board's count of messages at that moment: every later one reaches the page; an earlier one
+        may not, and the page compares the count with its data's (``/api/fleet``'s ``changes``) to
+        know whether it must load them again."""
         self.loop = asyncio.get_running_loop()
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(MAX_QUEUED)
         self.queues.add(queue)
-        return self._drain(queue)
+        hello = b"data: " + orjson.dumps({"type": "hello", "changes": self._changes()}) + b"\n\n"
+        return self._drain(queue, hello)
 
-    async def _drain(self, queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
+    async def _drain(self, queue: asyncio.Queue[bytes | None], hello: bytes) -> AsyncIterator[bytes]:
         try:
-            yield b"retry: 2000\n\n"
+            yield b"retry: 2000\n\n" + hello
             while True:
                 try:
                     data = await asyncio.wait_for(queue.get(), KEEPALIVE)
@@ -129,7 +133,7 @@ class Console:
         self._metrics = metrics
         self._on_decision = on_decision
         self.decision_ttl = decision_ttl
-        self.stream = Stream()
+        self.stream = Stream(lambda: board.changes)
         board.listeners.append(self.stream.publish)
 
     def app(self) -> Starlette:

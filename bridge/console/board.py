@@ -282,6 +282,11 @@ class Board:
         self._closed = History(history_days)
         self._pages = fleet_pages.FleetPages(silent_after)
         self.listeners: list[Callable[[Message], None]] = []
+        #: Messages announced so far. A page asks for its data and opens its live stream at once
+        #: (issue 33: waiting for the stream cost its first frame ~50-80 ms); the data's count and
+        #: the stream's first one tell it whether a message fell between the two (then it reloads).
+        self.changes = 0
+        self._announcing = threading.Lock()
 
     # -- reading the stream -------------------------------------------------------------------------
 
@@ -485,8 +490,12 @@ class Board:
             self._announce({"type": "audit", "audit": audit, "eventIds": shown})
 
     def _announce(self, message: Message) -> None:
-        for listener in self.listeners:
-            listener(message)
+        # Counted before it is handed out: a message a stream got before it opened is within the
+        # count the stream starts from, and one counted before an answer was read is in the answer.
+        with self._announcing:
+            self.changes += 1
+            for listener in self.listeners:
+                listener(message)
 
     # -- what the pages ask -------------------------------------------------------------------------
 
@@ -501,7 +510,10 @@ class Board:
         """The fleet page's first answer (:mod:`~bridge.console.fleet_pages`)."""
         now = time.time() if now is None else now
         with self._lock:
-            return self._pages.first(self._vms, self._events, now, query, group_by, opened, limit)
+            changes = self.changes  # read before the rows: every change counted is in them
+            answer = self._pages.first(self._vms, self._events, now, query, group_by, opened, limit)
+        answer["changes"] = changes
+        return answer
 
     def fleet_events(
         self, query: str = "", after: str = "", limit: int = fleet_pages.MAX_PAGE

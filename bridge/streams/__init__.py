@@ -35,9 +35,12 @@ _REGISTRY = {
 _EXTRAS = {"kafka": "kafka", "eventhubs": "eventhubs"}
 
 
-def create_source(spec: str, state_dir: Path, group: str = "se-bridge-approver") -> DecisionSource:
+def create_source(
+    spec: str, state_dir: Path, group: str = "se-bridge-approver", *, bulk: bool = False
+) -> DecisionSource:
     """Build the source a spec names; a permanent :class:`SourceError` for an unknown spec or a
-    transport whose extra is not installed."""
+    transport whose extra is not installed. ``bulk``: the reader may trade memory for backlog speed
+    (:attr:`DecisionSource.bulk`)."""
     scheme = spec.split(":", 1)[0].lower()
     target = _REGISTRY.get(scheme)
     if target is None:
@@ -52,4 +55,5 @@ def create_source(spec: str, state_dir: Path, group: str = "se-bridge-approver")
             f"the {scheme} source needs the '{_EXTRAS.get(scheme, scheme)}' extra: {exc}"
         ) from None
     source: DecisionSource = getattr(module, target[1]).create(spec, state_dir, group)
+    source.bulk = bulk
     return source

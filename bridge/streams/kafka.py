@@ -40,6 +40,21 @@ LAG_EVERY = 5.0
 PARTITIONS_EVERY = 30.0
 
 
+#: A lean reader's fetch limits (every reader but the console's, :attr:`DecisionSource.bulk`).
+LEAN_FETCH = {
+    # What librdkafka prefetches ahead of the approver: its 64 MiB default became the largest part
+    # of a fleet approver's memory while it read a 100 000-VM events stream; 4 MiB keep 8 000
+    # decisions or records ahead, more than the lanes can take at once.
+    "queued.max.messages.kbytes": 4096,
+    # One fetch response is held whole while it is parsed: librdkafka's 50 MiB default let a
+    # restarted fleet approver re-reading a 1.1 M-record stream peak 45-55 MB above its steady state
+    # (issue 33, bench/fleet_scale_bench.py --restart); 4 MiB is still four times a message's
+    # largest size (message.max.bytes) and ~6 000 records a fetch. The price: the backlog is read
+    # ~40 % slower, which the console (a person waits on it) does not pay.
+    "fetch.max.bytes": 4 * 1024 * 1024,
+}
+
+
 class KafkaSource(DecisionSource):
     partitioned = True
 
@@ -79,16 +94,9 @@ class KafkaSource(DecisionSource):
             "fetch.wait.max.ms": 100,
             # Notice a topic created after the approver started within 30 s, not librdkafka's 5 min.
             "topic.metadata.refresh.interval.ms": 30_000,
-            # What librdkafka prefetches ahead of the approver: its 64 MiB default became the largest
-            # part of a fleet approver's memory while it read a 100 000-VM events stream; 4 MiB keep
-            # 8 000 decisions or records ahead, more than the lanes can take at once.
-            "queued.max.messages.kbytes": 4096,
-            # One fetch response is held whole while it is parsed: librdkafka's 50 MiB default let a
-            # restarted fleet approver re-reading a 1.1 M-record stream peak 45-55 MB above its
-            # steady state (issue 33, bench/fleet_scale_bench.py --restart); 4 MiB is still four
-            # times a message's largest size (message.max.bytes) and ~6 000 records a fetch.
-            "fetch.max.bytes": 4 * 1024 * 1024,
         }
+        if not self.bulk:
+            conf |= LEAN_FETCH
         if self.options.event_hubs:
             # Microsoft's recommendation for its Kafka endpoint (bridge.transports.kafka): a shorter
             # session makes Event Hubs rebalance on its own latency; a dead approver's partitions move

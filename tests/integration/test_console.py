@@ -516,8 +516,9 @@ def test_the_fleet_page_loads_its_events_in_pages_each_once_in_order(stack: Stac
 
 def test_a_record_read_before_the_live_stream_opens_is_shown(stack: Stack, browser: Any) -> None:
     """Issue 33: the page loaded its data, then opened the live stream; a record the console read in
-    between was never shown (until a reload). The stream now opens first and the data is asked for
-    once it is open. Here the stream's opening is held back while a new event arrives."""
+    between was never shown (until a reload). The page now asks for both at once and loads its data
+    again when the stream's first message (``hello``) counts more changes than the data held. Here
+    the stream's opening is held back while a new event arrives (fails without that reload)."""
     page = browser.new_context(extra_http_headers=LOOKER).new_page()
     held: list[Any] = []
     page.route("**/api/stream", lambda route: held.append(route))

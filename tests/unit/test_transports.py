@@ -246,3 +246,16 @@ def test_arm_acknowledge_answers_are_read_as_microsofts_cli_models_them() -> Non
     answer = _answer(Response(404, {"Error": {"Code": "ResourceNotFound", "Message": "gone"}}))
     assert answer is not None and answer.detail == "ResourceNotFound: gone"
     assert _answer(Response(429)) is None and _answer(Response(503)) is None
+
+
+def test_kafka_readers_are_lean_unless_a_person_waits_on_the_backlog(tmp_path: Path) -> None:
+    """Issue 33: librdkafka's fetch defaults (50 MiB a response, 64 MiB prefetched) took a restarted
+    fleet approver past its 200 MB budget, and the 4 MiB limits that fixed it halved the console's
+    backlog read. Every reader is lean but the console's, which asks for ``bulk``."""
+    spec = "kafka://127.0.0.1:9/se-events"
+    lean = create_source(spec, tmp_path, group="g").consumer_config()  # type: ignore[attr-defined]
+    bulk = create_source(spec, tmp_path, group="g", bulk=True).consumer_config()  # type: ignore[attr-defined]
+    assert lean["fetch.max.bytes"] == 4 * 1024 * 1024 and lean["queued.max.messages.kbytes"] == 4096
+    assert "fetch.max.bytes" not in bulk and "queued.max.messages.kbytes" not in bulk
+    console = (Path(__file__).resolve().parents[2] / "bridge" / "console" / "service.py").read_text()
+    assert "bulk=True" in console

@@ -483,29 +483,47 @@ async function loadHistory() {
 
 // -- live ---------------------------------------------------------------------------------------
 
-// The live stream, opened before the page asks for its data (issue 33: a record read between the
-// page's first answer and the stream's opening was never shown). Messages wait until the data is
-// loaded (start()); when the stream opens again after a break (the console restarted, or dropped a
-// page that could not keep up), what was missed meanwhile is loaded again (onReopen).
+// The live stream, opened while the page asks for its data (issue 33: a record read between the
+// page's first answer and the stream's opening was never shown; waiting for the stream before asking
+// cost the first frame 50-80 ms). The stream's first message, hello, says how many messages the
+// console had announced when it opened; an answer says how many it holds (`changes`). Hello above
+// the answer's count: something fell between the two, and the data is loaded again (onReopen). So
+// is everything after a break (the console restarted, or dropped a page that could not keep up).
+// Messages wait until the data is loaded (start()). A page whose data carries no count (the event
+// and history pages) waits for the stream to open before asking (`open`).
 function follow(onMessage, onReopen) {
   const live = document.getElementById("live");
   const source = new EventSource("/api/stream");
   const held = [];
-  let loaded = false;
+  let loaded = null;  // the loaded data's count, once loaded (-1: the data carries none)
+  let opened = null;  // the first connection's hello count
   source.onmessage = (message) => {
     const data = JSON.parse(message.data);
-    if (loaded) onMessage(data); else held.push(data);
+    if (data.type === "hello") {
+      if (opened === null) {
+        opened = data.changes;
+        if (loaded !== null && loaded >= 0 && opened > loaded) onReopen();
+        else if (loaded === -1) onReopen();  // the stream came after the 3 s wait
+      } else if (loaded !== null) {
+        onReopen();  // opened again after a break
+      }
+      return;
+    }
+    if (loaded !== null) onMessage(data); else held.push(data);
   };
   source.onerror = () => live.classList.remove("on");
   const open = new Promise((resolve) => {
-    source.onopen = () => {
-      live.classList.add("on");
-      if (loaded) onReopen();  // loaded without the stream (it came late), or opened again after a break
-      resolve();
-    };
+    source.onopen = () => { live.classList.add("on"); resolve(); };
     setTimeout(resolve, 3000);  // no stream: the page loads anyway, its live dot off
   });
-  return { open, start() { loaded = true; for (const data of held.splice(0)) onMessage(data); } };
+  return {
+    open,
+    start(changes) {
+      loaded = changes === undefined ? -1 : changes;
+      if (opened !== null && loaded >= 0 && opened > loaded) onReopen();
+      for (const data of held.splice(0)) onMessage(data);
+    },
+  };
 }
 
 function onFleetMessage(message) {
@@ -560,9 +578,9 @@ async function start() {
       refreshFleet();
     });
     const live = follow(onFleetMessage, () => loadFleet());
-    await live.open;
     await loadFleet(me);
-    live.start();
+    performance.mark("se:data-drawn");  // bench/console_bench.py reads it
+    live.start(state.fleet.changes);
     setInterval(tickOnScreen, 1000);
     setInterval(refreshFleet, 2000);
   } else if (page === "event") {
