@@ -417,15 +417,21 @@ module azureChannel 'modules/azure-channel.bicep' = if (deployAzureChannel) {
 }
 
 // Azure Monitor: deployed in the workspace's resource group (the tables are the workspace's children).
+// An empty logAnalyticsWorkspaceId with deployAzureMonitor failed with "index out of range" (issue 34):
+// a stand-in id that names the missing parameter makes Azure's refusal say what to set instead.
+var missingWorkspace = '/subscriptions/set-logAnalyticsWorkspaceId-to-deploy-azure-monitor/resourceGroups/set-logAnalyticsWorkspaceId/providers/Microsoft.OperationalInsights/workspaces/set-logAnalyticsWorkspaceId'
+var workspaceParts = split(empty(logAnalyticsWorkspaceId) ? missingWorkspace : logAnalyticsWorkspaceId, '/')
 module azureMonitor 'modules/monitor.bicep' = if (deployAzureMonitor) {
   name: 'se-bridge-azure-monitor'
-  scope: resourceGroup(split(logAnalyticsWorkspaceId, '/')[2], split(logAnalyticsWorkspaceId, '/')[4])
+  scope: resourceGroup(workspaceParts[2], workspaceParts[4])
   params: {
-    workspaceName: last(split(logAnalyticsWorkspaceId, '/'))
+    workspaceName: last(workspaceParts)
     location: monitorLocation
     ruleName: '${namePrefix}-dcr-${suffix}'
-    publisherPrincipalIds: [
+    agentPrincipalIds: [
       identities.outputs.agent.principalId
+    ]
+    centralPrincipalIds: [
       identities.outputs.approver.principalId
     ]
     alertEmails: alertEmails
@@ -509,6 +515,9 @@ output azureChannelSourceSpec string = deployAzureChannel ? 'eventhubs://${event
 
 @description('The agents\' second --sink for Azure Monitor (empty unless deployAzureMonitor): the rule\'s own endpoint and immutable id, the agents\' identity.')
 output agentMonitorSinkSpec string = deployAzureMonitor ? 'azuremonitor://${replace(azureMonitor.outputs.logsIngestionEndpoint, 'https://', '')}/${azureMonitor.outputs.immutableId}?credential=managed&client_id=${identities.outputs.agent.clientId}' : ''
+
+@description('The fleet approvers\' and Azure\'s channel\'s --sink for Azure Monitor (empty unless deployAzureMonitor): the central rule (approvals and findings; agents cannot send to it), their identity.')
+output centralMonitorSinkSpec string = deployAzureMonitor ? 'azuremonitor://${replace(azureMonitor.outputs.centralLogsIngestionEndpoint, 'https://', '')}/${azureMonitor.outputs.centralImmutableId}?credential=managed&client_id=${identities.outputs.approver.clientId}' : ''
 
 output consoleUrl string = deployConsole ? console.outputs.url : ''
 

@@ -133,8 +133,8 @@ class Console:
         self._metrics = metrics
         self._on_decision = on_decision
         self.decision_ttl = decision_ttl
-        self.stream = Stream(lambda: board.changes)
-        board.listeners.append(self.stream.publish)
+        self.stream = Stream(lambda: board.announced.count)
+        board.announced.listeners.append(self.stream.publish)
 
     def app(self) -> Starlette:
         routes = [

@@ -21,7 +21,7 @@ What a person sees must not be steerable by whoever can write the stream (every 
   ``--sign-key``), or from the agent of a VM the event names; preparations only from the preparing
   VM's own records, for an event naming it.
 
-Every change is announced to ``listeners`` as a small typed message (``vm``, ``event``, ``audit``),
+Every change is announced to ``announced.listeners`` as a small typed message (``vm``, ``event``, ``audit``),
 which the web layer pushes to the open pages (server-sent events).
 """
 
@@ -247,6 +247,26 @@ class EventRow:
         }
 
 
+class Announcements:
+    """The board's messages handed to its listeners, and counted. A page asks for its data and opens
+    its live stream at once (issue 33: waiting for the stream cost its first frame ~50-80 ms); the
+    count its data was read at and the count its stream started from tell it whether a message fell
+    between the two (then it loads its data again)."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Callable[[Message], None]] = []
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, message: Message) -> None:
+        # Counted before it is handed out: a message a stream got before it opened is within the
+        # count the stream starts from, and one counted before an answer was read is in the answer.
+        with self._lock:
+            self.count += 1
+            for listener in self.listeners:
+                listener(message)
+
+
 class Board:
     def __init__(
         self,
@@ -281,12 +301,7 @@ class Board:
         # already dropped; the row is then reopened, not counted as a second event.
         self._closed = History(history_days)
         self._pages = fleet_pages.FleetPages(silent_after)
-        self.listeners: list[Callable[[Message], None]] = []
-        #: Messages announced so far. A page asks for its data and opens its live stream at once
-        #: (issue 33: waiting for the stream cost its first frame ~50-80 ms); the data's count and
-        #: the stream's first one tell it whether a message fell between the two (then it reloads).
-        self.changes = 0
-        self._announcing = threading.Lock()
+        self.announced = Announcements()
 
     # -- reading the stream -------------------------------------------------------------------------
 
@@ -323,7 +338,7 @@ class Board:
                 self._vms[key] = self._vms.pop(key)  # heard from most recently last (see _add_vm)
             row.take(vm, record.observed_at or now, heartbeat)
         if heartbeat:  # a page judges silence by lastSeen: every heartbeat moves it on
-            self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})
+            self.announced({"type": "vm", "vm": row.to_json(now, self.silent_after)})
         return row
 
     def _add_vm(self, key: str, row: VmRow) -> VmRow:
@@ -361,9 +376,9 @@ class Board:
                 if closed is not None:
                     changed.append(closed)
             row.events, row.unwatched = tuple(shown), ()  # its agent speaks for it again
-        self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})
+        self.announced({"type": "vm", "vm": row.to_json(now, self.silent_after)})
         for event in changed:
-            self._announce({"type": "event", "event": event.summary()})
+            self.announced({"type": "event", "event": event.summary()})
 
     def _event_from(self, item: EventView, at: float, reporter: str | None = None) -> EventRow | None:
         """The event ``item`` describes, updated from it. ``reporter``: the (pinned) VM whose agent
@@ -419,7 +434,7 @@ class Board:
             elif event is None or not event.reporters:
                 event = self._event_from(item, at)
         if event is not None:
-            self._announce({"type": "event", "event": event.summary()})
+            self.announced({"type": "event", "event": event.summary()})
 
     def _unwatched(self, record: Finding, now: float) -> None:
         """A reconciliation finding: Azure announced the event for this VM and no agent reported it. The
@@ -437,7 +452,7 @@ class Board:
                 row = self._add_vm(name.lower(), VmRow(name, resource_group=vm.resource_group))
             row.unwatched = tuple(dict.fromkeys((*row.unwatched, key)))
             row.events = tuple(dict.fromkeys((*row.events, key)))
-        self._announce({"type": "vm", "vm": row.to_json(now, self.silent_after)})
+        self.announced({"type": "vm", "vm": row.to_json(now, self.silent_after)})
 
     def _preparation(self, record: Preparation, now: float) -> None:
         row = self._seen(record, now)
@@ -454,7 +469,7 @@ class Board:
                 "vm": row.name, "result": record.result, "at": record.observed_at or now,
                 "hook": None if record.hook is None else record.hook.to_json(),
             }  # fmt: skip
-        self._announce({"type": "event", "event": event.summary()})
+        self.announced({"type": "event", "event": event.summary()})
 
     def published(self, decision_id: str, sent: Sent) -> dict[str, object]:
         """A decision this console signed and published: its verdict is shown whatever it is, and
@@ -487,15 +502,7 @@ class Board:
                 if record.outcome == "approved" and event.approved_at is None:
                     event.approved_at, event.approved_by = record.observed_at or now, record.issued_by or ""
         if shown:
-            self._announce({"type": "audit", "audit": audit, "eventIds": shown})
-
-    def _announce(self, message: Message) -> None:
-        # Counted before it is handed out: a message a stream got before it opened is within the
-        # count the stream starts from, and one counted before an answer was read is in the answer.
-        with self._announcing:
-            self.changes += 1
-            for listener in self.listeners:
-                listener(message)
+            self.announced({"type": "audit", "audit": audit, "eventIds": shown})
 
     # -- what the pages ask -------------------------------------------------------------------------
 
@@ -510,7 +517,7 @@ class Board:
         """The fleet page's first answer (:mod:`~bridge.console.fleet_pages`)."""
         now = time.time() if now is None else now
         with self._lock:
-            changes = self.changes  # read before the rows: every change counted is in them
+            changes = self.announced.count  # read before the rows: every change counted is in them
             answer = self._pages.first(self._vms, self._events, now, query, group_by, opened, limit)
         answer["changes"] = changes
         return answer

@@ -233,16 +233,32 @@ def rows_of(record: dict[str, Any], reader: Reader | None = None) -> list[dict[s
     text = orjson.dumps(record)
     if len(text) <= MAX_FIELD_BYTES:
         return [{**base, "Record": record, "PartIndex": 0, "PartCount": 1}]
-    parts = [text[i : i + MAX_FIELD_BYTES] for i in range(0, len(text), MAX_FIELD_BYTES)]
+    parts = split_utf8(text, MAX_FIELD_BYTES)
     return [
         {
             **base,
-            "RecordText": part.decode("utf-8", "surrogateescape"),
+            "RecordText": part.decode("utf-8"),
             "PartIndex": n,
             "PartCount": len(parts),
         }
         for n, part in enumerate(parts)
     ]
+
+
+def split_utf8(text: bytes, size: int) -> list[bytes]:
+    """UTF-8 text in parts of at most ``size`` bytes, never cutting a character (issue 34: a cut
+    one became two lone surrogates, which the JSON of the request could not carry and KQL's rejoin
+    could not mend): a cut that lands on a continuation byte (``10xxxxxx``) moves back to the
+    character's first byte."""
+    parts: list[bytes] = []
+    start = 0
+    while start < len(text):
+        end = min(start + size, len(text))
+        while end < len(text) and end > start and text[end] & 0xC0 == 0x80:
+            end -= 1
+        parts.append(text[start:end])
+        start = end
+    return parts
 
 
 def _classify(error: Any) -> SinkError:

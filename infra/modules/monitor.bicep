@@ -15,8 +15,11 @@ param location string
 @description('Name of the data collection rule.')
 param ruleName string
 
-@description('Principals (object ids) that send records: the agents\' and the approvers\' identities.')
-param publisherPrincipalIds array
+@description('Principals (object ids) of the agents: they may send to the agents\' rule, whose only stream is the records table (issue 34: one rule for all let a compromised VM write approvals and findings, and silence the "unapproved" alert fleet-wide).')
+param agentPrincipalIds array
+
+@description('Principals (object ids) of the central services (fleet approvers, Azure\'s channel): they may send to the central rule (records, approvals, findings).')
+param centralPrincipalIds array
 
 @description('Days the tables keep records (Analytics plan: 4-730).')
 @minValue(4)
@@ -64,7 +67,10 @@ var streamColumns = [for column in layout.columns: {
   name: column.name
   type: column.type
 }]
+var logAnalyticsReader = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '73c42c96-874c-492b-b04d-ab87d138a893')
 var monitoringMetricsPublisher = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '3913510d-42f4-4e42-8a64-420c390055eb')
+// The most an alert rule may look back (overrideQueryTimeRange's maximum); the queries' inventory.
+var queryTimeRange = 'P2D'
 var unapprovedQuery = replace(loadTextContent('../monitor/alert-unapproved.kql'), 'let horizon = 30m;', 'let horizon = ${alertHorizonMinutes}m;')
 
 resource workspace 'Microsoft.OperationalInsights/workspaces@2025-07-01' existing = {
@@ -84,6 +90,15 @@ resource tables 'Microsoft.OperationalInsights/workspaces/tables@2025-07-01' = [
   }
 }]
 
+// Two rules, one per kind of sender (issue 34). The agents' has the records stream alone: what an agent
+// may write (its own scheduledEvents, heartbeats, preparations and impacts). Approvals and findings
+// come only through the central rule, whose senders are the fleet approvers and Azure's channel: a
+// compromised VM cannot write an approval that silences the "unapproved" alert, nor fabricate a finding.
+var centralStreams = [for stream in items(layout.streams): stream.key]
+var agentStreams = [
+  'Custom-SeBridgeRecords'
+]
+
 resource rule 'Microsoft.Insights/dataCollectionRules@2024-03-11' = {
   name: ruleName
   // A data collection rule sends only to workspaces of its own region (issue 34): the workspace's,
@@ -95,7 +110,43 @@ resource rule 'Microsoft.Insights/dataCollectionRules@2024-03-11' = {
     tables
   ]
   properties: {
-    description: 'scheduled-events-bridge records (azuremonitor:// sink)'
+    description: 'scheduled-events-bridge agents\' records (azuremonitor:// sink): the records stream only'
+    streamDeclarations: {
+      'Custom-SeBridgeRecords': {
+        columns: streamColumns
+      }
+    }
+    destinations: {
+      logAnalytics: [
+        {
+          name: 'workspace'
+          workspaceResourceId: workspace.id
+        }
+      ]
+    }
+    dataFlows: [for stream in agentStreams: {
+      streams: [
+        stream
+      ]
+      destinations: [
+        'workspace'
+      ]
+      transformKql: layout.transformKql
+      outputStream: 'Custom-${layout.streams[stream].table}'
+    }]
+  }
+}
+
+resource centralRule 'Microsoft.Insights/dataCollectionRules@2024-03-11' = {
+  name: '${ruleName}-central'
+  location: workspace.location
+  kind: 'Direct'
+  tags: tags
+  dependsOn: [
+    tables
+  ]
+  properties: {
+    description: 'scheduled-events-bridge central services (azuremonitor:// sink): records, approvals, findings'
     streamDeclarations: {
       'Custom-SeBridgeRecords': {
         columns: streamColumns
@@ -115,45 +166,33 @@ resource rule 'Microsoft.Insights/dataCollectionRules@2024-03-11' = {
         }
       ]
     }
-    dataFlows: [
-      {
-        streams: [
-          'Custom-SeBridgeRecords'
-        ]
-        destinations: [
-          'workspace'
-        ]
-        transformKql: layout.transformKql
-        outputStream: 'Custom-${layout.streams['Custom-SeBridgeRecords'].table}'
-      }
-      {
-        streams: [
-          'Custom-SeBridgeApprovals'
-        ]
-        destinations: [
-          'workspace'
-        ]
-        transformKql: layout.transformKql
-        outputStream: 'Custom-${layout.streams['Custom-SeBridgeApprovals'].table}'
-      }
-      {
-        streams: [
-          'Custom-SeBridgeFindings'
-        ]
-        destinations: [
-          'workspace'
-        ]
-        transformKql: layout.transformKql
-        outputStream: 'Custom-${layout.streams['Custom-SeBridgeFindings'].table}'
-      }
-    ]
+    dataFlows: [for stream in centralStreams: {
+      streams: [
+        stream
+      ]
+      destinations: [
+        'workspace'
+      ]
+      transformKql: layout.transformKql
+      outputStream: 'Custom-${layout.streams[stream].table}'
+    }]
   }
 }
 
 // Sending needs Monitoring Metrics Publisher on the rule itself (nothing wider).
-resource publishers 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principalId in publisherPrincipalIds: {
+resource publishers 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principalId in agentPrincipalIds: {
   name: guid(rule.id, principalId, monitoringMetricsPublisher)
   scope: rule
+  properties: {
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: monitoringMetricsPublisher
+  }
+}]
+
+resource centralPublishers 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for principalId in centralPrincipalIds: {
+  name: guid(centralRule.id, principalId, monitoringMetricsPublisher)
+  scope: centralRule
   properties: {
     principalId: principalId
     principalType: 'ServicePrincipal'
@@ -219,6 +258,11 @@ resource unapproved 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
   name: '${ruleName}-unapproved-maintenance'
   location: location
   tags: tags
+  // The rule queries the workspace as itself (Log Analytics Reader on the workspace, below), not as
+  // whoever last edited it: a person leaving the team does not silence the alert.
+  identity: {
+    type: 'SystemAssigned'
+  }
   properties: {
     displayName: 'Maintenance within ${alertHorizonMinutes} minutes that nothing approved or prepared'
     severity: 1
@@ -228,6 +272,9 @@ resource unapproved 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
     ]
     evaluationFrequency: 'PT5M'
     windowSize: 'PT5M'
+    // What the query reads: 2 days, the most a rule may look back (the default is windowSize, in
+    // which a silence or an event announced days ahead leaves nothing to find; issue 34).
+    overrideQueryTimeRange: queryTimeRange
     criteria: {
       allOf: [
         {
@@ -235,16 +282,11 @@ resource unapproved 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
           timeAggregation: 'Count'
           operator: 'GreaterThan'
           threshold: 0
+          // One alert per VM and event, or per wave when more than 250 (a log alert raises at most
+          // 300 per evaluation): the query's Subject says which.
           dimensions: [
             {
-              name: 'VmName'
-              operator: 'Include'
-              values: [
-                '*'
-              ]
-            }
-            {
-              name: 'EventId'
+              name: 'Subject'
               operator: 'Include'
               values: [
                 '*'
@@ -275,15 +317,26 @@ resource silent 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
   name: '${ruleName}-agent-silent'
   location: location
   tags: tags
+  // The rule queries the workspace as itself (Log Analytics Reader on the workspace, below), not as
+  // whoever last edited it: a person leaving the team does not silence the alert.
+  identity: {
+    type: 'SystemAssigned'
+  }
   properties: {
     displayName: 'A scheduled-events-bridge agent stopped reporting'
     severity: 2
     enabled: true
+    // A dead agent stays an alert until a person closes it: past the 2 days the query reads, the VM
+    // leaves the inventory and an auto-resolved alert would look like a recovery.
+    autoMitigate: false
     scopes: [
       workspace.id
     ]
     evaluationFrequency: 'PT15M'
     windowSize: 'PT15M'
+    // What the query reads: 2 days, the most a rule may look back (the default is windowSize, in
+    // which a silence or an event announced days ahead leaves nothing to find; issue 34).
+    overrideQueryTimeRange: queryTimeRange
     criteria: {
       allOf: [
         {
@@ -291,9 +344,10 @@ resource silent 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
           timeAggregation: 'Count'
           operator: 'GreaterThan'
           threshold: 0
+          // One alert per VM, or per resource group when more than 250 are silent at once.
           dimensions: [
             {
-              name: 'VmName'
+              name: 'Subject'
               operator: 'Include'
               values: [
                 '*'
@@ -315,8 +369,35 @@ resource silent 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
   }
 }
 
-@description('The rule\'s own Logs Ingestion endpoint (kind Direct).')
+// Each alert rule reads the workspace with its own identity.
+resource unapprovedReads 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(workspace.id, unapproved.id, logAnalyticsReader)
+  scope: workspace
+  properties: {
+    principalId: unapproved.identity.principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: logAnalyticsReader
+  }
+}
+
+resource silentReads 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(workspace.id, silent.id, logAnalyticsReader)
+  scope: workspace
+  properties: {
+    principalId: silent.identity.principalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: logAnalyticsReader
+  }
+}
+
+@description('The agents\' rule\'s own Logs Ingestion endpoint (kind Direct; the records stream only).')
 output logsIngestionEndpoint string = rule.properties.endpoints.logsIngestion
 
-@description('The rule\'s immutable id (the sink spec\'s path).')
+@description('The agents\' rule\'s immutable id (the sink spec\'s path).')
 output immutableId string = rule.properties.immutableId
+
+@description('The central rule\'s Logs Ingestion endpoint (fleet approvers, Azure\'s channel).')
+output centralLogsIngestionEndpoint string = centralRule.properties.endpoints.logsIngestion
+
+@description('The central rule\'s immutable id.')
+output centralImmutableId string = centralRule.properties.immutableId

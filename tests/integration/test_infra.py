@@ -716,7 +716,8 @@ def test_azure_monitor_tables_rule_and_sink_share_one_layout(lint_report: dict[s
     assert lint_report["files"]["infra/modules/monitor.bicep"]["errors"] == []
     assert "loadJsonContent('../../schemas/logs-ingestion.v1.json')" in module and "kind: 'Direct'" in module
     for stream in layout["streams"]:
-        assert f"'{stream}': {{" in module and f"layout.streams['{stream}'].table" in module
+        assert f"'{stream}': {{" in module
+    assert module.count("outputStream: 'Custom-${layout.streams[stream].table}'") == 2
     assert "'3913510d-42f4-4e42-8a64-420c390055eb'" in module and "scope: rule" in module
     main = (ROOT / "infra" / "main.bicep").read_text()
     spec = re.search(r"output agentMonitorSinkSpec string = deployAzureMonitor \? '(.+)' : ''$", main, re.M)
@@ -1275,6 +1276,68 @@ def test_the_console_gets_id_tokens_from_a_token_store_its_identity_alone_reache
     assert "scope: tokenContainer" in role and "ba92f5b4-2d11-453d-a403-e96b0029c9fe" in module
     main = (ROOT / "infra" / "main.bicep").read_text()
     assert "tokenStoreAccountName: storage.outputs.accountName" in main
+
+
+def _block(text: str, kind: str, name: str) -> str:
+    found = re.search(
+        rf"resource {name} '{re.escape(kind)}@[^']+' = (?:\[for [^\n]*|\{{)(.*?)\n\}}\]?\n", text, re.S
+    )
+    assert found, f"no {kind} {name}"
+    return found.group(1)
+
+
+def test_agents_may_send_only_their_records_stream() -> None:
+    """Issue 34: one data collection rule for every sender, Monitoring Metrics Publisher for the
+    agents' shared identity: a compromised VM could post to the approvals and findings streams,
+    silence the "unapproved" alert fleet-wide or fabricate findings. Now the agents' rule has the
+    records stream alone; approvals and findings go through a second rule whose senders are the
+    central services."""
+    module = (ROOT / "infra" / "modules" / "monitor.bicep").read_text()
+    rules = "Microsoft.Insights/dataCollectionRules"
+    agents, central = _block(module, rules, "rule"), _block(module, rules, "centralRule")
+    assert "agentStreams" in agents and "centralStreams" not in agents
+    declared = re.search(r"streamDeclarations: \{(.*?)\n    \}", agents, re.S)
+    assert declared and re.findall(r"'(Custom-\w+)'", declared.group(1)) == ["Custom-SeBridgeRecords"]
+    assert re.search(r"var agentStreams = \[\s*'Custom-SeBridgeRecords'\s*\]", module)
+    assert "centralStreams" in central and "location: workspace.location" in central
+    roles = "Microsoft.Authorization/roleAssignments"
+    assert "for principalId in agentPrincipalIds" in module and "scope: rule\n" in _block(
+        module, roles, "publishers"
+    )
+    assert "scope: centralRule" in _block(module, roles, "centralPublishers")
+    main = (ROOT / "infra" / "main.bicep").read_text()
+    wiring = main[main.index("module azureMonitor ") :]
+    agents_given = re.search(r"agentPrincipalIds: \[(.*?)\]", wiring, re.S)
+    central_given = re.search(r"centralPrincipalIds: \[(.*?)\]", wiring, re.S)
+    assert agents_given and central_given
+    assert "agent" in agents_given.group(1) and "approver" not in agents_given.group(1)
+    assert "approver" in central_given.group(1) and "agent." not in central_given.group(1)
+    assert "output centralMonitorSinkSpec string" in main
+
+
+def test_alert_rules_look_back_two_days_as_themselves() -> None:
+    """Issue 34: both rules looked back only their windowSize (no overrideQueryTimeRange), so a
+    silence or an event announced days ahead left nothing to find; they ran as whoever last edited
+    them. Now: 2 days (the maximum), a system-assigned identity with Log Analytics Reader on the
+    workspace, one alert dimension (Subject: a VM, or a wave past 250); a dead agent's alert is not
+    auto-resolved when the VM leaves the 2-day inventory. The queries themselves are evaluated in
+    tests/integration/test_kql.py."""
+    module = (ROOT / "infra" / "modules" / "monitor.bicep").read_text()
+    assert "var queryTimeRange = 'P2D'" in module
+    kind = "Microsoft.Insights/scheduledQueryRules"
+    for name in ("unapproved", "silent"):
+        body = _block(module, kind, name)
+        assert "overrideQueryTimeRange: queryTimeRange" in body, name
+        assert re.search(r"identity: \{\s*type: 'SystemAssigned'\s*\}", body), name
+        assert re.findall(r"name: '(\w+)'\s*operator: 'Include'", body) == ["Subject"], name
+        reads = _block(module, "Microsoft.Authorization/roleAssignments", f"{name}Reads")
+        assert f"principalId: {name}.identity.principalId" in reads and "scope: workspace" in reads
+    assert "autoMitigate: false" in _block(module, kind, "silent")
+    assert "'73c42c96-874c-492b-b04d-ab87d138a893'" in module  # Log Analytics Reader
+    main = (ROOT / "infra" / "main.bicep").read_text()
+    # An empty workspace id failed with an index error; the stand-in names the parameter.
+    assert "scope: resourceGroup(workspaceParts[2], workspaceParts[4])" in main
+    assert "set-logAnalyticsWorkspaceId" in main and "split(logAnalyticsWorkspaceId, '/')[" not in main
 
 
 def test_alert_rules_depend_on_the_tables_they_query() -> None:

@@ -257,7 +257,7 @@ def test_the_approvers_verdict_on_this_consoles_decision_is_shown_even_unproven(
     take_raw(board, scheduled("vm-a", SET, "id-a"))
     board.published("console-d-1", Sent.now(EVENT, "approve", 0.0, "alice"))
     seen: list[dict[str, Any]] = []
-    board.listeners.append(seen.append)
+    board.announced.listeners.append(seen.append)
     refused = sign_record("approvers", APPROVER_KEY, approval(
         decision_id=None, outcome="refused", reason="unknownKey", at="2026-11-20T10:01:00Z",
         unverified={"decisionId": "console-d-1", "eventId": EVENT},

@@ -256,3 +256,23 @@ def test_a_hostile_stream_costs_one_log_line_a_minute_per_type_and_reason(
         reader.read({"recordType": "invented"})
     assert len(lines()) == 3 and lines()[2].refusedSinceLastLine == 1000  # type: ignore[attr-defined]
     assert sum(reader.refused.values()) == 1003
+
+
+def test_a_heartbeat_restates_the_open_events_in_short() -> None:
+    """Issue 34: Azure announces some events days ahead (up to 7), an Azure Monitor alert looks back at
+    most 2 days, and scheduledEvents records come only with changes: every heartbeat restates the
+    open events (no resources: a whole availability set's Freeze names every VM), at most 100."""
+    document = parse_document(orjson.dumps(RAW_DOCUMENT), api_version="2020-07-01")
+    beat = heartbeat_record(VM, document, True, 300.0, time.time())
+    assert beat["events"] == [{"eventId": EVENT, "eventType": "Freeze", "eventStatus": "Scheduled",
+                               "notBefore": "2016-09-19T18:29:47Z", "affectsThisVm": True}]  # fmt: skip
+    assert not isinstance(Reader().read(beat), Refused)
+    many = {
+        **RAW_DOCUMENT,
+        "Events": [{**RAW_DOCUMENT["Events"][0], "EventId": f"E-{n}"} for n in range(150)],
+    }
+    crowded = heartbeat_record(VM, parse_document(orjson.dumps(many), api_version="2020-07-01"), True, 300.0,
+                               time.time())  # fmt: skip
+    assert len(crowded["events"]) == 100 and crowded["openEvents"] == 150
+    assert not isinstance(Reader().read(crowded), Refused)
+    assert heartbeat_record(VM, None, False, 300.0, time.time())["events"] == []
