@@ -5,7 +5,7 @@
 # yet recommend for production workloads): the script checks the subscription has it before it changes
 # anything.
 #
-#   deploy/enable-scheduled-events-policy.sh [--dry-run] [--events-api-version V]
+#   deploy/enable-scheduled-events-policy.sh [--dry-run] [--events-api-version 2020-07-01 | --no-events-api-version]
 #       [--all-instances-down-approve true|false] RESOURCE_ID...
 #
 # Each id is a VM (.../Microsoft.Compute/virtualMachines/NAME), a scale set
@@ -17,20 +17,29 @@
 # supported way to change one property of a resource deployed from elsewhere
 # (infra/modules/scheduled-events-policy.bicep is for templates that define the resource).
 #
-# --events-api-version pins the Scheduled Events schema Event Grid delivers (scheduledEventsApiVersion,
-# e.g. 2020-07-01) and --all-instances-down-approve sets allInstancesDown.automaticallyApprove (Azure's
-# default: true); both need Microsoft.Compute 2025-04-01 on Azure's side and an Azure CLI recent enough
-# to send them. User-initiated reboots and redeploys stay for the agent and its approvers to approve
+# --events-api-version pins the Scheduled Events schema Event Grid delivers (scheduledEventsApiVersion):
+# during the preview its only value is 2020-07-01, the default; another is refused (issue 34).
+# --all-instances-down-approve sets allInstancesDown.automaticallyApprove (Azure's default: true). Both
+# need Microsoft.Compute 2025-04-01 on Azure's side and an Azure CLI recent enough to send them.
+# --no-events-api-version leaves the property out (a CLI or region still on an older api-version).
+#
+# Preview prerequisites, checked before anything changes: the feature SendScheduledEventsPolicy of
+# Microsoft.Compute (refused without it), and ScheduledEventsActivity of Microsoft.Maintenance, which
+# Microsoft's current preview page lists as well (warned about, not refused: its effect is not
+# documented elsewhere, and a subscription without it still gets the policy set). User-initiated reboots and redeploys stay for the agent and its approvers to approve
 # (automaticallyApprove false). Needs the Azure CLI, signed in with rights to update the resources.
 set -eu
 
 dry_run=0
-events_api_version=""
+# The only schema version the preview delivers (Microsoft's page); the Azure channel's reader parses it.
+PREVIEW_EVENTS_API_VERSION="2020-07-01"
+events_api_version="$PREVIEW_EVENTS_API_VERSION"
 all_down=""
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --dry-run) dry_run=1; shift ;;
         --events-api-version) events_api_version="${2:?--events-api-version needs a value}"; shift 2 ;;
+        --no-events-api-version) events_api_version=""; shift ;;
         --all-instances-down-approve)
             all_down="${2:?--all-instances-down-approve needs true or false}"; shift 2
             case "$all_down" in true|false) ;; *) echo "--all-instances-down-approve: true or false" >&2; exit 2 ;; esac ;;
@@ -40,12 +49,12 @@ while [ "$#" -gt 0 ]; do
     esac
 done
 if [ "$#" -eq 0 ]; then
-    echo "usage: $0 [--dry-run] [--events-api-version V] [--all-instances-down-approve true|false] RESOURCE_ID..." >&2
+    echo "usage: $0 [--dry-run] [--events-api-version 2020-07-01 | --no-events-api-version] [--all-instances-down-approve true|false] RESOURCE_ID..." >&2
     exit 2
 fi
 case "$events_api_version" in
-    ""|[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]) ;;
-    *) echo "--events-api-version: YYYY-MM-DD, e.g. 2020-07-01" >&2; exit 2 ;;
+    ""|"$PREVIEW_EVENTS_API_VERSION") ;;
+    *) echo "--events-api-version: during the preview the only value is $PREVIEW_EVENTS_API_VERSION (got $events_api_version)" >&2; exit 2 ;;
 esac
 
 targets='"enable":true'
@@ -79,6 +88,14 @@ if [ "$dry_run" -eq 0 ]; then
         echo "  az feature register --namespace Microsoft.Compute --name SendScheduledEventsPolicy" >&2
         echo "  az provider register --namespace Microsoft.Compute   (once the feature says Registered)" >&2
         exit 3
+    fi
+    activity=$(az feature show --namespace Microsoft.Maintenance --name ScheduledEventsActivity \
+        --query properties.state --output tsv 2>/dev/null || true)
+    if [ "$activity" != "Registered" ]; then
+        echo "warning: the preview feature Microsoft.Maintenance/ScheduledEventsActivity is not registered (state: ${activity:-unknown});" >&2
+        echo "  Microsoft's preview page lists it too; without it Event Grid may deliver nothing:" >&2
+        echo "  az feature register --namespace Microsoft.Maintenance --name ScheduledEventsActivity" >&2
+        echo "  az provider register --namespace Microsoft.Maintenance   (once the feature says Registered)" >&2
     fi
     # A VM in an availability set or a (Flexible) scale set shares its parent's policy.
     for id in "$@"; do

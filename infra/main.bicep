@@ -196,6 +196,37 @@ param consoleDecisionKeyId string = 'console'
 @secure()
 param consoleDecisionKey string = ''
 
+@description('Deploy the central services (infra/modules/central.bicep, docs/deploy.md step 6c): a Flexible scale set whose instances each run a fleet approver (one consumer group: a pair shares the decisions) and, with deployAzureChannel, Azure\'s channel, under the approvers\' identity, configured by this template.')
+param deployCentral bool = false
+
+@description('With deployCentral: the subnet of the central instances (they reach the agents\' relay on port 8710).')
+param centralSubnetId string = ''
+
+@description('With deployCentral: the SSH public key of the instances\' administrator (no password).')
+param centralAdminPublicKey string = ''
+
+@description('With deployCentral: instances (each runs both services; 2 for a pair that survives one).')
+@minValue(1)
+@maxValue(5)
+param centralInstanceCount int = 2
+
+@description('With deployCentral: blob name of the wheel in the artifacts container (make wheel; uploaded as in step 2).')
+param centralWheelBlob string = 'scheduled_events_bridge-0.1.0-py3-none-any.whl'
+
+@description('With deployCentral: key id of the decisions\' signing key the approvers verify (the console\'s by default).')
+param centralDecisionKeyId string = consoleDecisionKeyId
+
+@description('With deployCentral: that key\'s public half, PEM (se-bridge keygen writes it beside the private key).')
+param centralDecisionPublicKey string = ''
+
+@description('With deployCentral: the relay key the agents hold as relay_key fleet=... (at least 32 bytes). Stored in the central Key Vault, nowhere else.')
+@secure()
+param centralRelayKey string = ''
+
+@description('With deployCentral and deployAzureChannel: Azure\'s channel\'s record signing key (at least 32 bytes; the console\'s --azure-key). Stored in the central Key Vault, nowhere else.')
+@secure()
+param centralAzureSignKey string = ''
+
 @description('Tags of every resource.')
 param tags object = {
   workload: 'scheduled-events-bridge'
@@ -416,6 +447,41 @@ module azureChannel 'modules/azure-channel.bicep' = if (deployAzureChannel) {
   }
 }
 
+// The central services' specs: the outputs below and central.bicep's settings are the same strings.
+var fleetDecisionsSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${decisionsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-approver&checkpoint_url=${storage.outputs.blobEndpoint}${storage.outputs.containers.checkpoints}'
+var fleetEventsSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-approver-fleet'
+var centralRecordsSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}'
+var azureChannelSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/se-azure-events?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-azure-channel&checkpoint_url=${storage.outputs.blobEndpoint}${storage.outputs.containers.checkpoints}'
+var azureChannelEventsSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-azure-channel-fleet'
+
+module central 'modules/central.bicep' = if (deployCentral) {
+  name: 'se-bridge-central'
+  params: {
+    location: location
+    scaleSetName: '${namePrefix}-central'
+    keyVaultName: take('${compactPrefix}cen${suffix}', 24)
+    instanceCount: centralInstanceCount
+    subnetId: centralSubnetId
+    adminPublicKey: centralAdminPublicKey
+    identity: identities.outputs.approver
+    wheelUrl: '${storage.outputs.blobEndpoint}${storage.outputs.containers.artifacts}/${centralWheelBlob}'
+    decisionsSpec: fleetDecisionsSpec
+    approverEventsSpec: fleetEventsSpec
+    recordsSinkSpec: centralRecordsSpec
+    azureChannelSourceSpec: deployAzureChannel ? azureChannelSpec : ''
+    azureChannelEventsSpec: deployAzureChannel ? azureChannelEventsSpec : ''
+    decisionKeyId: centralDecisionKeyId
+    decisionPublicKey: centralDecisionPublicKey
+    relayKey: centralRelayKey
+    azureSignKey: centralAzureSignKey
+    armScopes: [for rg in armAcknowledgeResourceGroups: '${subscription().id}/resourceGroups/${rg}']
+    tags: tags
+  }
+  dependsOn: [
+    rbac
+  ]
+}
+
 // Azure Monitor: deployed in the workspace's resource group (the tables are the workspace's children).
 // An empty logAnalyticsWorkspaceId with deployAzureMonitor failed with "index out of range" (issue 34):
 // a stand-in id that names the missing parameter makes Azure's refusal say what to set instead.
@@ -496,10 +562,10 @@ output checkpointsContainerUrl string = '${storage.outputs.blobEndpoint}${storag
 output agentSinkSpec string = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.agent.clientId}'
 
 @description('Fleet approver --source: the decisions hub with the approver\'s identity, consumer group se-bridge-approver and the checkpoint store (partition ownership shared by the instances).')
-output fleetApproverDecisionsSpec string = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${decisionsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-approver&checkpoint_url=${storage.outputs.blobEndpoint}${storage.outputs.containers.checkpoints}'
+output fleetApproverDecisionsSpec string = fleetDecisionsSpec
 
 @description('Fleet approver --events-source: the records hub with the approver\'s identity, consumer group se-bridge-approver-fleet, no checkpoint store (every instance reads every partition).')
-output fleetApproverEventsSpec string = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-approver-fleet'
+output fleetApproverEventsSpec string = fleetEventsSpec
 
 @description('Data Explorer query URI (empty when not deployed).')
 output dataExplorerUri string = deployDataExplorer ? dataExplorer.outputs.clusterUri : ''
@@ -511,7 +577,10 @@ output logicAppWorkflowId string = deployLogicApp ? logicApp.outputs.workflowId 
 output vmApplicationVersionId string = empty(vmApplicationVersion) ? '' : vmApplication.outputs.applicationVersionId
 
 @description('se-bridge azure-channel --source (Event Grid\'s deliveries; checkpoints beside the approvers\'); empty unless deployAzureChannel.')
-output azureChannelSourceSpec string = deployAzureChannel ? 'eventhubs://${eventHubs.outputs.namespaceFqdn}/se-azure-events?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-azure-channel&checkpoint_url=${storage.outputs.blobEndpoint}${storage.outputs.containers.checkpoints}' : ''
+output azureChannelSourceSpec string = deployAzureChannel ? azureChannelSpec : ''
+
+@description('The central scale set (deployCentral): its instances run the fleet approvers and Azure\'s channel.')
+output centralScaleSetId string = deployCentral ? central.outputs.scaleSetId : ''
 
 @description('The agents\' second --sink for Azure Monitor (empty unless deployAzureMonitor): the rule\'s own endpoint and immutable id, the agents\' identity.')
 output agentMonitorSinkSpec string = deployAzureMonitor ? 'azuremonitor://${replace(azureMonitor.outputs.logsIngestionEndpoint, 'https://', '')}/${azureMonitor.outputs.immutableId}?credential=managed&client_id=${identities.outputs.agent.clientId}' : ''

@@ -13,6 +13,11 @@ Windows, hence the guards around POSIX-only calls.
 When the approver is enabled without its own audit sinks (``--approver-sink``, ``sink`` in the
 approver's settings), it publishes its audit records to the agent's sinks: the events stream, where
 the agent's own relay audit records already go (docs/approvals.md).
+
+``SEB_ROLE=central`` (``install.sh --role central``, issue 34) installs the central services of a fleet
+on a VM of their own (infra/modules/central.bicep): no agent, a fleet approver (``[approver]``, its own
+sinks) and Azure's channel (``[azure_channel]``) when the settings hold them, each validated by its own
+loader.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any, NoReturn
 
 from bridge.agent.config import load_agent_config
 from bridge.approver.config import load_approver_config
+from bridge.azure.config import load_azure_channel_config
 from bridge.settings import ConfigError
 
 #: uid and gid of the service account that must read the secrets, or None (Windows, tests as non-root).
@@ -58,19 +64,62 @@ def main() -> None:
     approver_keys = write_approver_keys(etc, secret_doc, write)
     write_environment_file(etc, secret_doc)
 
-    agent, approver = read_settings(env)
-    apply_agent_inputs(agent, env)
-    apply_approver_inputs(approver, env, approver_keys)
-    complete_approver(approver, agent, env)
-    give_local_approver_a_relay_key(approver, agent, etc, write)
-    give_agent_the_public_decision_keys(agent, secret_doc, approver_keys)
+    agent, approver, channel = read_settings(env)
+    if env.get("SEB_ROLE", "agent") == "central":
+        text = central_config(agent, approver, channel, env, approver_keys)
+    else:
+        if channel:
+            fail("azure_channel settings need --role central (Azure's channel is a central service)")
+        apply_agent_inputs(agent, env)
+        apply_approver_inputs(approver, env, approver_keys)
+        complete_approver(approver, agent, env)
+        give_local_approver_a_relay_key(approver, agent, etc, write)
+        give_agent_the_public_decision_keys(agent, secret_doc, approver_keys)
+        text = render_toml(agent, approver)
 
     target = etc / "config.toml"
-    result = install_config_file(
-        target, render_toml(agent, approver), force=env["SEB_FORCE"] == "1", write=write
-    )
+    result = install_config_file(target, text, force=env["SEB_FORCE"] == "1", write=write)
     approver_on = warn_about_kept_unsigned_approver(target, result)
-    Path(env["SEB_RESULT"]).write_text(f"config={result}\napprover={int(approver_on)}\n")
+    installed = tomllib.loads(target.read_text())
+    agent_on = "agent" in installed or not any(k in installed for k in ("approver", "azure_channel"))
+    channel_on = bool((installed.get("azure_channel") or {}).get("source"))
+    Path(env["SEB_RESULT"]).write_text(
+        f"config={result}\napprover={int(approver_on)}\nagent={int(agent_on)}\nazure_channel={int(channel_on)}\n"
+    )
+
+
+def central_config(
+    agent: Mapping[str, object],
+    approver: dict[str, object],
+    channel: dict[str, object],
+    env: Mapping[str, str],
+    approver_keys: list[str],
+) -> str:
+    """A central VM's file: the fleet approver and Azure's channel, no agent (the agents run on the
+    fleet's VMs). Each service publishes to its own sinks: there is no agent's to borrow."""
+    if agent:
+        fail("a central install (--role central) runs no agent: remove the agent settings")
+    apply_approver_inputs(approver, env, approver_keys)
+    if approver:
+        if not approver.get("source") or approver.get("mode", "fleet") != "fleet":
+            fail("a central approver is a fleet approver: a source and mode 'fleet'")
+        approver["mode"] = "fleet"
+        approver.setdefault("state_dir", env["SEB_APPROVER_STATE"])
+        if not approver.get("sink"):
+            fail("a central approver needs its own audit sink (approver.sink)")
+    if "sources" in channel:
+        channel["source"] = channel.pop("sources")
+    if channel:
+        channel.setdefault("state_dir", env["SEB_AZURE_STATE"])
+    if not approver and not channel:
+        fail("a central install needs approver or azure_channel settings")
+    text = HEADER + "\n".join(
+        toml_table(name, values)
+        for name, values in (("approver", approver), ("azure_channel", channel))
+        if values
+    )
+    tomllib.loads(text)
+    return text
 
 
 def fail(msg: str) -> NoReturn:
@@ -192,16 +241,21 @@ def lines(env: Mapping[str, str], name: str) -> list[str]:
     return [x for x in env.get(name, "").split("\n") if x.strip()]
 
 
-def read_settings(env: Mapping[str, str]) -> tuple[dict[str, object], dict[str, object]]:
-    """The ``[agent]`` and ``[approver]`` tables from the settings JSON (a file or base64)."""
+def read_settings(env: Mapping[str, str]) -> tuple[dict[str, object], dict[str, object], dict[str, object]]:
+    """The ``[agent]``, ``[approver]`` and ``[azure_channel]`` tables from the settings JSON (a file or
+    base64)."""
     settings: Any = {}
     if env.get("SEB_SETTINGS_FILE"):
         settings = json.loads(Path(env["SEB_SETTINGS_FILE"]).read_text())
     elif env.get("SEB_SETTINGS_B64"):
         settings = json.loads(base64.b64decode(env["SEB_SETTINGS_B64"]))
-    if not isinstance(settings, dict) or not set(settings) <= {"agent", "approver"}:
-        fail('settings must be a JSON object {"agent": {...}, "approver": {...}}')
-    return dict(settings.get("agent") or {}), dict(settings.get("approver") or {})
+    if not isinstance(settings, dict) or not set(settings) <= {"agent", "approver", "azure_channel"}:
+        fail('settings must be a JSON object {"agent": {...}, "approver": {...}, "azure_channel": {...}}')
+    return (
+        dict(settings.get("agent") or {}),
+        dict(settings.get("approver") or {}),
+        dict(settings.get("azure_channel") or {}),
+    )
 
 
 def apply_agent_inputs(agent: dict[str, object], env: Mapping[str, str]) -> None:
@@ -320,10 +374,14 @@ def render_toml(agent: Mapping[str, object], approver: Mapping[str, object]) -> 
 def validate(path: Path) -> None:
     """Load ``path`` with the loaders the services start with: exactly what they will accept."""
     args = argparse.Namespace(config=str(path))
+    tables = tomllib.loads(path.read_text())
     try:
-        load_agent_config(args, environ={})
-        if "approver" in tomllib.loads(path.read_text()):
+        if "agent" in tables or not any(k in tables for k in ("approver", "azure_channel")):
+            load_agent_config(args, environ={})
+        if "approver" in tables:
             load_approver_config(args, environ={})
+        if "azure_channel" in tables:
+            load_azure_channel_config(args, environ={})
     except ConfigError as exc:
         fail(f"{path}: {exc}")
 

@@ -7,7 +7,8 @@ its loader refuses, a topology that would lose decisions) used to be restarted e
 while the extension reported success, because only the agent was probed.
 
 The addresses come from the services' own loaders (what the services listen on): the agent's
-``listen`` and, when the ``[approver]`` table has a ``source``, the approver's. A wildcard listener is
+``listen`` (unless the file is a central VM's, with no agent), the approver's when the ``[approver]``
+table has a ``source``, and Azure's channel's when ``[azure_channel]`` has one. A wildcard listener is
 probed on loopback (``0.0.0.0`` -> ``127.0.0.1``, ``::`` -> ``::1``: Windows cannot connect to the
 wildcard address), a ``unix:`` one over its socket; ``off`` cannot be probed and is reported so.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from bridge.agent.config import load_agent_config
 from bridge.approver.config import load_approver_config
+from bridge.azure.config import load_azure_channel_config
 from bridge.http.netaddr import UnixHTTPConnection, parse_listen
 from bridge.settings import ConfigError
 
@@ -36,9 +38,14 @@ def enabled_listeners(config: Path, environ: Mapping[str, str] | None = None) ->
     the ``SE_BRIDGE_*`` overrides of ``environ`` (the installer's environment) applied."""
     args = argparse.Namespace(config=str(config))
     env = os.environ if environ is None else environ
-    out = {"agent": load_agent_config(args, environ=env).listen}
-    if (tomllib.loads(config.read_text()).get("approver") or {}).get("source"):
+    tables = tomllib.loads(config.read_text())
+    out: dict[str, str] = {}
+    if "agent" in tables or not any(k in tables for k in ("approver", "azure_channel")):
+        out["agent"] = load_agent_config(args, environ=env).listen
+    if (tables.get("approver") or {}).get("source"):
         out["approver"] = load_approver_config(args, environ=env).listen
+    if (tables.get("azure_channel") or {}).get("source"):
+        out["azure-channel"] = load_azure_channel_config(args, environ=env).listen
     return out
 
 

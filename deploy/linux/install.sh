@@ -1,5 +1,7 @@
 #!/bin/sh
-# Install or upgrade the Scheduled Events bridge (agent + optional approver) on a systemd Linux VM.
+# Install or upgrade the Scheduled Events bridge (agent + optional approver) on a systemd Linux VM, or,
+# with --role central, a fleet's central services (fleet approver, Azure's channel; no agent) on a VM
+# of their own (infra/modules/central.bicep, issue 34).
 #
 # Why a POSIX sh script: the Azure Custom Script extension runs its protected `script` with /bin/sh
 # (dash on Debian/Ubuntu), and cloud-init runs it the same way, so it must not need bash.
@@ -63,6 +65,9 @@ Configuration (rendered into /etc/se-bridge/config.toml):
   --secrets FILE            JSON file of secrets (see the top of this script); deleted by nobody
   --force-config            re-render config.toml even when it exists (the old one is kept as
                             config.toml.previous)
+  --role ROLE               agent (default: the agent, and an approver when configured) or central
+                            (no agent: the fleet approver and Azure's channel of the settings'
+                            "approver" and "azure_channel" tables, each with its own sinks)
 
 Service:
   --user NAME               service account (default: se-bridge)
@@ -83,7 +88,7 @@ NL='
 WHEEL= DOWNLOAD_IDENTITY= PACKAGE=scheduled-events-bridge EXTRAS=eventhubs,keyvault INDEX_URL= NO_INDEX= FIND_LINKS= PYTHON=
 SETTINGS_FILE= SETTINGS_B64=${SE_BRIDGE_INSTALL_SETTINGS_B64:-} SECRETS_FILE=
 SINKS= POLL_INTERVAL= APPROVER_SOURCE= APPROVER_RELAY= APPROVER_MODE= APPROVER_KEYS= APPROVER_SINKS=
-FORCE_CONFIG=0 SVC_USER=se-bridge NO_START=0
+FORCE_CONFIG=0 SVC_USER=se-bridge NO_START=0 ROLE=agent
 
 need_arg() { [ "$#" -ge 2 ] || die "$1 needs a value"; }
 while [ "$#" -gt 0 ]; do
@@ -107,6 +112,8 @@ while [ "$#" -gt 0 ]; do
         --approver-sink) need_arg "$@"; APPROVER_SINKS="$APPROVER_SINKS$2$NL"; shift 2 ;;
         --secrets) need_arg "$@"; SECRETS_FILE=$2; shift 2 ;;
         --force-config) FORCE_CONFIG=1; shift ;;
+        --role) need_arg "$@"; ROLE=$2; shift 2
+            case "$ROLE" in agent|central) ;; *) die "--role: agent or central" ;; esac ;;
         --user) need_arg "$@"; SVC_USER=$2; shift 2 ;;
         --no-start) NO_START=1; shift ;;
         -h | --help) usage; exit 0 ;;
@@ -123,6 +130,7 @@ OPT=$ROOT/opt/se-bridge
 VENV=$OPT/venv
 STATE=$ROOT/var/lib/se-bridge
 APPROVER_STATE=$ROOT/var/lib/se-bridge-approver
+AZURE_STATE=$ROOT/var/lib/se-bridge-azure
 LOGS=$ROOT/var/log/se-bridge
 UNITS=$ROOT/etc/systemd/system
 # Only a real install (no prefix, as root) creates the account, chowns and talks to systemd.
@@ -182,13 +190,13 @@ fi
 umask 022
 mkdir -p "$OPT" "$ETC" "$UNITS" "$LOGS"
 chmod 0750 "$ETC"
-for dir in "$STATE" "$APPROVER_STATE"; do
+for dir in "$STATE" "$APPROVER_STATE" "$AZURE_STATE"; do
     if [ ! -d "$dir" ]; then mkdir -p "$dir"; fi
     chmod 0700 "$dir"
 done
 if [ "$REAL" = 1 ]; then
     chown root:"$SVC_USER" "$ETC"
-    chown "$SVC_USER:$SVC_USER" "$STATE" "$APPROVER_STATE" "$LOGS"
+    chown "$SVC_USER:$SVC_USER" "$STATE" "$APPROVER_STATE" "$AZURE_STATE" "$LOGS"
 fi
 
 # -- 3. virtual environment and package --------------------------------------------------------------
@@ -290,6 +298,7 @@ OWNER=
 [ "$REAL" = 1 ] && OWNER=$SVC_USER
 RESULT=$WORK/render-result
 SEB_ROOT=$ROOT SEB_ETC=$ETC SEB_STATE=$STATE SEB_APPROVER_STATE=$APPROVER_STATE SEB_LOGS=$LOGS \
+SEB_ROLE=$ROLE SEB_AZURE_STATE=$AZURE_STATE \
 SEB_SETTINGS_FILE=$SETTINGS_FILE SEB_SETTINGS_B64=$SETTINGS_B64 SEB_SECRETS=$SECRETS_JSON \
 SEB_SINKS=$SINKS SEB_POLL_INTERVAL=$POLL_INTERVAL SEB_APPROVER_SOURCE=$APPROVER_SOURCE \
 SEB_APPROVER_RELAY=$APPROVER_RELAY SEB_APPROVER_MODE=$APPROVER_MODE SEB_APPROVER_KEYS=$APPROVER_KEYS \
@@ -297,7 +306,9 @@ SEB_APPROVER_SINKS=$APPROVER_SINKS SEB_FORCE=$FORCE_CONFIG SEB_OWNER=$OWNER SEB_
     "$VENV/bin/python" -m bridge.commands.install_config || die "configuration refused (nothing was changed)"
 CONFIG_RESULT=$(sed -n 's/^config=//p' "$RESULT")
 APPROVER_ON=$(sed -n 's/^approver=//p' "$RESULT")
-log "config $ETC/config.toml: $CONFIG_RESULT; approver: $([ "$APPROVER_ON" = 1 ] && echo enabled || echo disabled)"
+AGENT_ON=$(sed -n 's/^agent=//p' "$RESULT")
+AZURE_ON=$(sed -n 's/^azure_channel=//p' "$RESULT")
+log "config $ETC/config.toml: $CONFIG_RESULT; agent: $([ "$AGENT_ON" = 1 ] && echo enabled || echo disabled); approver: $([ "$APPROVER_ON" = 1 ] && echo enabled || echo disabled); azure-channel: $([ "$AZURE_ON" = 1 ] && echo enabled || echo disabled)"
 
 # -- 6. systemd units --------------------------------------------------------------------------------
 # Hardening: a dedicated account, read-only OS (ProtectSystem=strict) with the state and log
@@ -364,31 +375,36 @@ EOF
     mv -f "$tmp" "$UNITS/$1"
 }
 write_unit se-bridge-agent.service "Azure Scheduled Events bridge agent" agent se-bridge ""
+# A local approver relays through the agent beside it; a central (fleet) one through the fleet's agents.
+APPROVER_AFTER=""
+[ "$AGENT_ON" = 1 ] && APPROVER_AFTER="${NL}Wants=se-bridge-agent.service${NL}After=se-bridge-agent.service"
 write_unit se-bridge-approver.service "Azure Scheduled Events bridge approver" approver \
-    se-bridge-approver "${NL}Wants=se-bridge-agent.service${NL}After=se-bridge-agent.service"
+    se-bridge-approver "$APPROVER_AFTER"
+write_unit se-bridge-azure-channel.service "Azure Scheduled Events bridge: Azure's channel" azure-channel \
+    se-bridge-azure ""
 
 if [ "$REAL" = 0 ] || [ "$NO_START" = 1 ] || [ ! -d /run/systemd/system ]; then
     log "files installed under ${ROOT:-/}; systemd not touched"
     exit 0
 fi
 systemctl daemon-reload
-systemctl enable --quiet se-bridge-agent.service
 # restart, not start: a second run must load the upgraded package.
-systemctl restart se-bridge-agent.service
-if [ "$APPROVER_ON" = 1 ]; then
-    systemctl enable --quiet se-bridge-approver.service
-    systemctl restart se-bridge-approver.service
-else
-    systemctl disable --quiet --now se-bridge-approver.service 2>/dev/null || true
-fi
+for pair in "se-bridge-agent:$AGENT_ON" "se-bridge-approver:$APPROVER_ON" "se-bridge-azure-channel:$AZURE_ON"; do
+    unit=${pair%%:*}.service
+    if [ "${pair##*:}" = 1 ]; then
+        systemctl enable --quiet "$unit"
+        systemctl restart "$unit"
+    else
+        systemctl disable --quiet --now "$unit" 2>/dev/null || true
+    fi
+done
 # Every enabled service (the agent, and the approver when configured) must answer /healthz on the
 # listener its config names; a failing start is reported here, so the VM extension shows it as failed
 # instead of a service restarted every 5 s behind a successful deployment.
 if ! "$VENV/bin/python" -m bridge.commands.install_health "$ETC/config.toml" --timeout 60; then
-    journalctl -u se-bridge-agent.service -n 40 --no-pager >&2 || true
-    if [ "$APPROVER_ON" = 1 ]; then
-        journalctl -u se-bridge-approver.service -n 40 --no-pager >&2 || true
-    fi
+    for pair in "se-bridge-agent:$AGENT_ON" "se-bridge-approver:$APPROVER_ON" "se-bridge-azure-channel:$AZURE_ON"; do
+        if [ "${pair##*:}" = 1 ]; then journalctl -u "${pair%%:*}.service" -n 40 --no-pager >&2 || true; fi
+    done
     die "a service did not become healthy within 60 s (journal above)"
 fi
 log "done: $VERSION"

@@ -126,8 +126,10 @@ resource definitions 'Microsoft.Authorization/policyDefinitions@2023-04-01' = [f
           conflictEffect: 'audit'
           operations: [
             {
-              // The [*] alias appends one element; the array alias itself would replace the VM's
-              // other gallery applications (and conflict with them).
+              // The [*] alias appends one element; the array alias itself (Microsoft's sample) would
+              // replace the VM's other gallery applications. An alias that is not Modifiable in the
+              // request's api-version falls back to conflictEffect: with audit, a silent no-op.
+              // docs/deploy.md says how to check it with Get-AzPolicyAlias before relying on it.
               operation: 'add'
               field: '${kind.fields}applicationProfile.galleryApplications[*]'
               value: {

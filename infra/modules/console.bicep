@@ -112,7 +112,7 @@ resource decisionsHub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' exist
   name: decisionsHubName
 }
 
-resource registry 'Microsoft.ContainerRegistry/registries@2023-07-01' existing = if (!empty(registryName)) {
+resource registry 'Microsoft.ContainerRegistry/registries@2025-11-01' existing = if (!empty(registryName)) {
   name: empty(registryName) ? 'unused' : registryName
 }
 

@@ -186,6 +186,9 @@ resource eventHubsConnection 'Microsoft.Web/connections@2016-06-01' = if (useEve
     api: {
       id: subscriptionResourceId('Microsoft.Web/locations/managedApis', location, 'eventhubs')
     }
+    // Microsoft's documented form for a managed-identity API connection ("Authenticate access with
+    // managed identities", Logic Apps); the 2016-06-01 type definition lacks it (Bicep warns BCP037).
+    #disable-next-line BCP037
     parameterValueSet: {
       name: 'managedIdentityAuth'
       values: {

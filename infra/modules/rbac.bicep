@@ -115,6 +115,17 @@ resource agentReadsArtifacts 'Microsoft.Authorization/roleAssignments@2022-04-01
   }
 }
 
+resource approverReadsArtifacts 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(artifacts.id, approverPrincipalId, roles.blobDataReader)
+  scope: artifacts
+  properties: {
+    principalId: approverPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: roles.blobDataReader
+    description: 'se-bridge central services (infra/modules/central.bicep) download the wheel'
+  }
+}
+
 resource logicAppReadsSignerPackage 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(logicAppPrincipalId)) {
   name: guid(artifacts.id, logicAppPrincipalId, roles.blobDataReader)
   scope: artifacts

@@ -15,7 +15,7 @@ param registryName string
 @description('Tags of every resource.')
 param tags object
 
-resource registry 'Microsoft.ContainerRegistry/registries@2023-07-01' = {
+resource registry 'Microsoft.ContainerRegistry/registries@2025-11-01' = {
   // checkov:skip=CKV_AZURE_139: public network access stays on: `az acr build` and a Consumption Container Apps environment reach it from Azure's shared infrastructure; pulls need an Entra ID role (AcrPull), the admin user is off
   // checkov:skip=CKV_AZURE_166: image quarantine is a Premium preview feature; only az acr build from this repository pushes here
   // checkov:skip=CKV_AZURE_233: zone redundancy is a Premium feature; the image is rebuilt from the repository in minutes
@@ -28,6 +28,7 @@ resource registry 'Microsoft.ContainerRegistry/registries@2023-07-01' = {
   }
   properties: {
     adminUserEnabled: false
+    // (a property of 2025-04-01 and later: 2023-07-01 did not have it, issue 34's type check)
     anonymousPullEnabled: false
   }
 }

@@ -4,12 +4,15 @@
 // feature Microsoft.Compute/SendScheduledEventsPolicy), and whether user-initiated reboots and
 // redeploys are approved by the platform itself. A scale set's or availability set's members share its
 // policy: set it on the parent. From Compute 2025-04-01, the schema version Event Grid delivers and
-// the approval of events that take every instance down (issue 25) can be set too.
+// the approval of events that take every instance down (issue 25) can be set too; the schema version
+// is set by default (issue 34), so a resource given this policy uses Compute 2025-04-01 or later. The
+// subscription needs the preview features Microsoft.Compute/SendScheduledEventsPolicy and (Microsoft's
+// current preview page) Microsoft.Maintenance/ScheduledEventsActivity: the script below checks both.
 //
 // Use it where the VM or scale set is *defined* (a property of the resource you deploy):
 //
 //   module sePolicy 'modules/scheduled-events-policy.bicep' = { name: 'se-policy' }
-//   resource vm 'Microsoft.Compute/virtualMachines@2024-07-01' = {
+//   resource vm 'Microsoft.Compute/virtualMachines@2025-04-01' = {
 //     ...
 //     properties: { ..., scheduledEventsPolicy: sePolicy.outputs.policy }
 //   }
@@ -28,8 +31,14 @@ param autoApproveUserReboot bool = false
 @description('Let the platform approve user-initiated redeploys at once. Off: the agent and its approvers decide.')
 param autoApproveUserRedeploy bool = false
 
-@description('Compute 2025-04-01 and later: the Scheduled Events schema version Event Grid delivers (e.g. 2020-07-01; the Azure channel\'s reader parses it). Empty: not set (older api-versions refuse the property).')
-param scheduledEventsApiVersion string = ''
+// During the preview, 2020-07-01 is the only schema version Event Grid delivers (Microsoft's preview
+// page): the default, and any other is refused before deploying (issue 34).
+@description('Compute 2025-04-01 and later: the Scheduled Events schema version Event Grid delivers; during the preview only 2020-07-01 (the Azure channel\'s reader parses it). Empty: not set (for a resource pinned to an older api-version, which refuses the property).')
+@allowed([
+  '2020-07-01'
+  ''
+])
+param scheduledEventsApiVersion string = '2020-07-01'
 
 @description('Compute 2025-04-01 and later: let the platform approve an event that takes every instance down at once (Azure\'s default: true). Empty: not set; otherwise \'true\' or \'false\'.')
 @allowed([

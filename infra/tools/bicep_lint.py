@@ -17,7 +17,11 @@ Checks per file:
 * every file named by ``loadTextContent``/``loadJsonContent``/``loadFileAsBase64`` exists;
 * every ``@secure()`` parameter flows only into ``protectedSettings`` (VM extensions), a Logic App's
   workflow ``properties.parameters``, or a ``@secure()`` parameter of a module; never into an output
-  or any other property.
+  or any other property;
+* every resource's ``type@apiVersion`` is one Microsoft's type definitions know, and its body names
+  only properties the type has, sets none of the read-only ones, and gives enum properties a value of
+  the enum where it is a literal (``bicep-types-index.json``, derived from Azure/bicep-types-az by
+  ``bicep_types_index.py``; issue 34: a misspelt property deployed, or failed, only in Azure).
 
 Run it with the infrastructure tools environment (``make test`` creates ``.venv-infra``)::
 
@@ -48,6 +52,9 @@ LOAD_FUNCTIONS = {"load_text_content", "load_json_content", "load_yaml_content",
 # Functions whose result is built from their arguments' structure: a secret inside an argument object
 # stays at the same place in the result (union merges objects, the others choose one argument).
 STRUCTURAL_FUNCTIONS = {"union", "coalesce"}
+TYPES = json.loads(Path(__file__).with_name("bicep-types-index.json").read_text())
+# What a resource declaration may hold beside its type's properties: Bicep's own keywords.
+BICEP_KEYWORDS = {"parent", "scope", "dependsOn"}
 
 
 @dataclass
@@ -604,6 +611,94 @@ def check_secrets(bicep: BicepFile, files: dict[Path, BicepFile]) -> list[dict[s
     return flows
 
 
+# -- Microsoft's types -------------------------------------------------------------------------------
+
+
+def check_types(bicep: BicepFile, index: dict[str, Any] = TYPES) -> None:
+    """Each resource's body against its type (module docstring). Only literals are judged: an
+    expression's value is Azure's to check."""
+    for symbol, element in bicep.resources.items():
+        resource = _name(element.children[2].children[0])
+        known = {k.lower(): v for k, v in index["resources"].items()}
+        if resource.lower() not in known:
+            bicep.errors.append(
+                f"line {bicep.line(element)}: {resource} is not in bicep-types-index.json "
+                "(a new api-version? run infra/tools/bicep_types_index.py)"
+            )
+            continue
+        if element.children[3] is not None or known[resource.lower()] is None:  # `existing`: a name
+            continue
+        # Bicep's own way to accept a property its types lack (BCP037), with the reason beside it.
+        lines = bicep.path.read_text(encoding="utf-8").splitlines()
+        allowed = {n + 2 for n, line in enumerate(lines) if "#disable-next-line BCP037" in line}
+        body = body_object(element.children[-1])
+        for problem in _against(body, known[resource.lower()], index, allowed=allowed, top=True):
+            bicep.errors.append(f"line {bicep.line(element)}: {symbol} ({resource}): {problem}")
+
+
+def _keys(obj: Tree[Token]) -> Iterator[tuple[str, int, Any]]:
+    """An object literal's properties: name, line, value."""
+    for child in obj.children:
+        if isinstance(child, Tree) and child.data == "pair":
+            token = child.children[0].children[0]
+            yield _name(token), getattr(token, "line", 0), child.children[1]
+
+
+def _against(
+    value: Any, key: str, index: dict[str, Any], path: str = "", allowed: set[int] | None = None,
+    top: bool = False,
+) -> Iterator[str]:  # fmt: skip
+    node = index["types"][key]
+    allowed = allowed or set()
+    if not isinstance(value, Tree):
+        return
+    if (
+        value.data == "operator"
+        and value.children
+        and getattr(value.children[0], "data", "") == "conditional"
+    ):
+        for branch in value.children[0].children[1:]:  # both values of `c ? a : b`
+            yield from _against(branch, key, index, path, allowed)
+        return
+    if value.data == "object" and node["k"] in ("o", "d"):
+        given = pairs(value)
+        props = dict(node["p"])
+        if node["k"] == "d":
+            case = _literal_text(given.get(node["by"]))
+            chosen = node["c"].get(case) if case is not None else None
+            if chosen is None:
+                if case is not None:
+                    yield f"{path}{node['by']}: {case!r} is none of {sorted(node['c'])}"
+                return  # the case is an expression: the base properties alone cannot say
+            props |= index["types"][chosen]["p"]
+            extra = index["types"][chosen]["a"]
+        else:
+            extra = node["a"]
+        for name, line, item in _keys(value):
+            if (top and name in BICEP_KEYWORDS) or line in allowed:
+                continue
+            prop = props.get(name) or next((p for n, p in props.items() if n.lower() == name.lower()), None)
+            if prop is None:
+                if extra is None:
+                    yield f"{path}{name}: no such property (has: {', '.join(sorted(props)[:40])})"
+                else:
+                    yield from _against(item, extra, index, f"{path}{name}.", allowed)
+                continue
+            if prop["f"] & 2:
+                yield f"{path}{name}: read-only, Azure sets it"
+                continue
+            yield from _against(item, prop["t"], index, f"{path}{name}.", allowed)
+    elif value.data == "array" and node["k"] == "a":
+        for item in value.children:
+            yield from _against(item, node["i"], index, path.rstrip(".") + "[].", allowed)
+    elif value.data == "loop" and node["k"] == "a":
+        yield from _against(value.children[-1], node["i"], index, path.rstrip(".") + "[].", allowed)
+    elif node["k"] == "e":
+        text = _literal_text(value)
+        if text is not None and text.lower() not in {v.lower() for v in node["v"]}:
+            yield f"{path.rstrip('.')}: {text!r} is none of {node['v'][:20]}"
+
+
 def lint(paths: list[Path]) -> dict[str, Any]:
     files: dict[Path, BicepFile] = {}
     report: dict[str, Any] = {"files": {}}
@@ -619,6 +714,7 @@ def lint(paths: list[Path]) -> dict[str, Any]:
         check_one_custom_script(bicep)
         check_retention(bicep)
         check_vm_application(bicep)
+        check_types(bicep)
         flows = check_secrets(bicep, files)
         report["files"][str(bicep.path)] = {
             "errors": bicep.errors,

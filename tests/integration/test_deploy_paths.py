@@ -24,6 +24,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -89,9 +90,9 @@ def docs_fleet_agent_settings() -> dict[str, Any]:
     return extension_settings(vmssName="ss1", enableApprover=False, agentSettings=json.loads(block.group(1)))
 
 
-def render(settings: dict[str, Any], tmp_path: Path) -> Path:
-    """``python -m bridge.commands.install_config`` as the installers run it; the file system under
-    tmp_path."""
+def render(settings: dict[str, Any], tmp_path: Path, role: str = "agent") -> Path:
+    """``python -m bridge.commands.install_config`` as the installers run it (``--role``); the file
+    system under tmp_path."""
     etc = tmp_path / "etc"
     text = json.dumps(settings).replace("/etc/se-bridge/", f"{etc}/")
     secrets = tmp_path / "secrets.json"
@@ -101,6 +102,8 @@ def render(settings: dict[str, Any], tmp_path: Path) -> Path:
         "SEB_ETC": str(etc),
         "SEB_STATE": str(tmp_path / "state"),
         "SEB_APPROVER_STATE": str(tmp_path / "approver-state"),
+        "SEB_AZURE_STATE": str(tmp_path / "azure-state"),
+        "SEB_ROLE": role,
         "SEB_LOGS": str(tmp_path / "logs"),
         "SEB_SETTINGS_B64": base64.b64encode(text.encode()).decode(),
         "SEB_SECRETS": str(secrets),
@@ -217,3 +220,134 @@ def test_each_deployment_paths_services_start_from_its_rendered_config(path: str
         emulator.stop()
         azure.stop()
         log.close()
+
+
+# -- the central services (infra/modules/central.bicep, issue 34) -------------------------------------
+
+CENTRAL_ID = "00000000-0000-0000-0000-0000000000b2"
+NS = "eventhubs://contoso.servicebus.windows.net"
+BLOB = "https://acct.blob.core.windows.net"
+CENTRAL_PARAMS = {
+    "location": "westeurope", "scaleSetName": "sebridge-central", "keyVaultName": "sebridgecenabc",
+    "subnetId": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/virtualNetworks/v/subnets/c",
+    "adminPublicKey": "ssh-ed25519 AAAA", "wheelUrl": f"{BLOB}/artifacts/w.whl",
+    "identity": {"id": "/identities/approver", "clientId": CENTRAL_ID, "principalId": "p"},
+    # The strings infra/main.bicep passes (its fleetDecisionsSpec, fleetEventsSpec, ... variables).
+    "decisionsSpec": f"{NS}/se-decisions?credential=managed&client_id={CENTRAL_ID}"
+                     f"&consumer_group=se-bridge-approver&checkpoint_url={BLOB}/checkpoints",
+    "approverEventsSpec": f"{NS}/se-records?credential=managed&client_id={CENTRAL_ID}"
+                          "&consumer_group=se-bridge-approver-fleet",
+    "recordsSinkSpec": f"{NS}/se-records?credential=managed&client_id={CENTRAL_ID}",
+    "azureChannelSourceSpec": f"{NS}/se-azure-events?credential=managed&client_id={CENTRAL_ID}"
+                              f"&consumer_group=se-bridge-azure-channel&checkpoint_url={BLOB}/checkpoints",
+    "azureChannelEventsSpec": f"{NS}/se-records?credential=managed&client_id={CENTRAL_ID}"
+                              "&consumer_group=se-bridge-azure-channel-fleet",
+    "decisionKeyId": "console", "decisionPublicKey": "PEM", "relayKey": "r" * 32, "azureSignKey": "a" * 32,
+    "tags": {},
+}  # fmt: skip
+
+
+def central_settings(vault_url: str, **params: Any) -> dict[str, Any]:
+    """central.bicep's ``settings`` output (what each instance's cloud-init hands the installer), its
+    vault's URI being the test's stand-in Key Vault."""
+    given = {
+        **CENTRAL_PARAMS,
+        **params,
+        "__resources__": {"vault": {"properties": {"vaultUri": vault_url + "/"}}},
+    }
+    proc = subprocess.run(
+        [str(tools_python()), str(ROOT / "tests" / "tools" / "bicep_output.py"),
+         str(ROOT / "infra" / "modules" / "central.bicep"), "settings", json.dumps(given)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_central_services_start_from_the_config_their_template_renders(tmp_path: Path) -> None:
+    """Issue 34: nothing deployed the fleet approvers nor Azure's channel. infra/modules/central.bicep
+    gives each instance of a small scale set the installer and these settings; `install.sh --role
+    central` renders them (no agent; each service its own sinks), the services' loaders accept them,
+    and both services start from the rendered file as the units start them, reading their keys from
+    (a stand-in for) the template's Key Vault with their identity. Event Hubs cannot be reached from
+    here: they stay up, healthy, and keep retrying."""
+    from bridge.azure.config import load_azure_channel_config
+
+    azure = FakeAzure(tmp_path)
+    azure.secrets["relay-fleet"] = "r" * 40
+    azure.secrets["azure-channel-sign"] = "a" * 40
+    config = render(central_settings(azure.vault_url), tmp_path, role="central")
+    (tmp_path / "etc" / "keys").mkdir(exist_ok=True)
+    (tmp_path / "etc" / "keys" / "console.pub").write_text(decision_public_pem())  # cloud-init writes it
+    rendered = tomllib.loads(config.read_text())
+    assert set(rendered) == {"approver", "azure_channel"}, "a central VM runs no agent"
+    assert (tmp_path / "result").read_text().split() == [
+        "config=written",
+        "approver=1",
+        "agent=0",
+        "azure_channel=1",
+    ]
+    args = argparse.Namespace(config=str(config))
+    approver = load_approver_config(args, environ={})
+    channel = load_azure_channel_config(args, environ={})
+    topology.check(approver.mode, approver.source)
+    for spec in approver.events_source:
+        topology.check_events_reader(spec)
+    assert approver.mode == "fleet" and approver.sink and channel.sink and channel.sign_key
+    # Without its source, no Azure's channel: only the approver is rendered.
+    (tmp_path / "lone").mkdir()
+    lone = render(
+        central_settings(azure.vault_url, azureChannelSourceSpec=""), tmp_path / "lone", role="central"
+    )
+    assert set(tomllib.loads(lone.read_text())) == {"approver"}
+
+    env = {**os.environ, **azure.env()}
+    procs: list[subprocess.Popen[bytes]] = []
+    log = open(tmp_path / "services.log", "ab")  # noqa: SIM115 - closed below
+    try:
+        apis = {}
+        for service in ("approver", "azure-channel"):
+            api = f"http://127.0.0.1:{_free_port()}"
+            procs.append(subprocess.Popen(
+                [PY, "-m", "bridge", service, "--config", str(config), "--listen", api.removeprefix("http://")],
+                stdout=subprocess.DEVNULL, stderr=log, env=env,
+            ))  # fmt: skip
+            apis[service] = api
+        for service, api in apis.items():
+            wait_until(
+                lambda api=api: _healthy(api), 60, what=f"{service}'s /healthz from the central config"
+            )
+        # Both read their keys from the vault, with the identity the template gives them.
+        read = {s["path"].strip("/").split("/")[1] for s in azure.seen if s["at"] == "vault" and s["auth"]}
+        assert {"relay-fleet", "azure-channel-sign"} <= read, azure.seen
+        time.sleep(5)  # Event Hubs unreachable: retried, never fatal
+        assert all(proc.poll() is None for proc in procs), (tmp_path / "services.log").read_text()[-3000:]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        azure.stop()
+        log.close()
+
+
+def test_main_passes_the_central_module_the_specs_it_outputs() -> None:
+    """The central instances read what the deployment's outputs tell an operator: the same variables."""
+    main = (ROOT / "infra" / "main.bicep").read_text()
+    module = main[main.index("module central ") :]
+    module = module[: module.index("\n}\n")]
+    for param, var in (("decisionsSpec", "fleetDecisionsSpec"), ("approverEventsSpec", "fleetEventsSpec"),
+                       ("recordsSinkSpec", "centralRecordsSpec")):  # fmt: skip
+        assert f"    {param}: {var}\n" in module
+    assert "output fleetApproverDecisionsSpec string = fleetDecisionsSpec" in main
+    assert "output fleetApproverEventsSpec string = fleetEventsSpec" in main
+    assert "azureChannelSourceSpec: deployAzureChannel ? azureChannelSpec : ''" in module
+    assert "output azureChannelSourceSpec string = deployAzureChannel ? azureChannelSpec : ''" in main
+    central = (ROOT / "infra" / "modules" / "central.bicep").read_text()
+    assert "loadTextContent('../../deploy/linux/install.sh')" in central
+    assert "'  - [/usr/local/sbin/se-bridge-install, --role, central," in central
+    assert "base64(string(settings))" in central and "output settings object = settings" in central

@@ -37,7 +37,7 @@ RECORD_SCHEMA = json.loads((ROOT / "schemas" / "record.v1.schema.json").read_tex
 # The API versions the templates are written against (known to exist; bump deliberately).
 API_VERSIONS = {
     "Microsoft.EventHub/namespaces": "2024-01-01",
-    "Microsoft.ContainerRegistry/registries": "2023-07-01",
+    "Microsoft.ContainerRegistry/registries": "2025-11-01",
     "Microsoft.EventHub/namespaces/eventhubs": "2024-01-01",
     "Microsoft.EventHub/namespaces/eventhubs/consumergroups": "2024-01-01",
     "Microsoft.Storage/storageAccounts": "2023-05-01",
@@ -142,6 +142,8 @@ EXPECTED_SKIPS = {
         "CKV_AZURE_166",  # the container registry (modules/registry.bicep): Basic SKU
         "CKV_AZURE_139",  # the container registry (modules/registry.bicep): Basic SKU
         "CKV_AZURE_163",  # the container registry (modules/registry.bicep): Basic SKU
+        "CKV_AZURE_95",  # the central scale set (modules/central.bicep): a reimage would lose its state
+        "CKV_AZURE_97",  # the central scale set: encryption at host is a subscription feature
     },
     "deploy": set(),
 }
@@ -213,7 +215,8 @@ def test_role_assignments_are_scoped_to_a_hub_or_container(lint_report: dict[str
         "Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31",  # attach one identity, no other
         "Microsoft.Resources/templateSpecs@2022-02-01",  # read the one spec a policy deploys from
         "Microsoft.Insights/dataCollectionRules@2024-03-11",  # send through the one rule (Azure Monitor)
-        "Microsoft.ContainerRegistry/registries@2023-07-01",  # pull from the one registry (AcrPull)
+        "Microsoft.ContainerRegistry/registries@2025-11-01",  # pull from the one registry (AcrPull)
+        "Microsoft.OperationalInsights/workspaces@2025-07-01",  # an alert rule reads the one workspace
     }
     assignments = 0
     for path, entry in lint_report["files"].items():
@@ -257,14 +260,16 @@ def test_scheduled_events_policy_is_one_block_for_templates_and_existing_vms(tmp
     asks (the preview feature's state, a VM's parent): the Azure CLI cannot reach Azure from here."""
     module = (ROOT / "infra" / "modules" / "scheduled-events-policy.bicep").read_text()
     script = ROOT / "deploy" / "enable-scheduled-events-policy.sh"
+    # During the preview the schema version's only value, 2020-07-01, is set by default (issue 34).
+    preview = {"enable": True, "scheduledEventsApiVersion": "2020-07-01"}
     policy = {
-        "scheduledEventsAdditionalPublishingTargets": {"eventGridAndResourceGraph": {"enable": True}},
+        "scheduledEventsAdditionalPublishingTargets": {"eventGridAndResourceGraph": preview},
         "userInitiatedReboot": {"automaticallyApprove": False},
         "userInitiatedRedeploy": {"automaticallyApprove": False},
     }
     keys = ["scheduledEventsAdditionalPublishingTargets", "eventGridAndResourceGraph", "enable:"]
     keys += ["userInitiatedReboot", "userInitiatedRedeploy", "automaticallyApprove:", "output policy object"]
-    keys += ["scheduledEventsApiVersion:", "allInstancesDown:"]
+    keys += ["scheduledEventsApiVersion:", "allInstancesDown:", "ScheduledEventsActivity"]
     assert all(key in module for key in keys)
     rg = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg/providers/Microsoft.Compute"
     vm, vmss, aset = (
@@ -280,6 +285,7 @@ def test_scheduled_events_policy_is_one_block_for_templates_and_existing_vms(tmp
         "#!/bin/sh\n"
         f'printf "%s\\n" "$*" >> {calls}\n'
         'case "$*" in\n'
+        f'  "feature show --namespace Microsoft.Maintenance"*) echo "${{ACTIVITY_STATE:-Registered}}" ;;\n'
         f'  "feature show"*) echo "${{FEATURE_STATE:-Registered}}" ;;\n'
         f'  "vm show --ids {member} "*) echo "{aset}" ;;\n'
         '  "vm show"*) echo "" ;;\n'
@@ -308,13 +314,28 @@ def test_scheduled_events_policy_is_one_block_for_templates_and_existing_vms(tmp
     # Compute 2025-04-01's two settings, when asked for.
     done = run("--events-api-version", "2020-07-01", "--all-instances-down-approve", "false", vm)
     sent_one = calls.read_text().split("scheduledEventsPolicy=", 1)[1].split(" --output")[0]
-    assert json.loads(sent_one) == {
-        **policy,
-        "scheduledEventsAdditionalPublishingTargets": {
-            "eventGridAndResourceGraph": {"enable": True, "scheduledEventsApiVersion": "2020-07-01"}
-        },
-        "allInstancesDown": {"automaticallyApprove": False},
+    assert json.loads(sent_one) == {**policy, "allInstancesDown": {"automaticallyApprove": False}}
+    # Another schema version is refused (the preview delivers only 2020-07-01); it can be left out.
+    refused = run("--events-api-version", "2024-07-01", vm)
+    assert refused.returncode == 2 and "only value is 2020-07-01" in refused.stderr and not calls.exists()
+    done = run("--no-events-api-version", vm)
+    sent_one = calls.read_text().split("scheduledEventsPolicy=", 1)[1].split(" --output")[0]
+    assert json.loads(sent_one)["scheduledEventsAdditionalPublishingTargets"] == {
+        "eventGridAndResourceGraph": {"enable": True}
     }
+    # Microsoft's second preview feature (Microsoft.Maintenance/ScheduledEventsActivity) is checked:
+    # a warning that names the command, and the policy is still set.
+    warned = run(vm, ACTIVITY_STATE="NotRegistered")
+    assert warned.returncode == 0 and "Microsoft.Maintenance/ScheduledEventsActivity" in warned.stderr
+    assert (
+        "az feature register --namespace Microsoft.Maintenance --name ScheduledEventsActivity"
+        in warned.stderr
+    )
+    assert " update " in calls.read_text()
+    assert re.search(
+        r"@allowed\(\[\s*'2020-07-01'\s*''\s*\]\)\nparam scheduledEventsApiVersion string = '2020-07-01'",
+        module,
+    )
     # Nothing changes without the preview feature, or for a VM whose availability set holds the policy.
     refused = run(vm, FEATURE_STATE="NotRegistered")
     assert refused.returncode == 3 and "SendScheduledEventsPolicy" in refused.stderr
@@ -1388,3 +1409,102 @@ def test_the_deploy_scripts_without_the_azure_cli_say_so_in_one_line(tmp_path: P
         assert done.returncode != 0
         assert "Traceback" not in done.stderr and "feature" not in done.stderr
         assert "the Azure CLI (az) is not installed or not on PATH" in done.stderr, done.stderr
+
+
+TYPES_INDEX = ROOT / "infra" / "tools" / "bicep-types-index.json"
+
+
+def test_every_template_resource_is_checked_against_microsofts_types(
+    tmp_path: Path, lint_report: dict[str, Any]
+) -> None:
+    """Issue 34: the lint checked references, secrets and some limits, not property names, enums or
+    read-only properties, and the api-version list was hand-typed. infra/tools/bicep-types-index.json,
+    derived from Azure/bicep-types-az (its commit named in the file, regenerated by
+    infra/tools/bicep_types_index.py), holds every type@apiVersion the templates use; a property the
+    type lacks, a read-only one set, a literal outside an enum or discriminator, an api-version
+    Microsoft does not define: each is an error. Found by it on the templates: the registry's
+    anonymousPullEnabled does not exist in 2023-07-01 (now 2025-11-01), and the Logic App
+    connection's parameterValueSet, Microsoft's documented managed-identity form, is absent from the
+    2016-06-01 definition (accepted with Bicep's own `#disable-next-line BCP037`)."""
+    index = json.loads(TYPES_INDEX.read_text())
+    assert index["source"]["repository"] == "Azure/bicep-types-az"
+    assert re.fullmatch(r"[0-9a-f]{40}", index["source"]["commit"])
+    used = {r["type"] for f in lint_report["files"].values() for r in f["resources"]}
+    assert used <= {k for k, v in index["resources"].items() if v is not None}
+    bad = tmp_path / "bad.bicep"
+    bad.write_text(
+        "param loc string\n"
+        "resource rule 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {\n"
+        "  name: 'r'\n  location: loc\n  kind: 'LogAlert'\n"
+        "  identity: {\n    type: 'Magic'\n  }\n"  # not in the (closed) enum
+        "  properties: {\n"
+        "    overrideQueryTimeRanges: 'P2D'\n"  # misspelt
+        "    isLegacyLogAnalyticsRule: false\n"  # read-only
+        "    criteria: {\n      allOf: [\n        {\n          query: 'T'\n"
+        "        }\n      ]\n    }\n"
+        "  }\n}\n"
+        "resource sub 'Microsoft.EventGrid/systemTopics/eventSubscriptions@2025-02-15' = {\n"
+        "  name: 's'\n  properties: {\n    destination: {\n"
+        "      endpointType: 'EventHubs'\n"  # no such case
+        "    }\n"
+        "    #disable-next-line BCP037\n"
+        "    notInTheSpecButDocumented: true\n"
+        "  }\n}\n"
+        "resource old 'Microsoft.Insights/scheduledQueryRules@2099-01-01' = {\n"
+        "  name: 'o'\n  location: loc\n}\n"
+    )
+    code, report = run_lint(bad)
+    errors = "\n".join(report["files"][str(bad)]["errors"])
+    assert code == 1
+    assert "properties.overrideQueryTimeRanges: no such property" in errors
+    assert "properties.isLegacyLogAnalyticsRule: read-only" in errors
+    assert "identity.type: 'Magic' is none of ['None', 'SystemAssigned', 'UserAssigned']" in errors
+    assert "properties.destination.endpointType: 'EventHubs' is none of" in errors
+    assert "notInTheSpecButDocumented" not in errors
+    assert "scheduledQueryRules@2099-01-01 is not in bicep-types-index.json" in errors
+
+
+def test_the_type_index_is_what_its_generator_makes(tmp_path: Path) -> None:
+    """The index is generated, never hand-edited: regenerate it from a two-file stand-in of
+    bicep-types-az and check the shape the lint reads (and that it names the commit it came from)."""
+    repo = tmp_path / "bicep-types-az"
+    folder = repo / "generated" / "monitor" / "microsoft.insights" / "2023-12-01"
+    folder.mkdir(parents=True)
+    (folder / "types.json").write_text(json.dumps([
+        {"$type": "StringType"},
+        {"$type": "StringLiteralType", "value": "A"},
+        {"$type": "StringLiteralType", "value": "B"},
+        {"$type": "UnionType", "elements": [{"$ref": "#/1"}, {"$ref": "#/2"}]},
+        {"$type": "ObjectType", "name": "body", "properties": {
+            "name": {"type": {"$ref": "#/0"}, "flags": 9},
+            "kind": {"type": {"$ref": "#/3"}, "flags": 0},
+            "etag": {"type": {"$ref": "#/0"}, "flags": 2}}},
+        {"$type": "ResourceType", "name": "Microsoft.Insights/scheduledQueryRules@2023-12-01",
+         "body": {"$ref": "#/4"}},
+    ]))  # fmt: skip
+    template = tmp_path / "t.bicep"
+    template.write_text(
+        "resource r 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {\n  name: 'x'\n}\n"
+    )
+    for args in (
+        ["init", "-q"],
+        ["add", "."],
+        ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "t"],
+    ):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    generator = ROOT / "infra" / "tools" / "bicep_types_index.py"
+    code = (
+        "import runpy, sys, pathlib\n"
+        f"module = runpy.run_path({str(generator)!r})\n"
+        f"built = module['build'](pathlib.Path({str(repo)!r}), [pathlib.Path({str(template)!r})])\n"
+        "print(__import__('json').dumps(built))"
+    )
+    built = json.loads(
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    )
+    body = built["types"][built["resources"]["Microsoft.Insights/scheduledQueryRules@2023-12-01"]]
+    assert body["k"] == "o" and body["p"]["etag"]["f"] == 2
+    assert built["types"][body["p"]["kind"]["t"]] == {"k": "e", "v": ["A", "B"]}
+    assert re.fullmatch(r"[0-9a-f]{40}", built["source"]["commit"])
+    shipped = json.loads(TYPES_INDEX.read_text())
+    assert set(shipped) == set(built)

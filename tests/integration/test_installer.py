@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from procs import Emulator, wait_until
+from procs import Emulator, decision_public_pem, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALLER = ROOT / "deploy" / "linux" / "install.sh"
@@ -247,6 +247,7 @@ def test_units_pass_systemd_analyze_verify(installed: Install) -> None:
     units = [
         str(installed.units / "se-bridge-agent.service"),
         str(installed.units / "se-bridge-approver.service"),
+        str(installed.units / "se-bridge-azure-channel.service"),
     ]
     proc = subprocess.run(
         [analyze, "verify", *units],
@@ -566,3 +567,48 @@ def test_vm_application_installs_offline_updates_and_removes(tmp_path: Path) -> 
     assert not list((root / "etc" / "systemd" / "system").glob("se-bridge-*.service"))
     assert (root / "etc" / "se-bridge" / "config.toml").exists()
     assert (root / "var" / "lib" / "se-bridge" / "outbox").is_dir()
+
+
+def test_a_central_install_runs_the_fleet_approver_and_azures_channel_without_an_agent(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """Issue 34: `install.sh --role central` (what infra/modules/central.bicep's cloud-init runs)
+    renders the fleet approver and Azure's channel, each with its own sinks and state directory, and
+    no agent; the azure-channel unit is hardened like the others; agent settings are refused there,
+    and Azure's channel is refused on an agent's VM."""
+    root = tmp_path / "root"
+    settings = tmp_path / "settings.json"
+    logs = f"file://{root}/var/log/se-bridge"
+    settings.write_text(json.dumps({
+        "approver": {"mode": "fleet", "source": f"file://{root}/var/lib/decisions.jsonl",
+                     "events_source": [f"{logs}/records.jsonl"], "key": ["ops=/etc/se-bridge/keys/ops.pub"],
+                     "relay_key": ["fleet=/etc/se-bridge/relay-fleet.key"], "sink": [f"{logs}/audit.jsonl"]},
+        "azure_channel": {"source": [f"file://{root}/var/lib/grid.jsonl"], "sink": [f"{logs}/azure.jsonl"]},
+    }))  # fmt: skip
+    secrets = tmp_path / "secrets.json"
+    secrets.write_text(
+        json.dumps({"files": {"relay-fleet.key": "f" * 40, "keys/ops.pub": decision_public_pem()}})
+    )
+    done = run_installer(root, wheel, settings, secrets, "--role", "central")
+    assert "agent: disabled; approver: enabled; azure-channel: enabled" in done.stderr
+    etc = root / "etc" / "se-bridge"
+    config = tomllib.loads((etc / "config.toml").read_text())
+    assert set(config) == {"approver", "azure_channel"}
+    assert config["approver"]["state_dir"] == f"{root}/var/lib/se-bridge-approver"
+    assert config["azure_channel"]["state_dir"] == f"{root}/var/lib/se-bridge-azure"
+    unit = (root / "etc" / "systemd" / "system" / "se-bridge-azure-channel.service").read_text().splitlines()
+    assert (
+        f"ExecStart={root}/opt/se-bridge/venv/bin/se-bridge azure-channel --config {etc}/config.toml" in unit
+    )
+    assert {"StateDirectory=se-bridge-azure", "ProtectSystem=strict", "NoNewPrivileges=yes"} <= set(unit)
+    approver = (root / "etc" / "systemd" / "system" / "se-bridge-approver.service").read_text()
+    assert "After=se-bridge-agent.service" not in approver  # a central approver needs no local agent
+    # Agent settings on a central VM, or Azure's channel on an agent's VM: refused, nothing changed.
+    settings.write_text(json.dumps({"agent": {"sink": ["stdout:"]}, "approver": {}}))
+    refused = run_installer(
+        root, wheel, settings, secrets, "--role", "central", "--force-config", check=False
+    )
+    assert refused.returncode != 0 and "runs no agent" in refused.stderr
+    settings.write_text(json.dumps({"azure_channel": {"source": ["file:///x.jsonl"], "sink": ["stdout:"]}}))
+    refused = run_installer(root, wheel, settings, secrets, "--force-config", check=False)
+    assert refused.returncode != 0 and "need --role central" in refused.stderr

@@ -353,3 +353,15 @@ def test_a_record_split_into_parts_is_joined_back_whole_in_order() -> None:
     found = [dict(zip(result.columns, row, strict=True)) for row in result.fetchall()]
     assert [row["RecordId"] for row in found] == ["R-LONG"]
     assert json.loads(found[0]["Record"]) == long
+
+
+@pytest.mark.parametrize("rule", ["unapproved", "silent"])
+def test_no_alert_query_looks_further_back_than_its_rule_lets_it(rule: str) -> None:
+    """Issue 34: an `ago(7d)` in a rule that reads 15 minutes finds nothing older than 15 minutes
+    (ARM does not widen the range for `ago()` as the portal does). Every `ago()` of a rule's query
+    fits the time range the rule gives it, which is at most 2 days."""
+    kql, span = alert_rule(rule)
+    assert span <= dt.timedelta(days=2)
+    units = {"d": "days", "h": "hours", "m": "minutes"}
+    reaches = [dt.timedelta(**{units[u]: int(n)}) for n, u in re.findall(r"\bago\((\d+)([dhm])\)", kql)]
+    assert reaches and max(reaches) <= span, (rule, max(reaches), span)

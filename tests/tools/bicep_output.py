@@ -6,8 +6,11 @@ A mock of the Bicep compiler for the subset these files use to build settings: l
 interpolation, object and array literals, parameters (with defaults) and variables, the ternary and
 ``==``/``!``, and ``union``, ``concat``, ``empty``, ``json``, ``string``. pycep's JSON form writes an
 identifier and a string literal alike, so a bare string that names a parameter or variable is read as
-that reference (no settings literal of these files equals one of their symbol names). Anything else
-raises, so an expression this does not understand fails the test instead of being guessed.
+that reference (no settings literal of these files equals one of their symbol names); a dotted one
+(``identity.clientId``, ``${vault.properties.vaultUri}``) walks the symbol's object. A resource's
+runtime properties (what Azure fills in: a vault's URI) come from the parameters' ``__resources__``
+object, as the test states them. Anything else raises, so an expression this does not understand
+fails the test instead of being guessed.
 """
 
 from __future__ import annotations
@@ -40,13 +43,28 @@ class Evaluator:
         return value
 
     def is_symbol(self, name: str) -> bool:
-        return name in self.params or name in self.tree["parameters"] or name in self.tree["variables"]
+        return (
+            name in self.params
+            or name in self.tree["parameters"]
+            or name in self.tree["variables"]
+            or name in self.params.get("__resources__", {})
+        )
+
+    def path(self, dotted: str) -> Any:
+        head, *rest = dotted.split(".")
+        resources = self.params.get("__resources__", {})
+        value = (
+            resources[head] if head in resources and head not in self.tree["variables"] else self.symbol(head)
+        )
+        for part in rest:
+            value = value[part]
+        return value
 
     def eval(self, node: Any) -> Any:
         if isinstance(node, str):
-            if self.is_symbol(node):
-                return self.symbol(node)
-            return re.sub(r"\$\{([A-Za-z_]\w*)\}", lambda m: str(self.symbol(m.group(1))), node)
+            if self.is_symbol(node.split(".")[0]) and re.fullmatch(r"[A-Za-z_][\w.]*", node):
+                return self.path(node)
+            return re.sub(r"\$\{([A-Za-z_][\w.]*)\}", lambda m: str(self.path(m.group(1))), node)
         if isinstance(node, (bool, int, float)) or node is None:
             return node
         if isinstance(node, list):

@@ -41,3 +41,18 @@ def test_the_prerequisites_cover_what_the_path_uses() -> None:
         assert "`jq`" in prerequisites
     assert "not published on PyPI" in prerequisites
     assert "[eventhubs]" in prerequisites and "se-bridge decide" in prerequisites
+
+
+def test_the_modify_policys_alias_form_is_said_and_how_to_verify_it() -> None:
+    """Issue 34: the `modify` policy adds with the `[*]` alias and `conflictEffect: audit`, which is a
+    silent no-op where the alias is not Modifiable; Microsoft's sample uses the alias without `[*]`.
+    The docs say which form the template uses, why, and how to check it before relying on it."""
+    root = Path(__file__).resolve().parents[2]
+    policy = (root / "deploy" / "policy" / "se-bridge-vmapp-policy.bicep").read_text()
+    assert "field: '${kind.fields}applicationProfile.galleryApplications[*]'" in policy
+    assert "conflictEffect: 'audit'" in policy and "Get-AzPolicyAlias" in policy
+    deploy = (root / "docs" / "deploy.md").read_text()
+    section = deploy[deploy.index("**The alias form, and how to verify it**") :][:2500]
+    for needed in ("galleryApplications[*]", "Modifiable", "Get-AzPolicyAlias", "silent no-op",
+                   "az provider show --namespace Microsoft.Compute", "conflictEffect"):  # fmt: skip
+        assert needed in section, needed
