@@ -56,3 +56,24 @@ def test_the_modify_policys_alias_form_is_said_and_how_to_verify_it() -> None:
     for needed in ("galleryApplications[*]", "Modifiable", "Get-AzPolicyAlias", "silent no-op",
                    "az provider show --namespace Microsoft.Compute", "conflictEffect"):  # fmt: skip
         assert needed in section, needed
+
+
+def test_the_central_services_step_names_only_parameters_and_outputs_main_has() -> None:
+    """Issue 34: docs/deploy.md walks one path through the central services (step 6c); every
+    parameter its command passes is one infra/main.bicep declares, every output it names one it has."""
+    root = Path(__file__).resolve().parents[2]
+    deploy = (root / "docs" / "deploy.md").read_text()
+    step = deploy[deploy.index("## 6c.") : deploy.index("## 7.")]
+    main = (root / "infra" / "main.bicep").read_text()
+    params = set(re.findall(r"^param (\w+) ", main, re.M))
+    outputs = set(re.findall(r"^output (\w+) ", main, re.M))
+    command = step[step.index("az deployment group create") : step.index("az deployment group show")]
+    given = set(re.findall(r"(\w+)=", command.replace("\\\n", " "))) - {"n", "g", "f"}
+    assert given and given <= params, given - params
+    for name in (
+        "centralScaleSetId",
+        "fleetApproverDecisionsSpec",
+        "fleetApproverEventsSpec",
+        "azureChannelSourceSpec",
+    ):
+        assert f"`{name}`" in step and name in outputs, name
