@@ -167,7 +167,7 @@ param dashboardViewerGroupObjectId string = ''
 @description('Deploy the ops console (se-bridge console) on Azure Container Apps behind Entra ID sign-in (docs/console.md).')
 param deployConsole bool = false
 
-@description('Read Azure\'s own Scheduled Events channel (Event Grid system topic of this subscription\'s maintenance resources -> a dedicated hub) with se-bridge azure-channel, run under the approvers\' identity (docs/azure-channel.md). Azure publishes only for VMs, scale sets and availability sets whose scheduledEventsPolicy enables eventGridAndResourceGraph (preview).')
+@description('Read Azure\'s own Scheduled Events channel (Event Grid system topic of this subscription\'s maintenance resources -> a dedicated hub) with se-bridge azure-channel, run under its own identity (<prefix>-azure-channel) (docs/azure-channel.md). Azure publishes only for VMs, scale sets and availability sets whose scheduledEventsPolicy enables eventGridAndResourceGraph (preview).')
 param deployAzureChannel bool = false
 
 @description('With deployAzureChannel: the system topic of this subscription\'s MaintenanceResources that already exists (in this resource group), to subscribe to instead of creating one. Azure allows one per source: a second deployment in a subscription must name the first one\'s.')
@@ -308,6 +308,7 @@ module identities 'modules/identities.bicep' = {
     agentIdentityName: '${namePrefix}-agent'
     approverIdentityName: '${namePrefix}-approver'
     logicAppIdentityName: deployLogicApp ? '${namePrefix}-logicapp' : ''
+    azureChannelIdentityName: deployAzureChannel ? '${namePrefix}-azure-channel' : ''
     tags: tags
   }
 }
@@ -323,6 +324,7 @@ module rbac 'modules/rbac.bicep' = {
     artifactsContainerName: storage.outputs.containers.artifacts
     agentPrincipalId: identities.outputs.agent.principalId
     approverPrincipalId: identities.outputs.approver.principalId
+    azureChannelPrincipalId: identities.outputs.azureChannel.principalId
     logicAppPrincipalId: identities.outputs.logicApp.principalId
     logicAppReadsEvents: deployLogicApp && logicAppTrigger == 'eventhub'
   }
@@ -442,7 +444,7 @@ module azureChannel 'modules/azure-channel.bicep' = if (deployAzureChannel) {
     systemTopicName: '${namePrefix}-maintenance-${suffix}'
     existingSystemTopicName: existingMaintenanceSystemTopicName
     deadLetterAccountName: storage.outputs.accountName
-    readerPrincipalId: identities.outputs.approver.principalId
+    readerPrincipalId: identities.outputs.azureChannel.principalId
     tags: tags
   }
 }
@@ -451,8 +453,9 @@ module azureChannel 'modules/azure-channel.bicep' = if (deployAzureChannel) {
 var fleetDecisionsSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${decisionsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-approver&checkpoint_url=${storage.outputs.blobEndpoint}${storage.outputs.containers.checkpoints}'
 var fleetEventsSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-approver-fleet'
 var centralRecordsSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}'
-var azureChannelSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/se-azure-events?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-azure-channel&checkpoint_url=${storage.outputs.blobEndpoint}${storage.outputs.containers.checkpoints}'
-var azureChannelEventsSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.approver.clientId}&consumer_group=se-bridge-azure-channel-fleet'
+var azureChannelSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/se-azure-events?credential=managed&client_id=${identities.outputs.azureChannel.clientId}&consumer_group=se-bridge-azure-channel&checkpoint_url=${storage.outputs.blobEndpoint}${storage.outputs.containers.checkpoints}'
+var azureChannelEventsSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.azureChannel.clientId}&consumer_group=se-bridge-azure-channel-fleet'
+var azureChannelRecordsSpec = 'eventhubs://${eventHubs.outputs.namespaceFqdn}/${eventsHubName}?credential=managed&client_id=${identities.outputs.azureChannel.clientId}'
 
 module central 'modules/central.bicep' = if (deployCentral) {
   name: 'se-bridge-central'
@@ -464,12 +467,14 @@ module central 'modules/central.bicep' = if (deployCentral) {
     subnetId: centralSubnetId
     adminPublicKey: centralAdminPublicKey
     identity: identities.outputs.approver
+    channelIdentity: deployAzureChannel ? identities.outputs.azureChannel : {}
     wheelUrl: '${storage.outputs.blobEndpoint}${storage.outputs.containers.artifacts}/${centralWheelBlob}'
     decisionsSpec: fleetDecisionsSpec
     approverEventsSpec: fleetEventsSpec
     recordsSinkSpec: centralRecordsSpec
     azureChannelSourceSpec: deployAzureChannel ? azureChannelSpec : ''
     azureChannelEventsSpec: deployAzureChannel ? azureChannelEventsSpec : ''
+    azureChannelSinkSpec: deployAzureChannel ? azureChannelRecordsSpec : ''
     decisionKeyId: centralDecisionKeyId
     decisionPublicKey: centralDecisionPublicKey
     relayKey: centralRelayKey
@@ -497,7 +502,10 @@ module azureMonitor 'modules/monitor.bicep' = if (deployAzureMonitor) {
     agentPrincipalIds: [
       identities.outputs.agent.principalId
     ]
-    centralPrincipalIds: [
+    centralPrincipalIds: deployAzureChannel ? [
+      identities.outputs.approver.principalId
+      identities.outputs.azureChannel.principalId
+    ] : [
       identities.outputs.approver.principalId
     ]
     alertEmails: alertEmails

@@ -44,8 +44,11 @@ param adminUsername string = 'sebridge'
 @description('SSH public key of the administrator.')
 param adminPublicKey string
 
-@description('The central services\' user-assigned identity: resource id, client id and principal id.')
+@description('The fleet approvers\' user-assigned identity: resource id, client id and principal id (it also downloads the wheel).')
 param identity object
+
+@description('Azure\'s channel\'s own identity ({} without Azure\'s channel): resource id, client id, principal id.')
+param channelIdentity object = {}
 
 @description('HTTPS URL of the wheel in the artifacts container (read with the identity).')
 param wheelUrl string
@@ -64,6 +67,9 @@ param azureChannelSourceSpec string = ''
 
 @description('Azure\'s channel\'s --events-source (the records hub, its own consumer group).')
 param azureChannelEventsSpec string = ''
+
+@description('Where Azure\'s channel publishes (the records hub, with its own identity).')
+param azureChannelSinkSpec string = ''
 
 @description('Key id of the decisions\' signing key (the approvers verify with its public half).')
 param decisionKeyId string
@@ -87,6 +93,7 @@ param armScopes array = []
 @description('Tags of every resource.')
 param tags object
 
+var withChannel = !empty(azureChannelSourceSpec)
 var keyVaultSecretsUser = subscriptionResourceId('Microsoft.Authorization/roleDefinitions', '4633458b-17de-408a-b874-0445c86b69e6')
 
 resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
@@ -138,6 +145,7 @@ resource readsRelay 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   }
 }
 
+// The approvers verify Azure's channel's records with its key; the channel signs with it.
 resource readsAzureKey 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(azureSecret.id, identity.principalId, keyVaultSecretsUser)
   scope: azureSecret
@@ -148,8 +156,19 @@ resource readsAzureKey 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   }
 }
 
+resource channelReadsAzureKey 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (withChannel) {
+  name: guid(azureSecret.id, withChannel ? channelIdentity.principalId : 'none', keyVaultSecretsUser)
+  scope: azureSecret
+  properties: {
+    principalId: withChannel ? channelIdentity.principalId : ''
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: keyVaultSecretsUser
+  }
+}
+
 var relayKeyRef = 'fleet=${vault.properties.vaultUri}secrets/relay-fleet?client_id=${identity.clientId}'
 var azureKeyRef = 'azure=${vault.properties.vaultUri}secrets/azure-channel-sign?client_id=${identity.clientId}'
+var channelSignRef = withChannel ? 'azure=${vault.properties.vaultUri}secrets/azure-channel-sign?client_id=${channelIdentity.clientId}' : ''
 var publicKeyPath = '/etc/se-bridge/keys/${decisionKeyId}.pub'
 
 // The configuration install.sh --role central renders into /etc/se-bridge/config.toml (checked, and
@@ -171,16 +190,16 @@ var approverSettings = union({
   ]
   // /healthz and /metrics for the instance's own checks (the installer probes it on loopback)
   listen: '127.0.0.1:8711'
-}, empty(azureChannelSourceSpec) ? {} : {
+}, withChannel ? {
   azure_key: [
     azureKeyRef
   ]
-}, empty(armScopes) ? {} : {
+} : {}, empty(armScopes) ? {} : {
   arm: 'fallback'
   arm_client_id: identity.clientId
   arm_scope: armScopes
 })
-var channelSettings = empty(azureChannelSourceSpec) ? {} : {
+var channelSettings = withChannel ? {
   source: [
     azureChannelSourceSpec
   ]
@@ -188,11 +207,11 @@ var channelSettings = empty(azureChannelSourceSpec) ? {} : {
     azureChannelEventsSpec
   ]
   sink: [
-    recordsSinkSpec
+    azureChannelSinkSpec
   ]
-  sign_key: azureKeyRef
+  sign_key: channelSignRef
   listen: '127.0.0.1:8730'
-}
+} : {}
 var settings = union({
   approver: approverSettings
 }, empty(channelSettings) ? {} : {
@@ -231,7 +250,11 @@ resource scaleSet 'Microsoft.Compute/virtualMachineScaleSets@2024-07-01' = {
   tags: tags
   identity: {
     type: 'UserAssigned'
-    userAssignedIdentities: {
+    // Each service its own: the approvers' (which also fetches the wheel), and Azure's channel's.
+    userAssignedIdentities: withChannel ? {
+      '${identity.id}': {}
+      '${channelIdentity.id}': {}
+    } : {
       '${identity.id}': {}
     }
   }
@@ -306,6 +329,7 @@ resource scaleSet 'Microsoft.Compute/virtualMachineScaleSets@2024-07-01' = {
   dependsOn: [
     readsRelay
     readsAzureKey
+    channelReadsAzureKey
   ]
 }
 

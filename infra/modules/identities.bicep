@@ -13,6 +13,9 @@ param approverIdentityName string
 @description('Identity of the example Logic App; empty: none.')
 param logicAppIdentityName string
 
+@description('Identity of se-bridge azure-channel (its own: it reads Azure\'s channel and signs what it publishes, nothing of the approvers\'); empty: none.')
+param azureChannelIdentityName string = ''
+
 @description('Tags of every resource.')
 param tags object
 
@@ -30,6 +33,12 @@ resource approver 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' 
 
 resource logicApp 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = if (!empty(logicAppIdentityName)) {
   name: empty(logicAppIdentityName) ? 'unused' : logicAppIdentityName
+  location: location
+  tags: tags
+}
+
+resource azureChannel 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = if (!empty(azureChannelIdentityName)) {
+  name: empty(azureChannelIdentityName) ? 'unused-azure-channel' : azureChannelIdentityName
   location: location
   tags: tags
 }
@@ -53,4 +62,11 @@ output logicApp object = {
   id: empty(logicAppIdentityName) ? '' : logicApp.id
   clientId: empty(logicAppIdentityName) ? '' : logicApp.properties.clientId
   principalId: empty(logicAppIdentityName) ? '' : logicApp.properties.principalId
+}
+
+@description('Azure\'s channel\'s identity (empty values when not created).')
+output azureChannel object = {
+  id: empty(azureChannelIdentityName) ? '' : azureChannel.id
+  clientId: empty(azureChannelIdentityName) ? '' : azureChannel.properties.clientId
+  principalId: empty(azureChannelIdentityName) ? '' : azureChannel.properties.principalId
 }

@@ -36,6 +36,9 @@ param agentPrincipalId string
 @description('Principal id of the fleet approver\'s identity.')
 param approverPrincipalId string
 
+@description('Principal id of se-bridge azure-channel\'s identity (empty: not deployed). It reads the records hub (reconciliation) and publishes to it, and checkpoints its reading of Azure\'s hub.')
+param azureChannelPrincipalId string = ''
+
 @description('Principal id of the Logic App identity; empty: no Logic App.')
 param logicAppPrincipalId string
 
@@ -178,6 +181,39 @@ resource approverCheckpoints 'Microsoft.Authorization/roleAssignments@2022-04-01
     principalType: 'ServicePrincipal'
     roleDefinitionId: roles.blobDataContributor
     description: 'se-bridge fleet approver checkpoints'
+  }
+}
+
+resource channelReadsRecords 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(azureChannelPrincipalId)) {
+  name: guid(eventsHub.id, azureChannelPrincipalId, roles.eventHubsDataReceiver)
+  scope: eventsHub
+  properties: {
+    principalId: azureChannelPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: roles.eventHubsDataReceiver
+    description: 'se-bridge azure-channel reconciles Azure\'s events with the agents\' records'
+  }
+}
+
+resource channelPublishes 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(azureChannelPrincipalId)) {
+  name: guid(eventsHub.id, azureChannelPrincipalId, roles.eventHubsDataSender)
+  scope: eventsHub
+  properties: {
+    principalId: azureChannelPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: roles.eventHubsDataSender
+    description: 'se-bridge azure-channel publishes Azure\'s events and its findings'
+  }
+}
+
+resource channelCheckpoints 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(azureChannelPrincipalId)) {
+  name: guid(checkpoints.id, azureChannelPrincipalId, roles.blobDataContributor)
+  scope: checkpoints
+  properties: {
+    principalId: azureChannelPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: roles.blobDataContributor
+    description: 'se-bridge azure-channel checkpoints its reading of Azure\'s hub'
   }
 }
 

@@ -225,6 +225,7 @@ def test_each_deployment_paths_services_start_from_its_rendered_config(path: str
 # -- the central services (infra/modules/central.bicep, issue 34) -------------------------------------
 
 CENTRAL_ID = "00000000-0000-0000-0000-0000000000b2"
+CHANNEL_ID = "00000000-0000-0000-0000-0000000000c3"
 NS = "eventhubs://contoso.servicebus.windows.net"
 BLOB = "https://acct.blob.core.windows.net"
 CENTRAL_PARAMS = {
@@ -232,16 +233,18 @@ CENTRAL_PARAMS = {
     "subnetId": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/virtualNetworks/v/subnets/c",
     "adminPublicKey": "ssh-ed25519 AAAA", "wheelUrl": f"{BLOB}/artifacts/w.whl",
     "identity": {"id": "/identities/approver", "clientId": CENTRAL_ID, "principalId": "p"},
+    "channelIdentity": {"id": "/identities/azure-channel", "clientId": CHANNEL_ID, "principalId": "c"},
     # The strings infra/main.bicep passes (its fleetDecisionsSpec, fleetEventsSpec, ... variables).
     "decisionsSpec": f"{NS}/se-decisions?credential=managed&client_id={CENTRAL_ID}"
                      f"&consumer_group=se-bridge-approver&checkpoint_url={BLOB}/checkpoints",
     "approverEventsSpec": f"{NS}/se-records?credential=managed&client_id={CENTRAL_ID}"
                           "&consumer_group=se-bridge-approver-fleet",
     "recordsSinkSpec": f"{NS}/se-records?credential=managed&client_id={CENTRAL_ID}",
-    "azureChannelSourceSpec": f"{NS}/se-azure-events?credential=managed&client_id={CENTRAL_ID}"
+    "azureChannelSourceSpec": f"{NS}/se-azure-events?credential=managed&client_id={CHANNEL_ID}"
                               f"&consumer_group=se-bridge-azure-channel&checkpoint_url={BLOB}/checkpoints",
-    "azureChannelEventsSpec": f"{NS}/se-records?credential=managed&client_id={CENTRAL_ID}"
+    "azureChannelEventsSpec": f"{NS}/se-records?credential=managed&client_id={CHANNEL_ID}"
                               "&consumer_group=se-bridge-azure-channel-fleet",
+    "azureChannelSinkSpec": f"{NS}/se-records?credential=managed&client_id={CHANNEL_ID}",
     "decisionKeyId": "console", "decisionPublicKey": "PEM", "relayKey": "r" * 32, "azureSignKey": "a" * 32,
     "tags": {},
 }  # fmt: skip
@@ -294,6 +297,10 @@ def test_the_central_services_start_from_the_config_their_template_renders(tmp_p
     for spec in approver.events_source:
         topology.check_events_reader(spec)
     assert approver.mode == "fleet" and approver.sink and channel.sink and channel.sign_key
+    # Each service with its own identity: the approvers' and Azure's channel's.
+    assert all(CENTRAL_ID in spec for spec in (approver.source, *approver.events_source, *approver.sink))
+    assert all(CHANNEL_ID in spec and CENTRAL_ID not in spec for spec in (*channel.source, *channel.sink))
+    assert channel.sign_key and channel.sign_key.endswith(f"client_id={CHANNEL_ID}")
     # Without its source, no Azure's channel: only the approver is rendered.
     (tmp_path / "lone").mkdir()
     lone = render(
@@ -346,6 +353,11 @@ def test_main_passes_the_central_module_the_specs_it_outputs() -> None:
     assert "output fleetApproverDecisionsSpec string = fleetDecisionsSpec" in main
     assert "output fleetApproverEventsSpec string = fleetEventsSpec" in main
     assert "azureChannelSourceSpec: deployAzureChannel ? azureChannelSpec : ''" in module
+    assert "azureChannelSinkSpec: deployAzureChannel ? azureChannelRecordsSpec : ''" in module
+    assert "channelIdentity: deployAzureChannel ? identities.outputs.azureChannel : {}" in module
+    for var in ("azureChannelSpec", "azureChannelEventsSpec", "azureChannelRecordsSpec"):
+        line = next(line for line in main.splitlines() if line.startswith(f"var {var} = "))
+        assert "identities.outputs.azureChannel.clientId" in line and "approver" not in line, var
     assert "output azureChannelSourceSpec string = deployAzureChannel ? azureChannelSpec : ''" in main
     central = (ROOT / "infra" / "modules" / "central.bicep").read_text()
     assert "loadTextContent('../../deploy/linux/install.sh')" in central

@@ -100,7 +100,7 @@ class Evaluator:
             return self.eval(operands["operand_1"]) == self.eval(operands["operand_2"])
         if kind == "not_equals":
             return self.eval(operands["operand_1"]) != self.eval(operands["operand_2"])
-        if kind == "logical_not":
+        if kind in ("logical_not", "not"):
             return not self.eval(operands["bool_value"])
         raise NotImplementedError(f"operator {kind}")
 
