@@ -363,3 +363,9 @@ def test_main_passes_the_central_module_the_specs_it_outputs() -> None:
     assert "loadTextContent('../../deploy/linux/install.sh')" in central
     assert "'  - [/usr/local/sbin/se-bridge-install, --role, central," in central
     assert "base64(string(settings))" in central and "output settings object = settings" in central
+    # Custom data decodes to at most 65 535 bytes (Compute's osProfile.customData): the cloud-config
+    # holds the installer, the settings (< 4 KB) and a public key (< 1 KB), each base64 (4/3), and
+    # lines around them (< 2 KB).
+    installer = (ROOT / "deploy" / "linux" / "install.sh").read_bytes()
+    decoded = 4 * (len(installer) + 4096 + 1024) // 3 + 2048
+    assert decoded < 65_535, "the central cloud-init outgrows custom data"
