@@ -794,6 +794,34 @@ def test_event_grid_can_deliver_to_a_namespace_whose_public_access_is_off() -> N
     assert "trustedServiceAccessEnabled: true" in body and "defaultAction: 'Deny'" in body
 
 
+CONSOLE_DEPLOYMENT = {
+    "namespaceFqdn": "sebridge-ehns-abc.servicebus.windows.net", "eventsHubName": "se-records",
+    "decisionsHubName": "se-decisions", "consumerGroup": "se-bridge-console",
+    "credential": "credential=managed&client_id=00000000-0000-0000-0000-000000000001",
+    "decisionKeyId": "console", "keyRefName": "console-key", "port": "8720",
+    "approverRole": "Maintenance.Approve",
+    "oidcIssuer": "https://login.microsoftonline.com/00000000-0000-0000-0000-0000000000aa/v2.0",
+    "entraClientId": "11111111-2222-3333-4444-555555555555",
+    "publicHost": "se-console.calmwave-1a2b3c.westeurope.azurecontainerapps.io",
+}  # fmt: skip
+
+
+def console_template_argv(**deployment: str) -> list[str]:
+    """The console container's command line in infra/modules/console.bicep, its interpolations filled
+    in as a deployment would (``deployment`` overrides CONSOLE_DEPLOYMENT's values)."""
+    values = {**CONSOLE_DEPLOYMENT, **deployment}
+    module = (ROOT / "infra" / "modules" / "console.bicep").read_text()
+    block = re.search(r"\n          args: \[\n(.*?)\n          \]", module, re.S)
+    assert block, "the container's args"
+    argv = []
+    for line in (raw.strip() for raw in block.group(1).splitlines()):
+        if line.startswith("'"):
+            argv.append(re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], line.strip("'")))
+        else:
+            argv.append(values[line])  # a bare parameter
+    return argv
+
+
 def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: Path) -> None:
     """Issue 20: the container's command line in infra/modules/console.bicep, with its interpolations
     filled in as a deployment would, goes through the console's own parser and configuration: every
@@ -808,24 +836,8 @@ def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: P
     from bridge.streams.eventhubs import parse_source_spec
 
     module = (ROOT / "infra" / "modules" / "console.bicep").read_text()
-    block = re.search(r"\n          args: \[\n(.*?)\n          \]", module, re.S)
-    assert block, "the container's args"
-    deployment = {
-        "namespaceFqdn": "sebridge-ehns-abc.servicebus.windows.net", "eventsHubName": "se-records",
-        "decisionsHubName": "se-decisions", "consumerGroup": "se-bridge-console",
-        "credential": "credential=managed&client_id=00000000-0000-0000-0000-000000000001",
-        "decisionKeyId": "console", "keyRefName": "console-key", "port": "8720",
-        "approverRole": "Maintenance.Approve",
-        "oidcIssuer": "https://login.microsoftonline.com/00000000-0000-0000-0000-0000000000aa/v2.0",
-        "entraClientId": "11111111-2222-3333-4444-555555555555",
-        "publicHost": "se-console.calmwave-1a2b3c.westeurope.azurecontainerapps.io",
-    }  # fmt: skip
-    argv = []
-    for line in (raw.strip() for raw in block.group(1).splitlines()):
-        if line.startswith("'"):
-            argv.append(re.sub(r"\$\{(\w+)\}", lambda m: deployment[m.group(1)], line.strip("'")))
-        else:
-            argv.append(deployment[line])  # a bare parameter
+    deployment = CONSOLE_DEPLOYMENT
+    argv = console_template_argv()
     assert argv[0] == "console"
     args = build_parser("console").parse_args(argv)
     config = load_console_config(args, environ={})
@@ -847,6 +859,57 @@ def test_the_console_container_starts_with_flags_the_console_accepts(tmp_path: P
     main = (ROOT / "infra" / "main.bicep").read_text()
     assert re.search(r"deployConsole \? \[\n\s+'se-bridge-console'", main), "the console's consumer group"
     assert "consumerGroup: 'se-bridge-console'" in main
+
+
+def test_the_console_starts_from_its_container_command_line(tmp_path: Path) -> None:
+    """Issue 34: every central service starts from the configuration its template gives it. The
+    console's container command line (infra/modules/console.bicep) runs here as the container would,
+    only its listener, its state directory and its key file (Azure mounts the Key Vault secret) put
+    under the test's directory; Event Hubs and Entra ID cannot be reached from here: it starts, is
+    healthy, refuses an unsigned person, and keeps running."""
+    import socket
+
+    import requests
+    from procs import PY, wait_until
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    subprocess.run([PY, "-m", "bridge", "keygen", "console"], cwd=keys, check=True, capture_output=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = console_template_argv(port=str(port), keyRefName="console-key")
+    argv = [a.replace("/mnt/se-bridge-keys/console-key", str(keys / "console.key")) for a in argv]
+    argv = [a.replace("/tmp/se-bridge-console", str(tmp_path / "state")) for a in argv]
+    argv = [f"127.0.0.1:{port}" if a == f"0.0.0.0:{port}" else a for a in argv]
+    log = open(tmp_path / "console.log", "ab")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([PY, "-m", "bridge", *argv], stdout=subprocess.DEVNULL, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+    host = {"Host": CONSOLE_DEPLOYMENT["publicHost"]}
+
+    def healthy() -> bool:
+        try:
+            return (
+                requests.get(base + "/healthz", headers=host, timeout=2, proxies={"http": ""}).status_code
+                == 200
+            )
+        except requests.RequestException:
+            return False
+
+    try:
+        wait_until(healthy, 60, what="the console's /healthz from its container command line")
+        fleet = requests.get(base + "/api/fleet", headers=host, timeout=5, proxies={"http": ""})
+        assert fleet.status_code == 401  # no proven person (entra: an ID token from the front door)
+        time.sleep(3)
+        assert proc.poll() is None, (tmp_path / "console.log").read_text()[-2000:]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 def test_bicep_lint_knows_the_documented_limits(tmp_path: Path) -> None:
