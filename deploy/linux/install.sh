@@ -308,7 +308,7 @@ CONFIG_RESULT=$(sed -n 's/^config=//p' "$RESULT")
 APPROVER_ON=$(sed -n 's/^approver=//p' "$RESULT")
 AGENT_ON=$(sed -n 's/^agent=//p' "$RESULT")
 AZURE_ON=$(sed -n 's/^azure_channel=//p' "$RESULT")
-log "config $ETC/config.toml: $CONFIG_RESULT; agent: $([ "$AGENT_ON" = 1 ] && echo enabled || echo disabled); approver: $([ "$APPROVER_ON" = 1 ] && echo enabled || echo disabled); azure-channel: $([ "$AZURE_ON" = 1 ] && echo enabled || echo disabled)"
+log "config $ETC/config.toml: $CONFIG_RESULT; approver: $([ "$APPROVER_ON" = 1 ] && echo enabled || echo disabled); agent: $([ "$AGENT_ON" = 1 ] && echo enabled || echo disabled); azure-channel: $([ "$AZURE_ON" = 1 ] && echo enabled || echo disabled)"
 
 # -- 6. systemd units --------------------------------------------------------------------------------
 # Hardening: a dedicated account, read-only OS (ProtectSystem=strict) with the state and log

@@ -43,7 +43,7 @@ defaultConfigurationLink or the VM's galleryApplications entry a configurationRe
 }
 
 remove() {
-    units="se-bridge-approver.service se-bridge-agent.service"
+    units="se-bridge-azure-channel.service se-bridge-approver.service se-bridge-agent.service"
     if [ -z "$ROOT" ]; then
         for unit in $units; do
             systemctl disable --quiet --now "$unit" 2>/dev/null || true

@@ -672,7 +672,7 @@ def test_the_decisions_hub_has_the_consumer_groups_the_fleet_approvers_read_with
     block = re.search(r"decisionsConsumerGroups: \[(.*?)\]", main, re.S)
     assert block, "decisionsConsumerGroups"
     groups = re.findall(r"'([^']+)'", block.group(1))
-    source = re.search(r"output fleetApproverDecisionsSpec string = '[^']*consumer_group=([^&']+)", main)
+    source = re.search(r"var fleetDecisionsSpec = '[^']*consumer_group=([^&']+)", main)
     assert source and source.group(1) in groups
     assert standby_group(source.group(1)) in groups and len(groups) <= 20
 
@@ -699,7 +699,7 @@ def test_azures_channel_reaches_the_hub_the_azure_channel_service_reads(lint_rep
     sender = re.search(r"resource topicSends [^{]*\{(.*?)\n\}", module, re.S)
     assert sender and "scope: hub" in sender.group(1) and "roles.eventHubsDataSender" in sender.group(1)
     main = (ROOT / "infra" / "main.bicep").read_text()
-    spec = re.search(r"output azureChannelSourceSpec string = deployAzureChannel \? '([^']+)'", main)
+    spec = re.search(r"var azureChannelSpec = '([^']+)'", main)
     assert spec, "azureChannelSourceSpec"
     filled = re.sub(r"\$\{[^}]+\}", "x", spec.group(1)).replace(
         "eventhubs://x/", "eventhubs://ns.servicebus.windows.net/"
@@ -1392,10 +1392,11 @@ def test_agents_may_send_only_their_records_stream() -> None:
     main = (ROOT / "infra" / "main.bicep").read_text()
     wiring = main[main.index("module azureMonitor ") :]
     agents_given = re.search(r"agentPrincipalIds: \[(.*?)\]", wiring, re.S)
-    central_given = re.search(r"centralPrincipalIds: \[(.*?)\]", wiring, re.S)
+    central_given = re.search(r"centralPrincipalIds: (.*?)\n    alertEmails", wiring, re.S)
     assert agents_given and central_given
     assert "agent" in agents_given.group(1) and "approver" not in agents_given.group(1)
     assert "approver" in central_given.group(1) and "agent." not in central_given.group(1)
+    assert "azureChannel.principalId" in central_given.group(1)  # Azure's channel writes findings
     assert "output centralMonitorSinkSpec string" in main
 
 

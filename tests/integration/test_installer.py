@@ -590,7 +590,7 @@ def test_a_central_install_runs_the_fleet_approver_and_azures_channel_without_an
         json.dumps({"files": {"relay-fleet.key": "f" * 40, "keys/ops.pub": decision_public_pem()}})
     )
     done = run_installer(root, wheel, settings, secrets, "--role", "central")
-    assert "agent: disabled; approver: enabled; azure-channel: enabled" in done.stderr
+    assert "approver: enabled; agent: disabled; azure-channel: enabled" in done.stderr
     etc = root / "etc" / "se-bridge"
     config = tomllib.loads((etc / "config.toml").read_text())
     assert set(config) == {"approver", "azure_channel"}
