@@ -93,6 +93,7 @@ def docs_fleet_agent_settings() -> dict[str, Any]:
 def render(settings: dict[str, Any], tmp_path: Path, role: str = "agent") -> Path:
     """``python -m bridge.commands.install_config`` as the installers run it (``--role``); the file
     system under tmp_path."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     etc = tmp_path / "etc"
     text = json.dumps(settings).replace("/etc/se-bridge/", f"{etc}/")
     secrets = tmp_path / "secrets.json"
@@ -302,7 +303,6 @@ def test_the_central_services_start_from_the_config_their_template_renders(tmp_p
     assert all(CHANNEL_ID in spec and CENTRAL_ID not in spec for spec in (*channel.source, *channel.sink))
     assert channel.sign_key and channel.sign_key.endswith(f"client_id={CHANNEL_ID}")
     # Without its source, no Azure's channel: only the approver is rendered.
-    (tmp_path / "lone").mkdir()
     lone = render(
         central_settings(azure.vault_url, azureChannelSourceSpec=""), tmp_path / "lone", role="central"
     )
@@ -369,3 +369,110 @@ def test_main_passes_the_central_module_the_specs_it_outputs() -> None:
     installer = (ROOT / "deploy" / "linux" / "install.sh").read_bytes()
     decoded = 4 * (len(installer) + 4096 + 1024) // 3 + 2048
     assert decoded < 65_535, "the central cloud-init outgrows custom data"
+
+
+def test_the_central_config_approves_through_the_local_peers(
+    emulator: Emulator, make_agent: Any, tmp_path: Path
+) -> None:
+    """Issue 34: the central services started from the configuration their template renders, against
+    the local peers: the Event Hubs peer (the three hubs, each service's consumer groups) and Azurite
+    (the checkpoint store) stand in for the namespace and the account, a stand-in Key Vault for the
+    template's vault. Only the addresses and credentials of the rendered specs are swapped (managed
+    identities cannot be had here) and the relay address set to the test agent's. A decision signed
+    with the console's key reaches the agent through the fleet approver, the emulator gets one
+    StartRequest, and the approver's audit record lands on the records hub."""
+    import secrets
+
+    from azurite import Azurite, require_azurite
+    from peers.amqp_eventhubs import EventHubsPeer
+    from procs import DECISION_KEY, RELAY_KEY, decide, pem_files, relay_key_file
+
+    eh_key = secrets.token_urlsafe(32)
+    azure = FakeAzure(tmp_path)
+    azure.secrets["relay-fleet"] = RELAY_KEY.decode()
+    azure.secrets["azure-channel-sign"] = "a" * 40
+    hubs = {"se-decisions": "EH_DECISIONS", "se-records": "EH_RECORDS", "se-azure-events": "EH_AZURE"}
+    procs: list[subprocess.Popen[bytes]] = []
+    log = open(tmp_path / "services.log", "ab")  # noqa: SIM115 - closed below
+    with (
+        EventHubsPeer({"se-decisions": 2, "se-records": 2, "se-azure-events": 1}, keys={"K": eh_key}) as peer,
+        Azurite(require_azurite()) as store,
+    ):
+        try:
+            store.create_container("checkpoints")
+            env = {**os.environ, **azure.env(), "CP_CONN": store.connection_string()}
+            env |= {var: peer.connection_string(hub, "K", eh_key) for hub, var in hubs.items()}
+            records_sink = f"eventhubs://127.0.0.1:{peer.port}/se-records?connection_string_env=EH_RECORDS"
+            agent = make_agent(
+                emulator.url,
+                "--sink",
+                records_sink,
+                "--relay-key",
+                f"fleet={relay_key_file(tmp_path)}",
+                env=env,
+            ).start()
+            config = render(
+                central_settings(azure.vault_url, decisionKeyId="ops"), tmp_path / "central", "central"
+            )
+            text = config.read_text()
+            for hub, var in hubs.items():
+                for identity in (CENTRAL_ID, CHANNEL_ID):
+                    text = text.replace(
+                        f"contoso.servicebus.windows.net/{hub}?credential=managed&client_id={identity}",
+                        f"127.0.0.1:{peer.port}/{hub}?connection_string_env={var}",
+                    )
+            text = text.replace(
+                f"checkpoint_url={BLOB}/checkpoints",
+                "checkpoint_connection_string_env=CP_CONN&checkpoint_container=checkpoints",
+            )
+            assert "contoso" not in text and "credential=managed" not in text
+            text = text.replace("[approver]\n", f'[approver]\nrelay_url_template = "{agent.api}"\n', 1)
+            config.write_text(text)
+            pem_files(config.parent / "keys", "ops", DECISION_KEY)  # the public half cloud-init writes
+            apis = {}
+            for service in ("approver", "azure-channel"):
+                api = f"http://127.0.0.1:{_free_port()}"
+                procs.append(subprocess.Popen(
+                    [PY, "-m", "bridge", service, "--config", str(config), "--listen", api.removeprefix("http://")],
+                    stdout=subprocess.DEVNULL, stderr=log, env=env,
+                ))  # fmt: skip
+                apis[service] = api
+            for service, api in apis.items():
+                wait_until(lambda api=api: _healthy(api), 60, what=f"{service}'s /healthz")
+            event_id = emulator.add_event(eventType="Freeze")
+            agent.wait_for_change(event_id, "scheduled")
+            # The approver knows where the agent is once it read the agent's records from the hub.
+            wait_until(
+                lambda: scrape(apis["approver"], "se_bridge_approver_fleet_records_read_total") >= 2,
+                60,
+                what="the fleet approver reading the agents' records",
+            )
+            decisions = f"eventhubs://127.0.0.1:{peer.port}/se-decisions?connection_string_env=EH_DECISIONS"
+            published = decide(decisions, event_id, config.parent / "keys" / "ops.key", env=env)
+            wait_until(
+                lambda: emulator.state()["startRequests"] == {event_id: 1}, 60, what="one StartRequest"
+            )
+
+            def audit() -> list[dict[str, Any]]:
+                bodies = [json.loads(e.body) for e in peer.messages(hub="se-records")]
+                return [
+                    b for b in bodies
+                    if b.get("recordType") == "approval" and b.get("component") == "approver"
+                    and b.get("decisionId") == published["decisionId"]
+                ]  # fmt: skip
+
+            mine = wait_until(audit, 30, what="the approver's audit record on the records hub")
+            assert [a["outcome"] for a in mine] == ["approved"]
+            assert all(proc.poll() is None for proc in procs), (tmp_path / "services.log").read_text()[-3000:]
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            azure.stop()
+            log.close()
+    assert eh_key not in (tmp_path / "services.log").read_text()
