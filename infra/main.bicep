@@ -213,11 +213,8 @@ param centralInstanceCount int = 2
 @description('With deployCentral: blob name of the wheel in the artifacts container (make wheel; uploaded as in step 2).')
 param centralWheelBlob string = 'scheduled_events_bridge-0.1.0-py3-none-any.whl'
 
-@description('With deployCentral: key id of the decisions\' signing key the approvers verify (the console\'s by default).')
-param centralDecisionKeyId string = consoleDecisionKeyId
-
-@description('With deployCentral: that key\'s public half, PEM (se-bridge keygen writes it beside the private key).')
-param centralDecisionPublicKey string = ''
+@description('With deployCentral: the keys the approvers verify decisions with, [{id, publicKey}] (the public half, PEM, that se-bridge keygen writes beside the private key): the console\'s (id consoleDecisionKeyId), the Logic App signer\'s, a person\'s.')
+param centralDecisionKeys array = []
 
 @description('With deployCentral: the relay key the agents hold as relay_key fleet=... (at least 32 bytes). Stored in the central Key Vault, nowhere else.')
 @secure()
@@ -475,8 +472,7 @@ module central 'modules/central.bicep' = if (deployCentral) {
     azureChannelSourceSpec: deployAzureChannel ? azureChannelSpec : ''
     azureChannelEventsSpec: deployAzureChannel ? azureChannelEventsSpec : ''
     azureChannelSinkSpec: deployAzureChannel ? azureChannelRecordsSpec : ''
-    decisionKeyId: centralDecisionKeyId
-    decisionPublicKey: centralDecisionPublicKey
+    decisionKeys: centralDecisionKeys
     relayKey: centralRelayKey
     azureSignKey: centralAzureSignKey
     armScopes: [for rg in armAcknowledgeResourceGroups: '${subscription().id}/resourceGroups/${rg}']

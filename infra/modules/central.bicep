@@ -11,7 +11,7 @@
 // decides: it rebuilds its view from the stream, so it stays a container.
 //
 // What each instance gets: the installer (embedded, as deploy/linux/cloud-init.yaml does), the settings
-// (`output settings`, no secret in them), the decision key's public half, and the wheel from the
+// (`output settings`, no secret in them), the decision keys' public halves, and the wheel from the
 // artifacts container read with the services' identity. The relay key (shared with the agents) and
 // Azure's channel's signing key are Key Vault secrets of this module's vault, read at start with the
 // same identity (Key Vault Secrets User on those two secrets only).
@@ -71,11 +71,9 @@ param azureChannelEventsSpec string = ''
 @description('Where Azure\'s channel publishes (the records hub, with its own identity).')
 param azureChannelSinkSpec string = ''
 
-@description('Key id of the decisions\' signing key (the approvers verify with its public half).')
-param decisionKeyId string
-
-@description('The decision key\'s public half (PEM): not a secret; written to each instance.')
-param decisionPublicKey string
+@description('The keys decisions are signed with, [{id, publicKey}]: the public half (PEM) of each (the console\'s, the Logic App signer\'s, a person\'s for se-bridge decide). Not secrets: written to each instance, verified by the approvers.')
+@minLength(1)
+param decisionKeys array
 
 @description('The relay key the agents verify the fleet approvers\' requests with (at least 32 bytes).')
 @secure()
@@ -169,7 +167,7 @@ resource channelReadsAzureKey 'Microsoft.Authorization/roleAssignments@2022-04-0
 var relayKeyRef = 'fleet=${vault.properties.vaultUri}secrets/relay-fleet?client_id=${identity.clientId}'
 var azureKeyRef = 'azure=${vault.properties.vaultUri}secrets/azure-channel-sign?client_id=${identity.clientId}'
 var channelSignRef = withChannel ? 'azure=${vault.properties.vaultUri}secrets/azure-channel-sign?client_id=${channelIdentity.clientId}' : ''
-var publicKeyPath = '/etc/se-bridge/keys/${decisionKeyId}.pub'
+var keysDir = '/etc/se-bridge/keys'
 
 // The configuration install.sh --role central renders into /etc/se-bridge/config.toml (checked, and
 // the services started from it, by tests/integration/test_deploy_paths.py).
@@ -179,9 +177,7 @@ var approverSettings = union({
   events_source: [
     approverEventsSpec
   ]
-  key: [
-    '${decisionKeyId}=${publicKeyPath}'
-  ]
+  key: [for k in decisionKeys: '${k.id}=${keysDir}/${k.id}.pub']
   relay_key: [
     relayKeyRef
   ]
@@ -218,7 +214,9 @@ var settings = union({
   azure_channel: channelSettings
 })
 
-var cloudInit = join([
+// One write_files entry per decision key (its public half, PEM).
+var keyFiles = [for k in decisionKeys: '  - path: ${keysDir}/${k.id}.pub\n    owner: root:root\n    permissions: "0644"\n    encoding: b64\n    content: ${base64(k.publicKey)}']
+var cloudInit = join(concat([
   '#cloud-config'
   '# se-bridge central services (infra/modules/central.bicep): no secret here (custom data can be read back).'
   'write_files:'
@@ -232,15 +230,11 @@ var cloudInit = join([
   '    permissions: "0600"'
   '    encoding: b64'
   '    content: ${base64(string(settings))}'
-  '  - path: ${publicKeyPath}'
-  '    owner: root:root'
-  '    permissions: "0644"'
-  '    encoding: b64'
-  '    content: ${base64(decisionPublicKey)}'
+], keyFiles, [
   'runcmd:'
   '  - [/usr/local/sbin/se-bridge-install, --role, central, --settings, /etc/se-bridge/install/settings.json, --extras, "eventhubs,keyvault,arm", --wheel, "${wheelUrl}", --download-identity, "${identity.clientId}"]'
   ''
-], '\n')
+]), '\n')
 
 resource scaleSet 'Microsoft.Compute/virtualMachineScaleSets@2024-07-01' = {
   // checkov:skip=CKV_AZURE_95: no automatic OS image upgrade: it reimages the OS disk, where each instance keeps what decides (decision store, outboxes, journals); Ubuntu's unattended-upgrades patches in place

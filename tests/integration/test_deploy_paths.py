@@ -246,7 +246,8 @@ CENTRAL_PARAMS = {
     "azureChannelEventsSpec": f"{NS}/se-records?credential=managed&client_id={CHANNEL_ID}"
                               "&consumer_group=se-bridge-azure-channel-fleet",
     "azureChannelSinkSpec": f"{NS}/se-records?credential=managed&client_id={CHANNEL_ID}",
-    "decisionKeyId": "console", "decisionPublicKey": "PEM", "relayKey": "r" * 32, "azureSignKey": "a" * 32,
+    "decisionKeys": [{"id": "console", "publicKey": "PEM"}, {"id": "logicapp", "publicKey": "PEM2"}],
+    "relayKey": "r" * 32, "azureSignKey": "a" * 32,
     "tags": {},
 }  # fmt: skip
 
@@ -282,7 +283,8 @@ def test_the_central_services_start_from_the_config_their_template_renders(tmp_p
     azure.secrets["azure-channel-sign"] = "a" * 40
     config = render(central_settings(azure.vault_url), tmp_path, role="central")
     (tmp_path / "etc" / "keys").mkdir(exist_ok=True)
-    (tmp_path / "etc" / "keys" / "console.pub").write_text(decision_public_pem())  # cloud-init writes it
+    for key_id in ("console", "logicapp"):  # cloud-init writes the public halves
+        (tmp_path / "etc" / "keys" / f"{key_id}.pub").write_text(decision_public_pem())
     rendered = tomllib.loads(config.read_text())
     assert set(rendered) == {"approver", "azure_channel"}, "a central VM runs no agent"
     assert (tmp_path / "result").read_text().split() == [
@@ -298,6 +300,8 @@ def test_the_central_services_start_from_the_config_their_template_renders(tmp_p
     for spec in approver.events_source:
         topology.check_events_reader(spec)
     assert approver.mode == "fleet" and approver.sink and channel.sink and channel.sign_key
+    # Every decision key given to the template is one the approvers verify with (a file per key).
+    assert {"console", "logicapp"} <= {k.partition("=")[0] for k in approver.key}
     # Each service with its own identity: the approvers' and Azure's channel's.
     assert all(CENTRAL_ID in spec for spec in (approver.source, *approver.events_source, *approver.sink))
     assert all(CHANNEL_ID in spec and CENTRAL_ID not in spec for spec in (*channel.source, *channel.sink))
@@ -412,7 +416,11 @@ def test_the_central_config_approves_through_the_local_peers(
                 env=env,
             ).start()
             config = render(
-                central_settings(azure.vault_url, decisionKeyId="ops"), tmp_path / "central", "central"
+                central_settings(
+                    azure.vault_url, decisionKeys=[{"id": "ops", "publicKey": decision_public_pem()}]
+                ),
+                tmp_path / "central",
+                "central",
             )
             text = config.read_text()
             for hub, var in hubs.items():

@@ -3,8 +3,9 @@
 produces. Run with the infrastructure venv (pycep): ``python bicep_output.py FILE OUTPUT PARAMS_JSON``.
 
 A mock of the Bicep compiler for the subset these files use to build settings: literals, string
-interpolation, object and array literals, parameters (with defaults) and variables, the ternary and
-``==``/``!``, and ``union``, ``concat``, ``empty``, ``json``, ``string``. pycep's JSON form writes an
+interpolation, object and array literals, parameters (with defaults) and variables, ``for``
+expressions over an array, the ternary and ``==``/``!``, and ``union``, ``concat``, ``empty``,
+``json``, ``string``. pycep's JSON form writes an
 identifier and a string literal alike, so a bare string that names a parameter or variable is read as
 that reference (no settings literal of these files equals one of their symbol names); a dotted one
 (``identity.clientId``, ``${vault.properties.vaultUri}``) walks the symbol's object. A resource's
@@ -27,8 +28,11 @@ from pycep import BicepParser
 class Evaluator:
     def __init__(self, tree: dict[str, Any], params: dict[str, Any]) -> None:
         self.tree, self.params, self.cache = tree, params, {}
+        self.locals: dict[str, Any] = {}  # a `for` expression's item
 
     def symbol(self, name: str) -> Any:
+        if name in self.locals:
+            return self.locals[name]
         if name in self.cache:
             return self.cache[name]
         if name in self.params:
@@ -44,7 +48,8 @@ class Evaluator:
 
     def is_symbol(self, name: str) -> bool:
         return (
-            name in self.params
+            name in self.locals
+            or name in self.params
             or name in self.tree["parameters"]
             or name in self.tree["variables"]
             or name in self.params.get("__resources__", {})
@@ -69,6 +74,16 @@ class Evaluator:
             return node
         if isinstance(node, list):
             return [self.eval(x) for x in node]
+        if "loop_type" in node:  # [for item in array: config]
+            detail = node["loop_type"]["detail"]
+            out = []
+            for item in self.eval(detail["array_name"]):
+                self.locals[detail["item_name"]] = item
+                try:
+                    out.append(self.eval(node["config"]))
+                finally:
+                    del self.locals[detail["item_name"]]
+            return out
         if "function" in node:
             function = node["function"]
             return self.call(function["type"], [self.eval(a) for a in function["parameters"].values()])
