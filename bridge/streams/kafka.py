@@ -54,6 +54,12 @@ LEAN_FETCH = {
     "fetch.max.bytes": 4 * 1024 * 1024,
 }
 
+#: A bulk reader's (the console's): four times the lean limits. At 10 000 VMs after 20 waves
+#: (bench/console_bench.py, 610 000 records), librdkafka's own defaults (50 MiB a fetch, 64 MiB
+#: prefetched) read them in 27 s but peaked at 260 MB (the console's budget: 250); these, in 37 s and
+#: 221 MB; the lean limits, at ~5 500 records/s (~110 s).
+BULK_FETCH = {"queued.max.messages.kbytes": 16384, "fetch.max.bytes": 16 * 1024 * 1024}
+
 
 class KafkaSource(DecisionSource):
     partitioned = True
@@ -95,8 +101,7 @@ class KafkaSource(DecisionSource):
             # Notice a topic created after the approver started within 30 s, not librdkafka's 5 min.
             "topic.metadata.refresh.interval.ms": 30_000,
         }
-        if not self.bulk:
-            conf |= LEAN_FETCH
+        conf |= BULK_FETCH if self.bulk else LEAN_FETCH
         if self.options.event_hubs:
             # Microsoft's recommendation for its Kafka endpoint (bridge.transports.kafka): a shorter
             # session makes Event Hubs rebalance on its own latency; a dead approver's partitions move
