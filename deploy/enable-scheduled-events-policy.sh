@@ -81,21 +81,19 @@ if [ "$dry_run" -eq 0 ]; then
         echo "the Azure CLI (az) is not installed or not on PATH: https://learn.microsoft.com/cli/azure/install-azure-cli" >&2
         exit 3
     fi
-    state=$(az feature show --namespace Microsoft.Compute --name SendScheduledEventsPolicy \
-        --query properties.state --output tsv 2>/dev/null || true)
-    if [ "$state" != "Registered" ]; then
-        echo "the preview feature Microsoft.Compute/SendScheduledEventsPolicy is not registered in this subscription (state: ${state:-unknown});" >&2
-        echo "  az feature register --namespace Microsoft.Compute --name SendScheduledEventsPolicy" >&2
-        echo "  az provider register --namespace Microsoft.Compute   (once the feature says Registered)" >&2
-        exit 3
-    fi
-    activity=$(az feature show --namespace Microsoft.Maintenance --name ScheduledEventsActivity \
-        --query properties.state --output tsv 2>/dev/null || true)
-    if [ "$activity" != "Registered" ]; then
-        echo "warning: the preview feature Microsoft.Maintenance/ScheduledEventsActivity is not registered (state: ${activity:-unknown});" >&2
-        echo "  Microsoft's preview page lists it too; without it Event Grid may deliver nothing:" >&2
-        echo "  az feature register --namespace Microsoft.Maintenance --name ScheduledEventsActivity" >&2
-        echo "  az provider register --namespace Microsoft.Maintenance   (once the feature says Registered)" >&2
+    # feature NAMESPACE NAME: 0 when registered in this subscription; else says how to register it.
+    feature() {
+        state=$(az feature show --namespace "$1" --name "$2" --query properties.state --output tsv 2>/dev/null || true)
+        [ "$state" = "Registered" ] && return 0
+        echo "the preview feature $1/$2 is not registered in this subscription (state: ${state:-unknown});" >&2
+        echo "  az feature register --namespace $1 --name $2" >&2
+        echo "  az provider register --namespace $1   (once the feature says Registered)" >&2
+        return 1
+    }
+    feature Microsoft.Compute SendScheduledEventsPolicy || exit 3
+    # Listed by Microsoft's current preview page too; not documented elsewhere: a warning, not a refusal.
+    if ! feature Microsoft.Maintenance ScheduledEventsActivity; then
+        echo "warning: without Microsoft.Maintenance/ScheduledEventsActivity Event Grid may deliver nothing" >&2
     fi
     # A VM in an availability set or a (Flexible) scale set shares its parent's policy.
     for id in "$@"; do
