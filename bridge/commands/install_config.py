@@ -79,13 +79,28 @@ def main() -> None:
 
     target = etc / "config.toml"
     result = install_config_file(target, text, force=env["SEB_FORCE"] == "1", write=write)
-    approver_on = warn_about_kept_unsigned_approver(target, result)
-    installed = tomllib.loads(target.read_text())
-    agent_on = "agent" in installed or not any(k in installed for k in ("approver", "azure_channel"))
-    channel_on = bool((installed.get("azure_channel") or {}).get("source"))
-    Path(env["SEB_RESULT"]).write_text(
-        f"config={result}\napprover={int(approver_on)}\nagent={int(agent_on)}\nazure_channel={int(channel_on)}\n"
-    )
+    warn_about_kept_unsigned_approver(target, result)
+    on = enabled(tomllib.loads(target.read_text()))
+    flags = "".join(f"{name}={int(name in on)}\n" for name in ("approver", "agent", "azure_channel"))
+    Path(env["SEB_RESULT"]).write_text(f"config={result}\n{flags}")
+
+
+def runs_agent(tables: Mapping[str, object]) -> bool:
+    """Whether a config.toml runs the agent: always, but on a central VM's (``--role central``),
+    whose file holds only ``[approver]`` and ``[azure_channel]``."""
+    return "agent" in tables or not any(k in tables for k in ("approver", "azure_channel"))
+
+
+def enabled(tables: Mapping[str, object]) -> set[str]:
+    """The services a config.toml's tables enable (what the installer starts and waits for): the
+    agent (:func:`runs_agent`), the approver and Azure's channel when their table names a source."""
+
+    def sourced(name: str) -> bool:
+        table = tables.get(name)
+        return isinstance(table, dict) and bool(table.get("source"))
+
+    agent = {"agent"} if runs_agent(tables) else set()
+    return agent | {name for name in ("approver", "azure_channel") if sourced(name)}
 
 
 def central_config(
@@ -376,7 +391,7 @@ def validate(path: Path) -> None:
     args = argparse.Namespace(config=str(path))
     tables = tomllib.loads(path.read_text())
     try:
-        if "agent" in tables or not any(k in tables for k in ("approver", "azure_channel")):
+        if runs_agent(tables):
             load_agent_config(args, environ={})
         if "approver" in tables:
             load_approver_config(args, environ={})
@@ -407,9 +422,9 @@ def install_config_file(target: Path, text: str, *, force: bool, write: PrivateW
     return result
 
 
-def warn_about_kept_unsigned_approver(target: Path, result: str) -> bool:
-    """Whether the installed file enables the approver; warns when a kept file runs a local approver
-    the agent will refuse (no relay key, and agents refuse unsigned relay requests)."""
+def warn_about_kept_unsigned_approver(target: Path, result: str) -> None:
+    """Warns when a kept file runs a local approver the agent will refuse (no relay key, and agents
+    refuse unsigned relay requests)."""
     approver = tomllib.loads(target.read_text()).get("approver") or {}
     approver_on = bool(approver.get("source"))
     unsigned_local = approver.get("mode", "local") == "local" and not approver.get("relay_key")
@@ -420,7 +435,6 @@ def warn_about_kept_unsigned_approver(target: Path, result: str) -> bool:
             "--force-config to add one",
             file=sys.stderr,
         )
-    return approver_on
 
 
 if __name__ == "__main__":

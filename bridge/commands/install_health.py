@@ -27,6 +27,7 @@ from pathlib import Path
 from bridge.agent.config import load_agent_config
 from bridge.approver.config import load_approver_config
 from bridge.azure.config import load_azure_channel_config
+from bridge.commands.install_config import enabled
 from bridge.http.netaddr import UnixHTTPConnection, parse_listen
 from bridge.settings import ConfigError
 
@@ -38,13 +39,13 @@ def enabled_listeners(config: Path, environ: Mapping[str, str] | None = None) ->
     the ``SE_BRIDGE_*`` overrides of ``environ`` (the installer's environment) applied."""
     args = argparse.Namespace(config=str(config))
     env = os.environ if environ is None else environ
-    tables = tomllib.loads(config.read_text())
+    on = enabled(tomllib.loads(config.read_text()))
     out: dict[str, str] = {}
-    if "agent" in tables or not any(k in tables for k in ("approver", "azure_channel")):
+    if "agent" in on:
         out["agent"] = load_agent_config(args, environ=env).listen
-    if (tables.get("approver") or {}).get("source"):
+    if "approver" in on:
         out["approver"] = load_approver_config(args, environ=env).listen
-    if (tables.get("azure_channel") or {}).get("source"):
+    if "azure_channel" in on:
         out["azure-channel"] = load_azure_channel_config(args, environ=env).listen
     return out
 

@@ -256,3 +256,17 @@ def test_the_installer_gives_the_agent_the_approvers_public_decision_keys_only(c
     give_agent_the_public_decision_keys(hmac_only, {"approverKeys": {"ops-2026": "s" * 40}}, specs[:1])
     assert "decision_key" not in hmac_only
     assert "acts only on decisions signed with Ed25519" in capsys.readouterr().err
+
+
+def test_what_a_config_file_enables_is_decided_in_one_place() -> None:
+    """The installer's result (which units it starts) and its health wait read the same rule: the
+    agent unless the file is a central VM's, the approver and Azure's channel when sourced."""
+    from bridge.commands.install_config import enabled
+
+    assert enabled({"agent": {"sink": ["stdout:"]}}) == {"agent"}
+    assert enabled({"agent": {}, "approver": {"source": "file:///d.jsonl"}}) == {"agent", "approver"}
+    assert enabled({"agent": {}, "approver": {}}) == {"agent"}  # no source: no approver
+    central = {"approver": {"source": "kafka://b/d"}, "azure_channel": {"source": ["file:///g.jsonl"]}}
+    assert enabled(central) == {"approver", "azure_channel"}
+    assert enabled({"azure_channel": {"sink": ["stdout:"]}}) == set()  # a central file with nothing to run
+    assert enabled({}) == {"agent"}  # an empty file: the agent with its defaults
