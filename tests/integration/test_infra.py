@@ -867,17 +867,14 @@ def test_the_console_starts_from_its_container_command_line(tmp_path: Path) -> N
     only its listener, its state directory and its key file (Azure mounts the Key Vault secret) put
     under the test's directory; Event Hubs and Entra ID cannot be reached from here: it starts, is
     healthy, refuses an unsigned person, and keeps running."""
-    import socket
-
     import requests
-    from procs import PY, wait_until
+    from brokers import free_port
+    from procs import PY, stop_all, wait_until
 
     keys = tmp_path / "keys"
     keys.mkdir()
     subprocess.run([PY, "-m", "bridge", "keygen", "console"], cwd=keys, check=True, capture_output=True)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     argv = console_template_argv(port=str(port), keyRefName="console-key")
     argv = [a.replace("/mnt/se-bridge-keys/console-key", str(keys / "console.key")) for a in argv]
     argv = [a.replace("/tmp/se-bridge-console", str(tmp_path / "state")) for a in argv]
@@ -900,15 +897,12 @@ def test_the_console_starts_from_its_container_command_line(tmp_path: Path) -> N
         wait_until(healthy, 60, what="the console's /healthz from its container command line")
         fleet = requests.get(base + "/api/fleet", headers=host, timeout=5, proxies={"http": ""})
         assert fleet.status_code == 401  # no proven person (entra: an ID token from the front door)
-        time.sleep(3)
+        # It cannot reach its events stream: it says so (not ready) and keeps running.
+        ready = requests.get(base + "/readyz", headers=host, timeout=5, proxies={"http": ""})
+        assert ready.status_code == 503 and "events stream" in ready.text
         assert proc.poll() is None, (tmp_path / "console.log").read_text()[-2000:]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_all([proc])
         log.close()
 
 
