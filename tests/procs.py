@@ -129,6 +129,21 @@ def relay_key_file(workdir: Path) -> Path:
     return path
 
 
+def stop_all(procs: list[subprocess.Popen[bytes]], timeout: float = 15.0) -> list[int]:
+    """SIGTERM every process, wait for each, kill what has not stopped by then: their exit codes."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(proc.wait())
+    return codes
+
+
 def wait_until(
     predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = ""
 ) -> Any:

@@ -24,14 +24,14 @@ import os
 import re
 import subprocess
 import sys
-import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from procs import PY, Emulator, decision_public_pem, scrape, wait_until
+from brokers import free_port
+from procs import PY, Emulator, decision_public_pem, scrape, stop_all, wait_until
 from test_infra import tools_python
 from test_keyvault import FakeAzure
 
@@ -157,14 +157,6 @@ def test_the_scale_set_default_installs_no_local_approver_on_event_hubs() -> Non
     assert "approver" in extension_settings(vmName="vm1")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _healthy(base: str) -> bool:
     try:
         answer = requests.get(base + "/healthz", timeout=2, proxies={"http": "", "https": ""})
@@ -185,7 +177,7 @@ def test_each_deployment_paths_services_start_from_its_rendered_config(path: str
     procs: list[subprocess.Popen[bytes]] = []
     log = open(tmp_path / "services.log", "ab")  # noqa: SIM115 - closed below
     try:
-        agent_api = f"http://127.0.0.1:{_free_port()}"
+        agent_api = f"http://127.0.0.1:{free_port()}"
         procs.append(subprocess.Popen(
             [PY, "-m", "bridge", "agent", "--config", str(config), "--imds-url", emulator.url,
              "--listen", agent_api.removeprefix("http://"), "--shutdown-timeout", "1"],
@@ -195,7 +187,7 @@ def test_each_deployment_paths_services_start_from_its_rendered_config(path: str
         wait_until(lambda: scrape(agent_api, "se_bridge_records_total") >= 1, 30, what=f"{path}: a record")
         assert emulator.state()["requests"]["get"] >= 1  # it polls the emulator, not 169.254.169.254
         if "approver" in rendered:
-            approver_api = f"http://127.0.0.1:{_free_port()}"
+            approver_api = f"http://127.0.0.1:{free_port()}"
             procs.append(subprocess.Popen(
                 [PY, "-m", "bridge", "approver", "--config", str(config), "--relay", agent_api,
                  "--listen", approver_api.removeprefix("http://")],
@@ -210,14 +202,7 @@ def test_each_deployment_paths_services_start_from_its_rendered_config(path: str
         )
         assert all(proc.poll() is None for proc in procs), (tmp_path / "services.log").read_text()[-2000:]
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(procs)
         emulator.stop()
         azure.stop()
         log.close()
@@ -318,7 +303,7 @@ def test_the_central_services_start_from_the_config_their_template_renders(tmp_p
     try:
         apis = {}
         for service in ("approver", "azure-channel"):
-            api = f"http://127.0.0.1:{_free_port()}"
+            api = f"http://127.0.0.1:{free_port()}"
             procs.append(subprocess.Popen(
                 [PY, "-m", "bridge", service, "--config", str(config), "--listen", api.removeprefix("http://")],
                 stdout=subprocess.DEVNULL, stderr=log, env=env,
@@ -331,17 +316,15 @@ def test_the_central_services_start_from_the_config_their_template_renders(tmp_p
         # Both read their keys from the vault, with the identity the template gives them.
         read = {s["path"].strip("/").split("/")[1] for s in azure.seen if s["at"] == "vault" and s["auth"]}
         assert {"relay-fleet", "azure-channel-sign"} <= read, azure.seen
-        time.sleep(5)  # Event Hubs unreachable: retried, never fatal
+        # Event Hubs cannot be reached: each service counts the failure and retries, never exits.
+        for service, metric in (("approver", "se_bridge_approver_source_errors_total"),
+                                ("azure-channel", "se_bridge_azure_source_errors_total")):  # fmt: skip
+            wait_until(
+                lambda api=apis[service], m=metric: scrape(api, m) >= 1, 120, what=f"{service} retrying"
+            )
         assert all(proc.poll() is None for proc in procs), (tmp_path / "services.log").read_text()[-3000:]
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(procs)
         azure.stop()
         log.close()
 
@@ -439,7 +422,7 @@ def test_the_central_config_approves_through_the_local_peers(
             pem_files(config.parent / "keys", "ops", DECISION_KEY)  # the public half cloud-init writes
             apis = {}
             for service in ("approver", "azure-channel"):
-                api = f"http://127.0.0.1:{_free_port()}"
+                api = f"http://127.0.0.1:{free_port()}"
                 procs.append(subprocess.Popen(
                     [PY, "-m", "bridge", service, "--config", str(config), "--listen", api.removeprefix("http://")],
                     stdout=subprocess.DEVNULL, stderr=log, env=env,
@@ -473,14 +456,7 @@ def test_the_central_config_approves_through_the_local_peers(
             assert [a["outcome"] for a in mine] == ["approved"]
             assert all(proc.poll() is None for proc in procs), (tmp_path / "services.log").read_text()[-3000:]
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_all(procs)
             azure.stop()
             log.close()
     assert eh_key not in (tmp_path / "services.log").read_text()
