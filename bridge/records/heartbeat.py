@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from bridge.records.fields import Envelope, check, stamp, vm_of
 from bridge.records.ids import HEARTBEAT, derived_id, envelope
 from bridge.records.scheduled_events import events_view
-from bridge.schemas import JsonObject
+from bridge.schemas import JsonObject, load_schema
 
 if TYPE_CHECKING:  # the writer's types; readers (sinks, services) never load the IMDS layer
     from bridge.imds.document import EventsDocument
@@ -20,8 +20,9 @@ if TYPE_CHECKING:  # the writer's types; readers (sinks, services) never load th
 
 
 SCHEMA = "heartbeat.v1.schema.json"
-#: Events a heartbeat restates at most (``openEvents`` counts them all): a bound on its size.
-MAX_EVENTS = 100
+#: Events a heartbeat restates at most (``openEvents`` counts them all): a bound on its size, the
+#: schema's (read from it: one number, one place).
+MAX_EVENTS: int = load_schema(SCHEMA)["properties"]["events"]["maxItems"]
 #: What a heartbeat keeps of each event: enough for an alert to see an event announced days ahead
 #: (issue 34), not its resources (a Freeze of a whole availability set names every VM).
 SHORT = ("eventId", "eventType", "eventStatus", "notBefore", "affectsThisVm")
