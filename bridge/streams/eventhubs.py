@@ -242,15 +242,11 @@ class EventHubsSource(DecisionSource):
         return dict.fromkeys(sorted(self._owned))
 
     def assigned(self) -> bool:
-        """A partition claimed; or, for an instance the balance leaves none, two balancing rounds
-        gone by since it opened (the SDK reports no round that claimed nothing). A reader without a
-        checkpoint store claims every partition once it reached the namespace: until then it has
-        read nothing, and a console or an events reader that called itself caught up (``/readyz``
-        200) with an unreachable namespace showed an empty fleet as the truth."""
-        if self._owned:
-            return True
-        if self._store is None:
-            return False
+        """A partition claimed (a reader without a store claims all once it reached the namespace:
+        until then it read nothing, yet it said caught up); or, for an instance the balance leaves
+        none, two balancing rounds gone by since it opened (the SDK reports no empty round)."""
+        if self._owned or self._store is None:
+            return bool(self._owned)
         rounds = 2 * self.source_options.load_balancing_interval
         return self._opened_at is not None and time.monotonic() - self._opened_at >= rounds
 
