@@ -22,6 +22,12 @@ What runs:
     .venv/bin/python bench/azure_bench.py --seconds 10 --json out.json
     .venv/bin/python bench/azure_bench.py --seconds 20 --backlog 40000   # + a backlog read at start
 
+* **month** (``--month VMS [--waves 20]``, alone): 20 waves of maintenance over VMS VMs through the
+  channel's state (tracker on disk, reconciliation) with an injected clock; the heap after each wave
+  must stay flat.
+
+    .venv/bin/python bench/azure_bench.py --month 10000      # ~3 min
+
 * **backlog** (``--backlog N``): N deliveries already in the file when the service starts; seconds
   to read them and peak RSS (target <= 60 MB whatever the backlog; issue 33).
 """
@@ -54,6 +60,7 @@ from benchkit import percentile, scheduled_events_bytes  # noqa: E402
 
 from bridge.azure.events import from_event_grid  # noqa: E402
 from bridge.azure.reconcile import Reconciler  # noqa: E402
+from bridge.azure.service import MAX_BATCH  # noqa: E402
 from bridge.azure.tracker import EventTracker  # noqa: E402
 from bridge.records.reader import Reader  # noqa: E402
 
@@ -252,6 +259,58 @@ def reconcile(vms: int = 10_000, silent: int = 300) -> dict[str, Any]:
     }
 
 
+def month(vms: int, waves: int) -> dict[str, Any]:
+    """A month of maintenance waves through the channel's state, in-process with an injected clock
+    (the service's retention is hours, the month is days: nothing real can wait that long): per wave,
+    each of ``vms`` VMs gets an event, Scheduled, Started, Completed, 97 % reported by their agent,
+    each batch committed as the service does; waves 36 h apart. Figures: the Python heap the state
+    holds after each wave (``tracemalloc``) and the process's RSS. Flat means the last wave's heap is
+    within 10 % of the second's (issue 33: the tracker held 0.5 KB an event until 200 000 events,
+    105 MB of heap after 20 waves at 10 000 VMs)."""
+    reader = Reader(types=("scheduledEvents", "heartbeat"))
+    work = Path(tempfile.mkdtemp(prefix="azure-month-"))
+    tracker = EventTracker(state_path=work / "azure-events.sqlite")
+    reconciler = Reconciler(grace=120, pins_path=work / "agent-pins.jsonl")
+    tracemalloc.start()
+    heap: list[float] = []
+    now = 0.0
+    started = time.perf_counter()
+    for wave in range(waves):
+        ids = [(str(uuid.UUID(int=(wave << 32) + i)), f"vm-{i:06d}") for i in range(vms)]
+        for status in ("Scheduled", "Started", "Completed"):
+            for first in range(0, vms, MAX_BATCH):
+                batch = [
+                    from_event_grid(grid_event(e, status, [vm])) for e, vm in ids[first : first + MAX_BATCH]
+                ]
+                for event in batch:
+                    news = tracker.observe(event)
+                    if news is not None:
+                        reconciler.azure(event, news, now)
+                tracker.persist(batch)
+            if status == "Scheduled":
+                for event_id, vm in ids[: vms * 97 // 100]:
+                    reconciler.agent(reader.read_bytes(agent_record(vm, event_id)), now + 5)  # type: ignore[arg-type]
+            reconciler.save_pins()
+            now += 600
+            reconciler.due(now)
+        now += 36 * 3600
+        reconciler.due(now)
+        heap.append(tracemalloc.get_traced_memory()[0] / 1e6)
+    tracemalloc.stop()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "vms": vms,
+        "waves": waves,
+        "events": vms * waves,
+        "seconds": round(time.perf_counter() - started, 1),
+        "heap_mb_by_wave": [round(h, 1) for h in heap],
+        "events_remembered_on_disk": len(tracker),
+        "state_file_mb": round((work / "azure-events.sqlite").stat().st_size / 1e6, 1),
+        "peak_rss_mb_of_the_bench": round(rss, 1),
+        "flat": heap[-1] <= 1.1 * heap[min(1, len(heap) - 1)],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -261,7 +320,19 @@ def main() -> int:
     parser.add_argument("--duplicates", type=float, default=0.2)
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--backlog", type=int, default=0, help="also: this many deliveries waiting at start")
+    parser.add_argument(
+        "--month", type=int, default=0, metavar="VMS", help="only: a month of waves at VMS VMs"
+    )
+    parser.add_argument("--waves", type=int, default=20, help="waves in --month")
     args = parser.parse_args()
+    if args.month:
+        figures = {"month": month(args.month, args.waves)}
+        for key, value in figures["month"].items():
+            print(f"  {key:32} {value}")
+        print(f"  [{'PASS' if figures['month']['flat'] else 'MISS'}] the state's heap flat over the month")
+        if args.json:
+            Path(args.json).write_bytes(orjson.dumps(figures, option=orjson.OPT_INDENT_2))
+        return 0
     figures = {"stream": stream(args), "reconcile": reconcile()}
     if args.backlog:
         figures["backlog"] = backlog(args.backlog, args.duplicates)

@@ -78,11 +78,37 @@ class VmRef:
     subscription_id: str
     resource_group: str
     name: str
-    resource_id: str
+    #: The resource id when it is not the VM's own (:meth:`standard_id`): a Uniform scale set's
+    #: instance, or an agent's spelling. "" for most: a wave's thousands of VMs are held for an hour,
+    #: and the id spelled out was a fifth of what the reconciliation kept per event (issue 33).
+    given_id: str = ""
     #: The other id the name may stand for (issue 34): a scale set's ``web_12345678`` is a Uniform
     #: instance or a Flexible VM (``{scale-set}_{8-char-guid}``, whose 8 characters may all be
     #: digits, or any name a Flexible VM was given); the event does not say which. "" when unambiguous.
     other_id: str = ""
+
+    @classmethod
+    def of(
+        cls, subscription_id: str, resource_group: str, name: str, resource_id: str, other_id: str = ""
+    ) -> VmRef:
+        ref = cls(subscription_id, resource_group, name, "", other_id)
+        return (
+            ref
+            if resource_id == ref.standard_id
+            else cls(subscription_id, resource_group, name, resource_id, other_id)
+        )
+
+    @property
+    def standard_id(self) -> str:
+        """``/subscriptions/{s}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/{name}``."""
+        return (
+            f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}"
+            f"/providers/Microsoft.Compute/virtualMachines/{self.name}"
+        )
+
+    @property
+    def resource_id(self) -> str:
+        return self.given_id or self.standard_id
 
     @property
     def key(self) -> str:
@@ -153,13 +179,13 @@ class AzureEvent:
             flexible = f"{base}/virtualMachines/{name}"
             instance = _uniform_instance(self.parent_name, name) if scale_set else None
             if instance is None:
-                out.append(VmRef(self.subscription_id, self.resource_group, name, flexible))
+                out.append(VmRef.of(self.subscription_id, self.resource_group, name, flexible))
                 continue
             uniform = f"{base}/virtualMachineScaleSets/{self.parent_name}/virtualMachines/{instance}"
             # Eight characters: Flexible's generated name first (a Uniform instance id that long is
             # far-fetched); either way, an agent naming the other form is this VM too.
             first, other = (flexible, uniform) if len(instance) == FLEXIBLE_SUFFIX else (uniform, flexible)
-            out.append(VmRef(self.subscription_id, self.resource_group, name, first, other))
+            out.append(VmRef.of(self.subscription_id, self.resource_group, name, first, other))
         return tuple(out)
 
     @property

@@ -3,10 +3,33 @@ approver's, so one dashboard serves all) and its own, with closed label sets."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from bridge.pipeline.metrics import PipelineMetrics, counter
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+
+class CountsCollector:
+    """A counter family read from a service's own map of counts when scraped (a closed label set)."""
+
+    def __init__(
+        self, name: str, documentation: str, label: str, counts: Callable[[], dict[str, int]]
+    ) -> None:
+        self.name, self.documentation, self.label, self.counts = name, documentation, label, counts
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(self.name, self.documentation, labels=[self.label])
+        for value, count in self.counts().items():
+            family.add_metric([value], count)
+        yield family
 
 
 class ReconcilerCollector:
@@ -34,16 +57,12 @@ class ReconcilerCollector:
             value=unwatched,
         )
         if self.refused is not None:
-            from prometheus_client.core import CounterMetricFamily
-
-            family = CounterMetricFamily(
+            yield from CountsCollector(
                 "se_bridge_azure_agent_claims_refused",
                 "Agent records that may not speak for their VM, by reason (noResourceId, changedClaim).",
-                labels=["reason"],
-            )
-            for reason, count in self.refused().items():
-                family.add_metric([reason], count)
-            yield family
+                "reason",
+                self.refused,
+            ).collect()
 
 
 class AzureChannelMetrics(PipelineMetrics):
@@ -70,6 +89,17 @@ class AzureChannelMetrics(PipelineMetrics):
         "Failed attempts to open or read a source, by kind (retried with backoff).",
         "kind",
     )
+
+    def state_errors(self, errors: Callable[[], dict[str, int]]) -> None:
+        self.registry.register(
+            CountsCollector(
+                "se_bridge_azure_state_errors",
+                "Problems with the events' state file, by kind (corrupt: moved aside at start, write: a "
+                "commit the disk refused, read: a lookup answered as unknown).",
+                "kind",
+                errors,
+            )
+        )
 
     def reconciler_counts(
         self, counts: Callable[[], tuple[int, int]], refused: Callable[[], dict[str, int]] | None = None

@@ -24,8 +24,13 @@ too, so a VM whose agent ever spoke keeps its own vmId. The pins outlive a resta
 (``<state-dir>/agent-pins.jsonl``: the agents' stream is read on from where it stopped, so a restart
 must not be the moment another identity can claim a VM); new pins are written once a second, with
 one fsync (:meth:`Reconciler.save_pins`, from the service's tick: a kill -9 forgets at most that
-second's). Memory is bounded: an event is forgotten ``retention`` seconds after Azure said it ended,
-and at most ``max_events`` are kept (the oldest first); at most ``max_vms`` pins.
+second's). Memory is bounded over a month, not only by its caps: an event is forgotten ``retention``
+seconds after Azure said it ended, and one that never ends here (an agent's event Azure never
+published: the agentOnly case, or an ended event whose last word was lost) ``stale`` seconds after
+anything last named it: 8 days, Azure's longest notice (7 days, for a degraded host) and a day. Both
+walk the events oldest first and stop at the first to keep, so a poll costs what it forgets (the
+whole map was scanned once a second). At most ``max_events`` are kept (the least recently named
+first); at most ``max_vms`` pins.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from __future__ import annotations
 import heapq
 import sys
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -64,6 +69,7 @@ class _Event:
     # key -> the VM as its agent named it; the shared empty map until the first agent (never written)
     agent_vms: dict[str, VmRef] = field(default_factory=lambda: _NO_AGENTS)
     ended_at: float | None = None
+    named_at: float = 0.0  # when an input last named the event (the stale rule)
     flagged: set[str] | None = None  # VM keys found unwatched (open)
     reported: set[tuple[str, str]] | None = None  # findings published: (kind, key)
 
@@ -91,6 +97,7 @@ class Reconciler:
         grace: float = 120.0,
         *,
         retention: float = 3600.0,
+        stale: float = 8 * 86400.0,
         max_events: int = 100_000,
         max_vms: int = 200_000,
         pins_path: Path | None = None,
@@ -108,9 +115,11 @@ class Reconciler:
         #: agent records refused, by reason (a metric: bounded labels)
         self.refused: dict[str, int] = {"noResourceId": 0, "changedClaim": 0}
         self.retention = retention
+        self.stale = stale
         self.max_events = max_events
         self._lock = threading.Lock()
-        self._events: OrderedDict[str, _Event] = OrderedDict()
+        self._events: OrderedDict[str, _Event] = OrderedDict()  # least recently named first
+        self._ended: deque[tuple[float, str]] = deque()  # (ended_at, event key), in order
         self._checks: list[tuple[float, int, Check, str, str]] = []  # (due, order, kind, event, vm key)
         self._order = 0
 
@@ -120,7 +129,7 @@ class Reconciler:
         """An observation of Azure's channel; the findings it settles at once (none today: an outcome is
         settled by :meth:`due`, after the grace)."""
         with self._lock:
-            state = self._event(event.event_id)
+            state = self._event(event.event_id, now)
             # An event first seen already ended (Resource Graph's history at the first poll) is only
             # an outcome: nobody could have been warned of it any more.
             watchable = state.azure_state is not None or news.state not in FINAL
@@ -136,6 +145,7 @@ class Reconciler:
             # Settled after the grace, not at first sight (issue 33): Azure's word may be read before
             # the agents' records of the same event, which said "0 agent(s) reported it".
             state.ended_at = now
+            self._ended.append((now, state.key))
             self._check(now + self.grace, "outcome", state.key, "")
             return []
 
@@ -146,14 +156,14 @@ class Reconciler:
         if not isinstance(record, ScheduledEvents | Heartbeat) or record.vm is None or not record.vm.name:
             return
         vm = record.vm
-        ref = VmRef(vm.subscription_id, vm.resource_group, vm.name, vm.resource_id)
+        ref = VmRef.of(vm.subscription_id, vm.resource_group, vm.name, vm.resource_id)
         key = ref.key
         with self._lock:
-            if not self._pinned(key, ref, vm.vm_id) or not isinstance(record, ScheduledEvents):
+            if not self._pinned(key, vm.resource_id, vm.vm_id) or not isinstance(record, ScheduledEvents):
                 return
             ids = {e.event_id for e in record.events} | {c.event_id for c in record.changes}
             for event_id in ids:
-                state = self._event(event_id)
+                state = self._event(event_id, now)
                 if key not in state.agent_vms:
                     if state.agent_vms is _NO_AGENTS:
                         state.agent_vms = {}
@@ -240,9 +250,9 @@ class Reconciler:
 
     # -- bookkeeping ----------------------------------------------------------------------------------
 
-    def _pinned(self, key: str, ref: VmRef, vm_id: str) -> bool:
+    def _pinned(self, key: str, resource_id: str, vm_id: str) -> bool:
         """Whether the record may speak for its VM: it names a resource id, and the VM's pinned vmId."""
-        if not ref.resource_id:
+        if not resource_id:
             self.refused["noResourceId"] += 1
             return False
         pinned = self._pins.get(key)
@@ -257,13 +267,16 @@ class Reconciler:
             return False
         return True
 
-    def _event(self, event_id: str) -> _Event:
+    def _event(self, event_id: str, now: float) -> _Event:
         key = sys.intern(event_id.lower())  # AzureEvent.key: the same string object
         state = self._events.get(key)
         if state is None:
             state = self._events[key] = _Event(event_id, key)
             if len(self._events) > self.max_events:
                 self._events.popitem(last=False)
+        else:
+            self._events.move_to_end(key)
+        state.named_at = now
         return state
 
     def _check(self, due: float, kind: Check, event_id: str, key: str) -> None:
@@ -284,11 +297,16 @@ class Reconciler:
                 raise
 
     def _forget(self, now: float) -> None:
-        ended = [
-            e for e, s in self._events.items() if s.ended_at is not None and now - s.ended_at > self.retention
-        ]
-        for event_id in ended:
-            del self._events[event_id]
+        while self._ended and now - self._ended[0][0] > self.retention:
+            ended_at, key = self._ended.popleft()
+            state = self._events.get(key)
+            if state is not None and state.ended_at == ended_at:
+                del self._events[key]
+        while self._events:
+            key, state = next(iter(self._events.items()))
+            if now - state.named_at <= self.stale:
+                break
+            del self._events[key]
 
 
 def _same_vm(azure: VmRef, agent: VmRef) -> bool:

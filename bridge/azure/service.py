@@ -90,9 +90,13 @@ class AzureChannel:
         self.shell = Shell("azure channel", state_dir, sinks, self.metrics)
         self.stop_event, self.health = self.shell.stop_event, self.shell.health
         self.outbox, self.workers = self.shell.outbox, self.shell.workers
-        self.tracker = EventTracker(state_path=state_dir / "azure-states.jsonl")  # survives restarts
+        # What decides news survives restarts, on disk (a month of events is not held in memory).
+        self.tracker = EventTracker(
+            state_path=state_dir / "azure-events.sqlite", legacy_path=state_dir / "azure-states.jsonl"
+        )
         self.reconciler = Reconciler(grace, pins_path=state_dir / "agent-pins.jsonl")  # survive restarts
         self.metrics.reconciler_counts(self.reconciler.counts, lambda: dict(self.reconciler.refused))
+        self.metrics.state_errors(lambda: dict(self.tracker.errors))
         #: The agents' records, schema-checked where they come off the stream (the reconciler reads
         #: their scheduledEvents and heartbeats only).
         self.reader = Reader(types=(SCHEDULED_EVENTS, HEARTBEAT))

@@ -2,8 +2,10 @@
 
 Written as JSON Lines (``{"k": key, "v": value}``), appended and fsynced, read back at start with the
 last value of each key winning and a torn last line (a kill -9 mid-write) skipped; rewritten whole
-when the file has grown past four times what it still holds. Azure's channel keeps its events'
-states (``azure-states.jsonl``) and its agents' pinned identities (``agent-pins.jsonl``) in one each.
+when the file has grown past four times what it still holds: the whole map is held in memory, so it
+suits a map the size of the fleet. Azure's channel keeps its agents' pinned identities in one
+(``agent-pins.jsonl``); its events' states, which grow with the month, moved to SQLite
+(bridge.azure.tracker), and its earlier ``azure-states.jsonl`` is read once with this class.
 """
 
 from __future__ import annotations

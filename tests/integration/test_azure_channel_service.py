@@ -291,6 +291,24 @@ def test_an_events_state_never_moves_back_across_a_restart(tmp_path: Path, stop:
         channel.stop()
 
 
+def test_an_unreadable_state_file_is_set_aside_counted_and_the_service_runs_on(tmp_path: Path) -> None:
+    """The events' state file (SQLite, issue 33) corrupted on disk: the service starts, says so in its
+    log and a metric, keeps the bad file for a post-mortem, and publishes what it reads."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "azure-events.sqlite").write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 64)
+    grid = tmp_path / "event-grid.jsonl"
+    grid.write_bytes(orjson.dumps(grid_event(str(uuid.uuid4()), "Scheduled", ["vm-a"])) + b"\n")
+    channel = Channel(tmp_path, "--source", f"file://{grid}", state=state)
+    try:
+        wait_until(lambda: channel.records("azureScheduledEvent"), 30, what="the event published")
+        assert channel.metric("se_bridge_azure_state_errors_total", kind="corrupt") == 1
+        assert list(state.glob("azure-events.sqlite.corrupt-*"))
+        assert "cannot be read; moved aside" in channel.log.read_text()
+    finally:
+        channel.stop()
+
+
 def test_a_batch_the_full_outbox_refuses_midway_is_stored_once(tmp_path: Path) -> None:
     """Issue 33 (found by bench/azure_bench.py --backlog 40000: 8 152 records published twice): a
     poll's batch larger than the room left in the outbox was appended again from its start after each

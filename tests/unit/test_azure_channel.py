@@ -4,14 +4,17 @@ with an injected clock (no waiting)."""
 
 from __future__ import annotations
 
+import tracemalloc
 import uuid
+from pathlib import Path
 
 import orjson
 import pytest
 from azure_events import RG, SUB, grid_event
 from records import event, heartbeat, scheduled_events, typed, vm_block
 
-from bridge.azure.events import AzureEventRefused, deliveries, from_event_grid, from_graph_row
+from bridge.azure import tracker as tracker_module
+from bridge.azure.events import AzureEvent, AzureEventRefused, deliveries, from_event_grid, from_graph_row
 from bridge.azure.reconcile import Reconciler
 from bridge.azure.records import azure_event_record
 from bridge.azure.tracker import EventTracker, News
@@ -141,11 +144,73 @@ def test_duplicates_are_dropped_and_a_late_status_never_moves_the_event_back() -
     assert tracker.observe(moved) == News("Completed", late=True)  # a moved NotBefore is news
 
 
-def test_memory_is_bounded() -> None:
-    tracker = EventTracker(max_events=10)
-    for _ in range(100):
-        tracker.observe(from_event_grid(grid_event(str(uuid.uuid4()), "Scheduled", ["vm-a"])))
+def seen_and_stored(tracker: EventTracker, *events: AzureEvent) -> list[News | None]:
+    """What the service does per batch: observe each, then (records stored) persist them."""
+    answers = [tracker.observe(e) for e in events]
+    tracker.persist(events)
+    return answers
+
+
+def test_the_events_kept_are_bounded_the_least_recently_changed_forgotten(tmp_path: Path) -> None:
+    tracker = EventTracker(max_events=10, state_path=tmp_path / "events.sqlite")
+    ids = [str(uuid.uuid4()) for _ in range(100)]
+    for eid in ids:
+        seen_and_stored(tracker, from_event_grid(grid_event(eid, "Scheduled", ["vm-a"])))
     assert len(tracker) == 10
+    assert tracker.observe(from_event_grid(grid_event(ids[-1], "Scheduled", ["vm-a"]))) is None
+    assert tracker.observe(from_event_grid(grid_event(ids[0], "Scheduled", ["vm-a"]))) is not None
+
+
+def test_a_month_of_events_is_held_on_disk_not_in_memory(tmp_path: Path) -> None:
+    """Issue 33: the tracker held 0.5 KB of heap per event until its 200 000-event bound (20 waves at
+    10 000 VMs: 105 MB). Kept in a file, the heap it holds does not grow with the events."""
+    tracker = EventTracker(state_path=tmp_path / "events.sqlite")
+    batches = [
+        [from_event_grid(grid_event(str(uuid.UUID(int=w * 1000 + i)), s, [f"vm-{i}"])) for i in range(500)]
+        for w in range(20)
+        for s in ("Scheduled", "Completed")
+    ]
+    tracemalloc.start()
+    try:
+        for batch in batches:
+            seen_and_stored(tracker, *batch)
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(True, tracker_module.__file__)]
+        )
+    finally:
+        tracemalloc.stop()
+    held = sum(stat.size for stat in snapshot.statistics("filename"))
+    assert len(tracker) == 10_000
+    assert held < 500_000, f"{held} bytes held by the tracker for 10 000 events"  # was 5.2 MB
+
+
+def test_what_was_seen_survives_a_restart_and_an_unreadable_file_is_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "events.sqlite"
+    completed = from_event_grid(grid_event(E1, "Completed", ["vm-a"]))
+    started = from_event_grid(grid_event(E1, "Started", ["vm-a"]))
+    assert seen_and_stored(EventTracker(state_path=path), completed) == [News("Completed", late=False)]
+    again = EventTracker(state_path=path)
+    assert again.observe(completed) is None  # a redelivery after the restart: still a duplicate
+    assert again.observe(started) == News("Completed", late=True)  # the state never moves back
+    again.close()
+    path.write_bytes(b"not a database" * 100)
+    for leftover in (tmp_path / "events.sqlite-wal", tmp_path / "events.sqlite-shm"):
+        leftover.unlink(missing_ok=True)
+    fresh = EventTracker(state_path=path)
+    assert fresh.errors["corrupt"] == 1 and len(fresh) == 0
+    assert [p.name for p in tmp_path.glob("events.sqlite.corrupt-*")]
+    assert seen_and_stored(fresh, completed) == [News("Completed", late=False)]  # works on
+
+
+def test_the_previous_versions_states_are_taken_over_once(tmp_path: Path) -> None:
+    """An upgrade must not move a state back: azure-states.jsonl (key -> state) is read, then removed."""
+    legacy = tmp_path / "azure-states.jsonl"
+    legacy.write_bytes(orjson.dumps({"k": E1.lower(), "v": "Completed"}) + b"\n" + b'{"k": "torn')
+    tracker = EventTracker(state_path=tmp_path / "events.sqlite", legacy_path=legacy)
+    assert not legacy.exists()
+    assert tracker.observe(from_event_grid(grid_event(E1, "Started", ["vm-a"]))) == News(
+        "Completed", late=True
+    )
 
 
 def test_records_are_valid_and_their_ids_do_not_depend_on_the_channel_or_the_delivery() -> None:
@@ -255,6 +320,25 @@ def test_ended_events_are_forgotten_after_the_retention() -> None:
     reconciler.due(5)
     assert reconciler.counts()[0] == 1
     reconciler.due(20)
+    assert reconciler.counts()[0] == 0
+
+
+def test_events_that_never_end_here_are_forgotten_after_azures_longest_notice() -> None:
+    """An agent's event Azure never published (the agentOnly case: a VM whose policy does not publish)
+    never ends in Azure's words, so it was kept until the 100 000-event cap: a month of waves on such
+    VMs grew the map without end. Forgotten 8 days after anything last named it; an open event named
+    again is kept, and an ended one still goes after ``retention``."""
+    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    day = 86400.0
+    reconciler.agent(agent_record("vm-a", E1), now=0)  # Azure never publishes E1
+    observe(reconciler, tracker, grid_event(E2, "Scheduled", ["vm-b"]), now=0)  # 7 days of notice
+    (only,) = [f for f in reconciler.due(61) if f["finding"] == "agentOnly"]
+    assert only["eventId"] == E1
+    observe(reconciler, tracker, grid_event(E2, "Started", ["vm-b"]), now=7 * day)
+    reconciler.due(8 * day + 1)
+    assert reconciler.counts()[0] == 1  # E1 forgotten, E2 (named a day ago) kept
+    observe(reconciler, tracker, grid_event(E2, "Completed", ["vm-b"]), now=8 * day + 2)
+    reconciler.due(8 * day + 2 + 3601)
     assert reconciler.counts()[0] == 0
 
 
