@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -459,27 +459,44 @@ class PinFile:
     def load(self) -> list[Vm]:
         if self.path is None:
             return []
+        vms = []
         try:
-            lines = self.path.read_bytes().splitlines()
+            with open(self.path, "rb") as pins:  # line by line: the file is never whole in memory
+                for line in pins:
+                    try:
+                        data = orjson.loads(line)
+                        vms.append(
+                            Vm(
+                                str(data["name"]),
+                                str(data["vmId"]),
+                                str(data["resourceId"]),
+                                str(data["privateIp"]),
+                            )
+                        )
+                    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                        continue  # a torn last line after a crash: pinned again on the VM's next record
         except FileNotFoundError:
             return []
-        vms = []
-        for line in lines:
-            try:
-                data = orjson.loads(line)
-                vms.append(
-                    Vm(str(data["name"]), str(data["vmId"]), str(data["resourceId"]), str(data["privateIp"]))
-                )
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue  # a torn last line after a crash: that VM is pinned again on its next record
         return vms
 
     def rewrite(self, vms: Iterable[Vm]) -> None:
         if self.path is None:
             return
-        data = b"".join(_pin_line(v) for v in vms)
+
+        def chunks() -> Iterator[bytes]:  # 256 KiB at a time (issue 33: joined, it was the restart's peak)
+            lines: list[bytes] = []
+            size = 0
+            for vm in vms:
+                line = _pin_line(vm)
+                lines.append(line)
+                size += len(line)
+                if size >= 1 << 18:
+                    yield b"".join(lines)
+                    lines, size = [], 0
+            yield b"".join(lines)
+
         try:
-            write_atomic(self.path, data)
+            write_atomic(self.path, chunks())
         except OSError as exc:  # the forgotten pins come back at a restart, and idle out again
             log.error("fleet: pins not rewritten", extra={"error": str(exc)})
 

@@ -138,3 +138,38 @@ def test_a_vm_speaks_only_for_itself_and_the_events_that_name_it(tmp_path: Path,
     assert learn(view, record("vm3", *(event(f"E{10 + k}", "vm3", *made_up) for k in range(3)))) is None
     assert refused == ["nameMismatch", "notNamed", "overBudget"]
     assert view.counts() == (3, 2)
+
+
+def test_the_pins_file_is_never_whole_in_memory(tmp_path: Path) -> None:
+    """Issue 33 (restart peak at 100 000 VMs): the 25 MB pins file was read whole and split, then
+    joined whole again to be compacted: +56 MB over the pins themselves at a restart. Read line by
+    line and written in 256 KiB chunks, the peak over what is kept is a few chunks' worth."""
+    import tracemalloc
+
+    from bridge.approver.fleet import PinFile
+
+    path = tmp_path / fleet_module.PINS_FILE
+    sub = "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg/providers"
+    pins = PinFile(path)
+    pins.rewrite(
+        Vm(
+            f"vm-{i:06d}",
+            f"{i:08d}-0000-4000-8000-000000000000",
+            f"{sub}/Microsoft.Compute/virtualMachines/vm-{i:06d}",
+            "10.0.0.1",
+        )
+        for i in range(20_000)
+    )
+    size = path.stat().st_size
+    assert size > 4_000_000
+    tracemalloc.start()
+    try:
+        vms = pins.load()
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        pins.rewrite(vms)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(vms) == 20_000 and path.stat().st_size == size
+    assert peak - held < 2_000_000, f"rewriting {size} bytes of pins cost {peak - held} bytes more"
