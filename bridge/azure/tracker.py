@@ -87,7 +87,9 @@ class EventTracker:
         self._seq = int(self._db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
         if legacy_path is not None and legacy_path.exists():
             self._import(legacy_path)
-        self._evict()
+        if self._count > self.max_events:  # a smaller cap than the file was kept with
+            with self._db:
+                self._count -= self._evict(self._count)
 
     def _import(self, legacy: Path) -> None:
         """The states an earlier version kept (``azure-states.jsonl``: key -> state, no contents),
@@ -194,6 +196,7 @@ class EventTracker:
             if not rows:
                 return
             first = self._seq + 1
+            added = sum(not stored for _, _, stored in rows.values())
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.executemany(
@@ -201,6 +204,7 @@ class EventTracker:
                     "DO UPDATE SET state = excluded.state, seen = excluded.seen, seq = excluded.seq",
                     [(key, state, seen, first + n) for n, (key, (state, seen, _)) in enumerate(rows.items())],
                 )
+                forgotten = self._evict(self._count + added)  # in the same commit: one fsync a batch
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 if self._db.in_transaction:
@@ -208,25 +212,20 @@ class EventTracker:
                 self.errors["write"] += 1
                 raise OSError(f"cannot keep the events' states: {exc}") from exc
             self._seq = first + len(rows) - 1
-            for key, (_, _, stored) in rows.items():
-                if self._pending.get(key) == rows[key]:
+            self._count += added - forgotten
+            for key, row in rows.items():
+                if self._pending.get(key) == row:
                     del self._pending[key]
-                self._count += not stored
-            self._evict()
 
-    def _evict(self) -> None:
-        """Forget the least recently changed events past ``max_events``."""
-        excess = self._count - self.max_events
+    def _evict(self, count: int) -> int:
+        """Forget the least recently changed events past ``max_events`` (of ``count`` held); how many."""
+        excess = count - self.max_events
         if excess <= 0:
-            return
-        try:
-            (last,) = self._db.execute(
-                "SELECT seq FROM events ORDER BY seq LIMIT 1 OFFSET ?", (excess - 1,)
-            ).fetchone()
-            self._db.execute("DELETE FROM events WHERE seq <= ?", (last,))
-            self._count = int(self._db.execute("SELECT count(*) FROM events").fetchone()[0])
-        except sqlite3.Error as exc:  # tried again after the next commit
-            log.error("cannot forget old event states", extra={"error": str(exc)})
+            return 0
+        (last,) = self._db.execute(
+            "SELECT seq FROM events ORDER BY seq LIMIT 1 OFFSET ?", (excess - 1,)
+        ).fetchone()
+        return int(self._db.execute("DELETE FROM events WHERE seq <= ?", (last,)).rowcount)
 
     def close(self) -> None:
         with self._lock:

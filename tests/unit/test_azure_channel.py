@@ -159,6 +159,10 @@ def test_the_events_kept_are_bounded_the_least_recently_changed_forgotten(tmp_pa
     assert len(tracker) == 10
     assert tracker.observe(from_event_grid(grid_event(ids[-1], "Scheduled", ["vm-a"]))) is None
     assert tracker.observe(from_event_grid(grid_event(ids[0], "Scheduled", ["vm-a"]))) is not None
+    tracker.close()
+    smaller = EventTracker(max_events=5, state_path=tmp_path / "events.sqlite")  # a lower cap at a restart
+    assert len(smaller) == 5
+    assert smaller.observe(from_event_grid(grid_event(ids[-1], "Scheduled", ["vm-a"]))) is None
 
 
 def test_a_month_of_events_is_held_on_disk_not_in_memory(tmp_path: Path) -> None:
