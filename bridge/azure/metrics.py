@@ -36,7 +36,7 @@ class ReconcilerCollector:
     """``se_bridge_azure_events_known`` and ``se_bridge_azure_unwatched_vms``, read when scraped."""
 
     def __init__(
-        self, counts: Callable[[], tuple[int, int]], refused: Callable[[], dict[str, int]] | None = None
+        self, counts: Callable[[], tuple[int, int, int]], refused: Callable[[], dict[str, int]] | None = None
     ) -> None:
         self.counts = counts
         self.refused = refused
@@ -47,7 +47,7 @@ class ReconcilerCollector:
     def collect(self) -> Any:
         from prometheus_client.core import GaugeMetricFamily
 
-        events, unwatched = self.counts()
+        events, unwatched, in_grace = self.counts()
         yield GaugeMetricFamily(
             "se_bridge_azure_events_known", "Events the reconciliation holds.", value=events
         )
@@ -55,6 +55,11 @@ class ReconcilerCollector:
             "se_bridge_azure_unwatched_vms",
             "VMs with an open event Azure published and no agent reported in the grace (GET /v1/unwatched).",
             value=unwatched,
+        )
+        yield GaugeMetricFamily(
+            "se_bridge_azure_events_in_grace",
+            "Events with findings still due; past MAX_IN_GRACE the Azure sources wait for them to settle.",
+            value=in_grace,
         )
         if self.refused is not None:
             yield from CountsCollector(
@@ -102,6 +107,6 @@ class AzureChannelMetrics(PipelineMetrics):
         )
 
     def reconciler_counts(
-        self, counts: Callable[[], tuple[int, int]], refused: Callable[[], dict[str, int]] | None = None
+        self, counts: Callable[[], tuple[int, int, int]], refused: Callable[[], dict[str, int]] | None = None
     ) -> None:
         self.registry.register(ReconcilerCollector(counts, refused))

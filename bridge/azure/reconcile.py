@@ -29,8 +29,11 @@ seconds after Azure said it ended, and one that never ends here (an agent's even
 published: the agentOnly case, or an ended event whose last word was lost) ``stale`` seconds after
 anything last named it: 8 days, Azure's longest notice (7 days, for a degraded host) and a day. Both
 walk the events oldest first and stop at the first to keep, so a poll costs what it forgets (the
-whole map was scanned once a second). At most ``max_events`` are kept (the least recently named
-first); at most ``max_vms`` pins.
+whole map was scanned once a second). An ended event whose findings are all out is *settled*: only
+its key is kept (~200 B, not ~1 KB), so a late word about it starts nothing; at most
+``max_settled`` of them. At most ``max_events`` events are kept (the least recently named first);
+at most ``max_vms`` pins. :meth:`Reconciler.in_grace` counts the events whose findings are still
+due, which the service keeps bounded (bridge.azure.service.MAX_IN_GRACE).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class _Event:
     agent_vms: dict[str, VmRef] = field(default_factory=lambda: _NO_AGENTS)
     ended_at: float | None = None
     named_at: float = 0.0  # when an input last named the event (the stale rule)
+    checks: int = 0  # findings still due (in their grace)
     flagged: set[str] | None = None  # VM keys found unwatched (open)
     reported: set[tuple[str, str]] | None = None  # findings published: (kind, key)
 
@@ -99,6 +103,7 @@ class Reconciler:
         retention: float = 3600.0,
         stale: float = 8 * 86400.0,
         max_events: int = 100_000,
+        max_settled: int = 50_000,
         max_vms: int = 200_000,
         pins_path: Path | None = None,
     ) -> None:
@@ -117,9 +122,14 @@ class Reconciler:
         self.retention = retention
         self.stale = stale
         self.max_events = max_events
+        self.max_settled = max_settled
         self._lock = threading.Lock()
         self._events: OrderedDict[str, _Event] = OrderedDict()  # least recently named first
         self._ended: deque[tuple[float, str]] = deque()  # (ended_at, event key), in order
+        #: Ended events whose findings are all out: only their key is kept, until ``retention``
+        #: (a late agent record or observation of one must not start it again as news).
+        self._settled: dict[str, float] = {}
+        self._in_grace = 0  # events with findings still due (Reconciler.in_grace)
         self._checks: list[tuple[float, int, Check, str, str]] = []  # (due, order, kind, event, vm key)
         self._order = 0
 
@@ -129,6 +139,8 @@ class Reconciler:
         """An observation of Azure's channel; the findings it settles at once (none today: an outcome is
         settled by :meth:`due`, after the grace)."""
         with self._lock:
+            if event.key in self._settled:
+                return []  # ended, its findings out: a late word changes none of them
             state = self._event(event.event_id, now)
             # An event first seen already ended (Resource Graph's history at the first poll) is only
             # an outcome: nobody could have been warned of it any more.
@@ -139,14 +151,14 @@ class Reconciler:
                 if key not in state.azure_vms:
                     state.azure_vms[key] = vm
                     if watchable:
-                        self._check(now + self.grace, "unwatched", state.key, key)
+                        self._check(now + self.grace, "unwatched", state, key)
             if news.state not in FINAL or state.ended_at is not None:
                 return []
             # Settled after the grace, not at first sight (issue 33): Azure's word may be read before
             # the agents' records of the same event, which said "0 agent(s) reported it".
             state.ended_at = now
             self._ended.append((now, state.key))
-            self._check(now + self.grace, "outcome", state.key, "")
+            self._check(now + self.grace, "outcome", state, "")
             return []
 
     def agent(self, record: Record, now: float) -> None:
@@ -163,6 +175,8 @@ class Reconciler:
                 return
             ids = {e.event_id for e in record.events} | {c.event_id for c in record.changes}
             for event_id in ids:
+                if event_id.lower() in self._settled:
+                    continue
                 state = self._event(event_id, now)
                 if key not in state.agent_vms:
                     if state.agent_vms is _NO_AGENTS:
@@ -172,7 +186,7 @@ class Reconciler:
                     if azure_vm is None or _same_vm(azure_vm, ref):
                         state.unflag(key)
                     if state.azure_state is None:
-                        self._check(now + self.grace, "agentOnly", state.key, key)
+                        self._check(now + self.grace, "agentOnly", state, key)
 
     # -- findings due ---------------------------------------------------------------------------------
 
@@ -183,11 +197,19 @@ class Reconciler:
             while self._checks and self._checks[0][0] <= now:
                 _, _, kind, event_id, key = heapq.heappop(self._checks)
                 state = self._events.get(event_id)
-                if state is not None and not state.was_reported(kind, key):
+                if state is None:
+                    continue  # forgotten meanwhile (its count went with it)
+                if not state.was_reported(kind, key):
                     finding = self._finding(kind, state.event_id, key, state, now)
                     if finding is not None:
                         state.mark_reported(kind, key)
                         out.append(finding)
+                state.checks -= 1
+                if state.checks == 0:
+                    self._in_grace -= 1
+                    if state.ended_at is not None:  # settled: only its key is kept (issue 33)
+                        self._drop(state.key)
+                        self._settled[state.key] = state.ended_at
             self._forget(now)
         return out
 
@@ -240,13 +262,13 @@ class Reconciler:
                 for key in sorted(s.flagged or ())
             ]  # fmt: skip
 
-    def counts(self) -> tuple[int, int]:
-        """(events known, open unwatched VMs): for the metrics."""
+    def counts(self) -> tuple[int, int, int]:
+        """(events known, open unwatched VMs, events in their grace): for the metrics."""
         with self._lock:
             open_flags = sum(
                 len(s.flagged or ()) for s in self._events.values() if s.azure_state not in FINAL
             )
-            return len(self._events), open_flags
+            return len(self._events) + len(self._settled), open_flags, self._in_grace
 
     # -- bookkeeping ----------------------------------------------------------------------------------
 
@@ -273,15 +295,27 @@ class Reconciler:
         if state is None:
             state = self._events[key] = _Event(event_id, key)
             if len(self._events) > self.max_events:
-                self._events.popitem(last=False)
+                self._drop(next(iter(self._events)))
         else:
             self._events.move_to_end(key)
         state.named_at = now
         return state
 
-    def _check(self, due: float, kind: Check, event_id: str, key: str) -> None:
+    def _check(self, due: float, kind: Check, state: _Event, key: str) -> None:
         self._order += 1
-        heapq.heappush(self._checks, (due, self._order, kind, event_id, key))
+        heapq.heappush(self._checks, (due, self._order, kind, state.key, key))
+        state.checks += 1
+        self._in_grace += state.checks == 1
+
+    def _drop(self, key: str) -> None:
+        state = self._events.pop(key)
+        self._in_grace -= state.checks > 0
+
+    def in_grace(self) -> int:
+        """Events with findings still due: what a backlog read faster than the grace piles up (the
+        service waits for them to settle past :data:`MAX_IN_GRACE`)."""
+        with self._lock:
+            return self._in_grace
 
     def save_pins(self) -> None:
         """Write the pins made since the last call (one fsync); compact a file grown past the pins it
@@ -299,14 +333,24 @@ class Reconciler:
     def _forget(self, now: float) -> None:
         while self._ended and now - self._ended[0][0] > self.retention:
             ended_at, key = self._ended.popleft()
+            if self._settled.get(key) == ended_at:
+                del self._settled[key]
             state = self._events.get(key)
             if state is not None and state.ended_at == ended_at:
-                del self._events[key]
+                self._drop(key)
         while self._events:
             key, state = next(iter(self._events.items()))
             if now - state.named_at <= self.stale:
                 break
-            del self._events[key]
+            self._drop(key)
+        # Settled keys past their cap go first, oldest first (a backlog settles thousands a minute).
+        while len(self._settled) > self.max_settled and self._ended:
+            ended_at, key = self._ended[0]
+            if self._settled.get(key) == ended_at:
+                del self._settled[key]
+            elif key in self._events:
+                break  # the oldest ended event is still in its grace
+            self._ended.popleft()
 
 
 def _same_vm(azure: VmRef, agent: VmRef) -> bool:

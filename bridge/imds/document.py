@@ -41,8 +41,9 @@ API_VERSIONS = (
 # Before this version IaaS resource names carried a leading underscore.
 _UNDERSCORE_UNTIL = "2017-08-01"
 
-# ASCII digits only: str.isdigit() also accepts "²" or Arabic-Indic digits, which int() may refuse.
-_INTEGER = re.compile(r"\s*-?[0-9]{1,18}\s*\Z")
+# ASCII digits only: str.isdigit() also accepts "²" or Arabic-Indic digits, which int() may refuse;
+# and JSON's whitespace only: ``\s`` also matched "\x1f", which int() refuses (found by hypothesis).
+_INTEGER = re.compile(r"[ \t\r\n]*-?[0-9]{1,18}[ \t\r\n]*\Z")
 
 KNOWN_EVENT_TYPES = frozenset({"Freeze", "Reboot", "Redeploy", "Preempt", "Terminate"})
 KNOWN_EVENT_STATUSES = frozenset({"Scheduled", "Started"})

@@ -309,6 +309,53 @@ def test_an_unreadable_state_file_is_set_aside_counted_and_the_service_runs_on(t
         channel.stop()
 
 
+def test_a_backlog_is_read_no_faster_than_its_events_settle(tmp_path: Path) -> None:
+    """Issue 33, "bounded whatever the backlog": a backlog is read faster than the grace settles its
+    events, and each held ~2.4 KB until then (120 000 deliveries: 84 MB). Past ``max_in_grace`` events
+    the Azure reader waits for the oldest to settle; nothing is lost. In this process: 1 500 events of
+    VMs without agents, a 2 s grace, at most 100 in grace (and one batch read before the check)."""
+    import threading
+
+    from bridge.azure.service import MAX_BATCH, AzureChannel
+    from bridge.sinks import create_sink
+    from bridge.streams import create_source
+
+    grid = tmp_path / "grid.jsonl"
+    ids = [str(uuid.uuid4()) for _ in range(1500)]
+    grid.write_bytes(b"".join(orjson.dumps(grid_event(e, s, [f"vm-{n:04d}"])) + b"\n"
+                              for n, e in enumerate(ids) for s in ("Scheduled", "Completed")))  # fmt: skip
+    sink, state = tmp_path / "azure.jsonl", tmp_path / "state"
+    service = AzureChannel(
+        [create_source(f"file://{grid}", state, "g")], [create_sink(f"file://{sink}")], state,
+        grace=2.0, max_in_grace=100,
+    )  # fmt: skip
+    runner = threading.Thread(target=service.run, kwargs={"install_signals": False}, daemon=True)
+    runner.start()
+    most = 0
+
+    def records() -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in sink.read_bytes().splitlines()] if sink.exists() else []
+
+    def settled() -> bool:
+        nonlocal most
+        most = max(most, service.reconciler.in_grace())
+        return sum(r["recordType"] == "reconciliation" for r in records()) >= 3000
+
+    try:
+        wait_until(settled, 240, interval=0.01, what="every event's findings")
+        got = records()
+        assert sorted(
+            r["event"]["eventId"] for r in got if r["recordType"] == "azureScheduledEvent"
+        ) == sorted(ids * 2)  # every change once
+        findings = [(r["finding"], r["eventId"]) for r in got if r["recordType"] == "reconciliation"]
+        assert sorted(findings) == sorted([("outcome", e) for e in ids] + [("unwatched", e) for e in ids])
+        assert 100 <= most <= 100 + MAX_BATCH, most  # it paused, and only there
+        assert service.reconciler.in_grace() == 0 and service.reconciler.counts()[0] == 1500  # settled keys
+    finally:
+        service.stop_event.set()
+        runner.join(30)
+
+
 def test_a_batch_the_full_outbox_refuses_midway_is_stored_once(tmp_path: Path) -> None:
     """Issue 33 (found by bench/azure_bench.py --backlog 40000: 8 152 records published twice): a
     poll's batch larger than the room left in the outbox was appended again from its start after each

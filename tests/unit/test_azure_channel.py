@@ -327,6 +327,27 @@ def test_ended_events_are_forgotten_after_the_retention() -> None:
     assert reconciler.counts()[0] == 0
 
 
+def test_a_settled_event_keeps_only_its_key_and_a_late_word_starts_nothing() -> None:
+    """Issue 33: an ended event was held whole (~1 KB) for an hour after its outcome. Settled, only its
+    key is kept (at most ``max_settled``): a late agent record is no agentOnly finding, a late Azure
+    word no new finding, and the oldest settled keys go first past the cap."""
+    reconciler, tracker = Reconciler(grace=60, max_settled=2), EventTracker()
+    observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a"]), now=0)
+    reconciler.agent(agent_record("vm-a", E1), now=1)
+    observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=10)
+    assert reconciler.in_grace() == 1
+    assert [f["finding"] for f in reconciler.due(71)] == ["outcome"]
+    assert reconciler.in_grace() == 0 and reconciler.counts()[0] == 1  # settled: its key
+    reconciler.agent(agent_record("vm-z", E1), now=80)  # another VM's late record of it
+    assert observe(reconciler, tracker, grid_event(E1, "Started", ["vm-a"]), now=81) == []
+    assert reconciler.due(500) == [] and reconciler.in_grace() == 0
+    others = [str(uuid.uuid4()) for _ in range(3)]
+    for n, eid in enumerate(others):
+        observe(reconciler, tracker, grid_event(eid, "Completed", [f"vm-{n}"]), now=600 + n)
+    reconciler.due(700)
+    assert reconciler.counts()[0] == 2  # E1 and the oldest other forgotten past the cap
+
+
 def test_events_that_never_end_here_are_forgotten_after_azures_longest_notice() -> None:
     """An agent's event Azure never published (the agentOnly case: a VM whose policy does not publish)
     never ends in Azure's words, so it was kept until the 100 000-event cap: a month of waves on such

@@ -6,7 +6,7 @@ import json
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bridge.imds.document import DocumentError, content_digest, parse_document
@@ -253,5 +253,6 @@ def test_arbitrary_json_never_raises_anything_else(value: object, version: str) 
 
 @settings(max_examples=600, deadline=None)
 @given(document_like, api_versions)
+@example({"DocumentIncarnation": "0\x1f"}, "2017-03-01")  # found by hypothesis: int() refused \x1f
 def test_document_shaped_json_never_raises_anything_else(value: object, version: str) -> None:
     _parse_or_refuse(json.dumps(value).encode(), version)
