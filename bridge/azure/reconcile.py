@@ -130,7 +130,9 @@ class Reconciler:
         #: (a late agent record or observation of one must not start it again as news).
         self._settled: dict[str, float] = {}
         self._in_grace = 0  # events with findings still due (Reconciler.in_grace)
-        self._checks: list[tuple[float, int, Check, str, str]] = []  # (due, order, kind, event, vm key)
+        # (due, order, kind, event, vm key): the event object itself, not its key, so a check of an
+        # event forgotten (the cap) and named again meanwhile is not counted against the new one.
+        self._checks: list[tuple[float, int, Check, _Event, str]] = []
         self._order = 0
 
     # -- inputs ---------------------------------------------------------------------------------------
@@ -195,9 +197,8 @@ class Reconciler:
         out: list[JsonObject] = []
         with self._lock:
             while self._checks and self._checks[0][0] <= now:
-                _, _, kind, event_id, key = heapq.heappop(self._checks)
-                state = self._events.get(event_id)
-                if state is None:
+                _, _, kind, state, key = heapq.heappop(self._checks)
+                if self._events.get(state.key) is not state:
                     continue  # forgotten meanwhile (its count went with it)
                 if not state.was_reported(kind, key):
                     finding = self._finding(kind, state.event_id, key, state, now)
@@ -303,7 +304,7 @@ class Reconciler:
 
     def _check(self, due: float, kind: Check, state: _Event, key: str) -> None:
         self._order += 1
-        heapq.heappush(self._checks, (due, self._order, kind, state.key, key))
+        heapq.heappush(self._checks, (due, self._order, kind, state, key))
         state.checks += 1
         self._in_grace += state.checks == 1
 

@@ -348,6 +348,20 @@ def test_a_settled_event_keeps_only_its_key_and_a_late_word_starts_nothing() -> 
     assert reconciler.counts()[0] == 2  # E1 and the oldest other forgotten past the cap
 
 
+def test_a_check_of_a_forgotten_event_is_not_counted_against_the_same_event_named_again() -> None:
+    """Past ``max_events`` an event in its grace is forgotten; named again before its old check is
+    due, the old check found the new event by its key: a finding before the new one's grace, and the
+    in-grace count (which paces the Azure readers) went negative or stuck."""
+    reconciler = Reconciler(grace=60, max_events=1)
+    reconciler.agent(agent_record("vm-a", E1), now=0)  # E1: an agentOnly check due at 60
+    reconciler.agent(agent_record("vm-b", E2), now=1)  # E1 forgotten (the cap)
+    reconciler.agent(agent_record("vm-a", E1), now=30)  # E1 named again: its check due at 90
+    assert reconciler.in_grace() == 1
+    assert reconciler.due(61) == [] and reconciler.in_grace() == 1  # neither old check counts
+    (only,) = reconciler.due(91)
+    assert (only["finding"], only["eventId"]) == ("agentOnly", E1) and reconciler.in_grace() == 0
+
+
 def test_events_that_never_end_here_are_forgotten_after_azures_longest_notice() -> None:
     """An agent's event Azure never published (the agentOnly case: a VM whose policy does not publish)
     never ends in Azure's words, so it was kept until the 100 000-event cap: a month of waves on such
