@@ -43,6 +43,7 @@ import orjson
 from bridge.azure.events import AzureEvent, Status
 from bridge.imds.document import STATUS_RANK
 from bridge.shell.journal import Journal
+from bridge.support.observability import RateLimitedLog
 
 log = logging.getLogger("bridge.azure.tracker")
 
@@ -82,6 +83,10 @@ class EventTracker:
         self._lock = threading.Lock()
         # key -> (state, digests seen, whether the file holds the key): answered, not committed yet.
         self._pending: dict[str, tuple[Status, bytes, bool]] = {}
+        # Rows of a commit the disk refused, their records already out: written with the next commit
+        # (only the keys of a batch are committed with it, so a key not seen again stayed unwritten).
+        self._failed: dict[str, tuple[Status, bytes, bool]] = {}
+        self._read_errors = RateLimitedLog(log, every=60.0, level=logging.ERROR)  # per lookup: a flood
         self._db = self._open()
         self._count = int(self._db.execute("SELECT count(*) FROM events").fetchone()[0])
         self._seq = int(self._db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
@@ -97,8 +102,12 @@ class EventTracker:
         states = [(k, v) for k, v in Journal(legacy).load().items() if v in _STATES]
         with self._lock:
             self._pending.update((key, (cast(Status, state), b"", False)) for key, state in states)
-        self.persist_keys([key for key, _ in states])
-        legacy.unlink()
+        try:
+            self.persist_keys([key for key, _ in states])
+            legacy.unlink()
+        except OSError as exc:  # held in memory this run; the old file is read again at the next start
+            log.error("event states of the previous version not taken over yet", extra={"error": str(exc)})
+            return
         log.info("event states taken over from the previous version", extra={"events": len(states)})
 
     # -- the file -------------------------------------------------------------------------------------
@@ -148,7 +157,7 @@ class EventTracker:
             row = self._db.execute("SELECT state, seen FROM events WHERE key = ?", (key,)).fetchone()
         except sqlite3.Error as exc:  # answered as unknown: published again rather than lost
             self.errors["read"] += 1
-            log.error("cannot read an event's state", extra={"error": str(exc)})
+            self._read_errors.log("cannot read an event's state (answered as news)", error=str(exc))
             return None
         if row is None or row[0] not in _STATES:
             return None
@@ -183,12 +192,12 @@ class EventTracker:
 
     def persist(self, events: Iterable[AzureEvent]) -> None:
         """Commit what these observations left (their records are in the outbox now): one fsync.
-        ``OSError`` when the disk refuses; the answers stay pending, retried with the next batch."""
+        ``OSError`` when the disk refuses; the rows are written with the next commit."""
         self.persist_keys(event.key for event in events)
 
     def persist_keys(self, keys: Iterable[str]) -> None:
         with self._lock:
-            rows: dict[str, tuple[Status, bytes, bool]] = {}
+            rows = dict(self._failed)
             for key in keys:
                 pending = self._pending.get(key)
                 if pending is not None:
@@ -210,7 +219,9 @@ class EventTracker:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 self.errors["write"] += 1
+                self._failed = dict(list(rows.items())[-MAX_PENDING:])
                 raise OSError(f"cannot keep the events' states: {exc}") from exc
+            self._failed = {}
             self._seq = first + len(rows) - 1
             self._count += added - forgotten
             for key, row in rows.items():

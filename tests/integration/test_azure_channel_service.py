@@ -246,6 +246,36 @@ def test_a_full_disk_holds_azures_events_back_and_loses_none(tmp_path: Path) -> 
             channel.stop()
 
 
+def test_event_states_a_full_disk_refused_are_written_with_the_next_commit(tmp_path: Path) -> None:
+    """The tracker's SQLite file on a full tmpfs: the commit is refused (OSError, counted), the
+    observations' answers hold in memory, and once there is room the next commit writes them too,
+    though their keys are not in that batch (a restart then still knows them: no state moves back)."""
+    from faults import fill, tmpfs
+
+    from bridge.azure.events import from_event_grid
+    from bridge.azure.tracker import EventTracker, News
+
+    first = [from_event_grid(grid_event(str(uuid.uuid4()), "Completed", [f"vm-{n}"])) for n in range(50)]
+    later = from_event_grid(grid_event(str(uuid.uuid4()), "Scheduled", ["vm-z"]))
+    with tmpfs(tmp_path / "state", "1m") as state:
+        tracker = EventTracker(state_path=state / "azure-events.sqlite")
+        tracker.observe(from_event_grid(grid_event(str(uuid.uuid4()), "Scheduled", ["vm-0"])))
+        filler = fill(state)
+        assert all(tracker.observe(e) is not None for e in first)
+        with pytest.raises(OSError, match="cannot keep the events' states"):
+            tracker.persist(first)
+        assert tracker.errors["write"] >= 1
+        assert all(tracker.observe(e) is None for e in first)  # still known in memory
+        filler.unlink()
+        tracker.observe(later)
+        tracker.persist([later])  # only `later` in this batch
+        tracker.close()
+        again = EventTracker(state_path=state / "azure-events.sqlite")
+        late = [from_event_grid(grid_event(e.event_id, "Started", list(e.resources))) for e in first]
+        assert {again.observe(e) for e in late} == {News("Completed", late=True)}
+        assert again.observe(later) is None
+
+
 def test_a_state_directory_deleted_under_azure_channel_stops_it_with_exit_70(tmp_path: Path) -> None:
     """Issue 32: the agent and the approver stop (exit 70) when their state directory is deleted
     under them; Azure's channel went on writing into unlinked files. It stops the same way now."""
