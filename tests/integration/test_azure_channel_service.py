@@ -388,6 +388,44 @@ def test_a_backlog_is_read_no_faster_than_its_events_settle(tmp_path: Path) -> N
         runner.join(30)
 
 
+def test_the_agents_stream_is_read_while_the_azure_readers_wait(tmp_path: Path) -> None:
+    """The pause that bounds a backlog (MAX_IN_GRACE) must never hold the agents' records back: read
+    late, they would make watched VMs look unwatched. With the cap at 0 the Azure reader never reads;
+    the agents' record is still read (its event becomes known, in its grace)."""
+    import threading
+
+    import records as make
+
+    from bridge.azure.service import AzureChannel
+    from bridge.sinks import create_sink
+    from bridge.streams import create_source
+
+    grid, agents = tmp_path / "grid.jsonl", tmp_path / "agents.jsonl"
+    grid.write_bytes(orjson.dumps(grid_event(str(uuid.uuid4()), "Scheduled", ["vm-a"])) + b"\n")
+    sub, rg = DEFAULT_SUBSCRIPTION_ID, DEFAULT_RESOURCE_GROUP
+    rid = f"/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.Compute/virtualMachines/vm-b"
+    vm = make.vm_block(
+        "vm-b", vm_id=str(uuid.uuid4()), resource_id=rid, subscription_id=sub, resource_group=rg
+    )
+    agents.write_bytes(
+        orjson.dumps(make.scheduled_events(vm, [make.event(str(uuid.uuid4()), "vm-b")])) + b"\n"
+    )
+    sink, state = tmp_path / "azure.jsonl", tmp_path / "state"
+    service = AzureChannel(
+        [create_source(f"file://{grid}", state, "g")], [create_sink(f"file://{sink}")], state,
+        events_sources=[create_source(f"file://{agents}", state, "a")], max_in_grace=0,
+    )  # fmt: skip
+    runner = threading.Thread(target=service.run, kwargs={"install_signals": False}, daemon=True)
+    runner.start()
+    try:
+        wait_until(lambda: service.reconciler.counts()[0] == 1, 30, what="the agent's record read")
+        assert service.reconciler.in_grace() == 1
+        assert not sink.exists() or b"azureScheduledEvent" not in sink.read_bytes()  # Azure's waits
+    finally:
+        service.stop_event.set()
+        runner.join(30)
+
+
 def test_a_batch_the_full_outbox_refuses_midway_is_stored_once(tmp_path: Path) -> None:
     """Issue 33 (found by bench/azure_bench.py --backlog 40000: 8 152 records published twice): a
     poll's batch larger than the room left in the outbox was appended again from its start after each
