@@ -111,8 +111,10 @@ class FileSource(DecisionSource):
                     if end < 0:
                         if len(data) == READ_BYTES and self._skip_long_line(file, out):
                             continue
-                        # nothing complete up to the end: wait for the file to grow
-                        self._size = os.fstat(file.fileno()).st_size
+                        # nothing complete up to the end: wait for the file to grow past what
+                        # was read (not past its size now: a line written since the read would
+                        # look seen, and its wake-up would find the file "not grown")
+                        self._size = file.tell()
                         return out
                     self._offset += end + 1
                     for line in data[:end].split(b"\n"):

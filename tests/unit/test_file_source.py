@@ -88,6 +88,50 @@ def test_half_a_line_does_not_end_the_wait_and_its_end_does(tmp_path: Path) -> N
     source.close()
 
 
+def test_a_line_written_just_after_a_read_that_found_nothing_is_not_missed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CI flake, found to be a lost wake-up: a read that found nothing took the file's size from
+    ``fstat`` *after* reading, so a line written in between counted as read; its inotify event woke
+    the wait, which saw the file "not grown" and slept on (until the 0.5 s safety net in
+    production; for ever here). The write is put exactly there: between the read and what follows."""
+    source, decisions = _source(tmp_path)
+    assert source.poll(0.01) == []
+    written: list[bool] = []
+
+    class _Reader:
+        """The reader's file, with a writer that appends right after the first read."""
+
+        def __init__(self, file: Any) -> None:
+            self._file = file
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._file, name)
+
+        def __enter__(self) -> _Reader:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._file.close()
+
+        def read(self, size: int = -1) -> bytes:
+            data: bytes = self._file.read(size)
+            if not written:
+                written.append(True)
+                _append(decisions, b'{"n": 8}\n')
+            return data
+
+    real_open = Path.open
+
+    def _open(self: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        f = real_open(self, mode, *args, **kwargs)
+        return _Reader(f) if self == decisions and mode == "rb" else f
+
+    monkeypatch.setattr(Path, "open", _open)
+    assert [m.payload for m in source.poll(5.0)] == [b'{"n": 8}']
+    source.close()
+
+
 def test_a_file_renamed_into_place_is_read_from_its_start(tmp_path: Path) -> None:
     source, decisions = _source(tmp_path)
     _append(decisions, b'{"n": 1}\n{"n": 2}\n')
