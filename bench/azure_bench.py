@@ -231,7 +231,8 @@ def agent_record(vm: str, event_id: str) -> bytes:
 def reconcile(vms: int = 10_000, silent: int = 300) -> dict[str, Any]:
     reader = Reader(types=("scheduledEvents", "heartbeat"))
     tracemalloc.start()
-    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    tracker = EventTracker()
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
     events = [(str(uuid.uuid4()), f"vm-{i:05d}") for i in range(vms)]
     started = time.perf_counter()
     for event_id, vm in events:
@@ -261,7 +262,7 @@ def reconcile(vms: int = 10_000, silent: int = 300) -> dict[str, Any]:
 
 def month(vms: int, waves: int) -> dict[str, Any]:
     """A month of maintenance waves through the channel's state, in-process with an injected clock
-    (the service's retention is hours, the month is days: nothing real can wait that long): per wave,
+    (the grace is minutes, the month is days: nothing real can wait that long): per wave,
     each of ``vms`` VMs gets an event, Scheduled, Started, Completed, 97 % reported by their agent,
     each batch committed as the service does; waves 36 h apart. Figures: the Python heap the state
     holds after each wave (``tracemalloc``) and the process's RSS. Flat means the last wave's heap is
@@ -270,7 +271,7 @@ def month(vms: int, waves: int) -> dict[str, Any]:
     reader = Reader(types=("scheduledEvents", "heartbeat"))
     work = Path(tempfile.mkdtemp(prefix="azure-month-"))
     tracker = EventTracker(state_path=work / "azure-events.sqlite")
-    reconciler = Reconciler(grace=120, pins_path=work / "agent-pins.jsonl")
+    reconciler = Reconciler(grace=120, ended=tracker.ended, pins_path=work / "agent-pins.jsonl")
     tracemalloc.start()
     heap: list[float] = []
     now = 0.0

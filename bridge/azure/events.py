@@ -152,10 +152,9 @@ class AzureEvent:
 
     @property
     def key(self) -> str:
-        """The event's key (its id in lower case), interned: the tracker, the reconciler and every
-        pending check of the event hold one string, not one each (a wave's events are held for
-        an hour)."""
-        return sys.intern(self.event_id.lower())
+        """The event's key: its id in lower case (the reconciliation keeps one string per event it
+        holds; the tracker keeps its keys on disk)."""
+        return self.event_id.lower()
 
     @property
     def parent_id(self) -> str:

@@ -24,24 +24,30 @@ too, so a VM whose agent ever spoke keeps its own vmId. The pins outlive a resta
 (``<state-dir>/agent-pins.jsonl``: the agents' stream is read on from where it stopped, so a restart
 must not be the moment another identity can claim a VM); new pins are written once a second, with
 one fsync (:meth:`Reconciler.save_pins`, from the service's tick: a kill -9 forgets at most that
-second's). Memory is bounded over a month, not only by its caps: an event is forgotten ``retention``
-seconds after Azure said it ended, and one that never ends here (an agent's event Azure never
-published: the agentOnly case, or an ended event whose last word was lost) ``stale`` seconds after
-anything last named it: 8 days, Azure's longest notice (7 days, for a degraded host) and a day. Both
-walk the events oldest first and stop at the first to keep, so a poll costs what it forgets (the
-whole map was scanned once a second). An ended event whose findings are all out is *settled*: only
-its key is kept (~200 B, not ~1 KB), so a late word about it starts nothing; at most
-``max_settled`` of them. At most ``max_events`` events are kept (the least recently named first);
-at most ``max_vms`` pins. :meth:`Reconciler.in_grace` counts the events whose findings are still
-due, which the service keeps bounded (bridge.azure.service.MAX_IN_GRACE).
+second's).
+
+Memory is bounded over a month, not only by its caps. An ended event whose findings are all out is
+*settled* and forgotten at once: a late word about it (an agent's record, a late delivery) starts
+nothing because the ``ended`` oracle, the event tracker's committed state on disk
+(``EventTracker.ended``), says Azure ended it; a restart forgets nothing of that either. (Each
+settled key used to be kept in memory for an hour, ~200 B each: a 120 000-delivery backlog held
+40 000 of them.) An event that never ends here (an agent's event Azure never published: the
+agentOnly case, or an ended event whose last word was lost) is forgotten ``stale`` seconds after
+anything last named it: 8 days, Azure's longest notice (7 days, for a degraded host) and a day,
+walking the events oldest first and stopping at the first to keep, so a poll costs what it forgets.
+At most ``max_events`` events are kept (the least recently named first); at most ``max_vms`` pins.
+:meth:`Reconciler.in_grace` counts the events whose findings are still due, which the service keeps
+bounded (bridge.azure.service.MAX_IN_GRACE): what an event costs in its grace is what a backlog's
+memory is made of, so it is kept small (one string for the event's id and key when they are the
+same, a check without a tie-breaker of its own, the due time shared by a batch's checks).
 """
 
 from __future__ import annotations
 
 import heapq
-import sys
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -75,7 +81,13 @@ class _Event:
     named_at: float = 0.0  # when an input last named the event (the stale rule)
     checks: int = 0  # findings still due (in their grace)
     flagged: set[str] | None = None  # VM keys found unwatched (open)
-    reported: set[tuple[str, str]] | None = None  # findings published: (kind, key)
+    # No record of the findings published: each (kind, VM) is checked once per event (a VM is
+    # added to its map once, an event ends once), so a check is its finding's only chance.
+
+    def __lt__(self, other: _Event) -> bool:
+        """A tie-breaker for checks due at the same time (the heap compares its tuples on): any
+        fixed order does; the checks' own counter cost an int per check."""
+        return self.key < other.key
 
     def flag(self, key: str) -> None:
         if self.flagged is None:
@@ -86,28 +98,21 @@ class _Event:
         if self.flagged is not None:
             self.flagged.discard(key)
 
-    def was_reported(self, kind: str, key: str) -> bool:
-        return self.reported is not None and (kind, key) in self.reported
-
-    def mark_reported(self, kind: str, key: str) -> None:
-        if self.reported is None:
-            self.reported = set()
-        self.reported.add((kind, key))
-
 
 class Reconciler:
     def __init__(
         self,
         grace: float = 120.0,
         *,
-        retention: float = 3600.0,
+        ended: Callable[[str], bool],
         stale: float = 8 * 86400.0,
         max_events: int = 100_000,
-        max_settled: int = 50_000,
         max_vms: int = 200_000,
         pins_path: Path | None = None,
     ) -> None:
         self.grace = grace
+        #: Whether Azure ended an event (by key) that is not held here: the tracker's committed state.
+        self._ended_elsewhere = ended
         self.max_vms = max_vms
         #: vm key -> the vmId its first record claimed (the oldest pin is forgotten past ``max_vms``).
         self._pins: OrderedDict[str, str] = OrderedDict()
@@ -119,21 +124,15 @@ class Reconciler:
                 self._pins.popitem(last=False)
         #: agent records refused, by reason (a metric: bounded labels)
         self.refused: dict[str, int] = {"noResourceId": 0, "changedClaim": 0}
-        self.retention = retention
         self.stale = stale
         self.max_events = max_events
-        self.max_settled = max_settled
         self._lock = threading.Lock()
         self._events: OrderedDict[str, _Event] = OrderedDict()  # least recently named first
-        self._ended: deque[tuple[float, str]] = deque()  # (ended_at, event key), in order
-        #: Ended events whose findings are all out: only their key is kept, until ``retention``
-        #: (a late agent record or observation of one must not start it again as news).
-        self._settled: dict[str, float] = {}
         self._in_grace = 0  # events with findings still due (Reconciler.in_grace)
-        # (due, order, kind, event, vm key): the event object itself, not its key, so a check of an
-        # event forgotten (the cap) and named again meanwhile is not counted against the new one.
-        self._checks: list[tuple[float, int, Check, _Event, str]] = []
-        self._order = 0
+        # (due, kind, event, vm key): the event object itself, not its key, so a check of an event
+        # forgotten (the cap) and named again meanwhile is not counted against the new one.
+        self._checks: list[tuple[float, Check, _Event, str]] = []
+        self._last_due = 0.0  # one float object for a batch's checks (they are due together)
 
     # -- inputs ---------------------------------------------------------------------------------------
 
@@ -141,8 +140,8 @@ class Reconciler:
         """An observation of Azure's channel; the findings it settles at once (none today: an outcome is
         settled by :meth:`due`, after the grace)."""
         with self._lock:
-            if event.key in self._settled:
-                return []  # ended, its findings out: a late word changes none of them
+            if event.key not in self._events and self._ended_elsewhere(event.key):
+                return []  # ended, its findings out (settled): a late word changes none of them
             state = self._event(event.event_id, now)
             # An event first seen already ended (Resource Graph's history at the first poll) is only
             # an outcome: nobody could have been warned of it any more.
@@ -159,7 +158,6 @@ class Reconciler:
             # Settled after the grace, not at first sight (issue 33): Azure's word may be read before
             # the agents' records of the same event, which said "0 agent(s) reported it".
             state.ended_at = now
-            self._ended.append((now, state.key))
             self._check(now + self.grace, "outcome", state, "")
             return []
 
@@ -177,8 +175,9 @@ class Reconciler:
                 return
             ids = {e.event_id for e in record.events} | {c.event_id for c in record.changes}
             for event_id in ids:
-                if event_id.lower() in self._settled:
-                    continue
+                lowered = event_id.lower()
+                if lowered not in self._events and self._ended_elsewhere(lowered):
+                    continue  # settled: its findings are out
                 state = self._event(event_id, now)
                 if key not in state.agent_vms:
                     if state.agent_vms is _NO_AGENTS:
@@ -192,25 +191,24 @@ class Reconciler:
 
     # -- findings due ---------------------------------------------------------------------------------
 
-    def due(self, now: float) -> list[JsonObject]:
-        """Findings whose grace ended (each once), and events forgotten after ``retention``."""
+    def due(self, now: float, limit: int | None = None) -> list[JsonObject]:
+        """Findings whose grace ended (each once), at most ``limit`` of them (a backlog's grace ends
+        for thousands of events within a second: the caller stores them a batch at a time, not all
+        in memory at once); settled events and stale ones forgotten."""
         out: list[JsonObject] = []
         with self._lock:
-            while self._checks and self._checks[0][0] <= now:
-                _, _, kind, state, key = heapq.heappop(self._checks)
+            while self._checks and self._checks[0][0] <= now and (limit is None or len(out) < limit):
+                _, kind, state, key = heapq.heappop(self._checks)
                 if self._events.get(state.key) is not state:
                     continue  # forgotten meanwhile (its count went with it)
-                if not state.was_reported(kind, key):
-                    finding = self._finding(kind, state.event_id, key, state, now)
-                    if finding is not None:
-                        state.mark_reported(kind, key)
-                        out.append(finding)
+                finding = self._finding(kind, state.event_id, key, state, now)
+                if finding is not None:
+                    out.append(finding)
                 state.checks -= 1
                 if state.checks == 0:
                     self._in_grace -= 1
-                    if state.ended_at is not None:  # settled: only its key is kept (issue 33)
+                    if state.ended_at is not None:  # settled: the tracker remembers it ended
                         self._drop(state.key)
-                        self._settled[state.key] = state.ended_at
             self._forget(now)
         return out
 
@@ -269,7 +267,7 @@ class Reconciler:
             open_flags = sum(
                 len(s.flagged or ()) for s in self._events.values() if s.azure_state not in FINAL
             )
-            return len(self._events) + len(self._settled), open_flags, self._in_grace
+            return len(self._events), open_flags, self._in_grace
 
     # -- bookkeeping ----------------------------------------------------------------------------------
 
@@ -291,10 +289,11 @@ class Reconciler:
         return True
 
     def _event(self, event_id: str, now: float) -> _Event:
-        key = sys.intern(event_id.lower())  # AzureEvent.key: the same string object
+        key = event_id.lower()
         state = self._events.get(key)
         if state is None:
-            state = self._events[key] = _Event(event_id, key)
+            # One string when the id is already lower case (a GUID usually is): 85 B an event.
+            state = self._events[key] = _Event(key if key == event_id else event_id, key)
             if len(self._events) > self.max_events:
                 self._drop(next(iter(self._events)))
         else:
@@ -303,8 +302,11 @@ class Reconciler:
         return state
 
     def _check(self, due: float, kind: Check, state: _Event, key: str) -> None:
-        self._order += 1
-        heapq.heappush(self._checks, (due, self._order, kind, state, key))
+        if due == self._last_due:
+            due = self._last_due  # the batch's other checks' float, not one more of 24 B
+        else:
+            self._last_due = due
+        heapq.heappush(self._checks, (due, kind, state, key))
         state.checks += 1
         self._in_grace += state.checks == 1
 
@@ -332,26 +334,11 @@ class Reconciler:
                 raise
 
     def _forget(self, now: float) -> None:
-        while self._ended and now - self._ended[0][0] > self.retention:
-            ended_at, key = self._ended.popleft()
-            if self._settled.get(key) == ended_at:
-                del self._settled[key]
-            state = self._events.get(key)
-            if state is not None and state.ended_at == ended_at:
-                self._drop(key)
         while self._events:
             key, state = next(iter(self._events.items()))
             if now - state.named_at <= self.stale:
                 break
             self._drop(key)
-        # Settled keys past their cap go first, oldest first (a backlog settles thousands a minute).
-        while len(self._settled) > self.max_settled and self._ended:
-            ended_at, key = self._ended[0]
-            if self._settled.get(key) == ended_at:
-                del self._settled[key]
-            elif key in self._events:
-                break  # the oldest ended event is still in its grace
-            self._ended.popleft()
 
 
 def _same_vm(azure: VmRef, agent: VmRef) -> bool:

@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,8 @@ from bridge.azure.tracker import EventTracker
 from bridge.errors import BridgeError
 from bridge.http.apiguard import guarded_listener
 from bridge.http.listener import Listener, Request, Response, json_response, probe_routes
-from bridge.pipeline import OutboxFull, RecordMeta
-from bridge.pipeline.storing import until_stored
+from bridge.pipeline import RecordMeta
+from bridge.pipeline.storing import append_all
 from bridge.records import encode
 from bridge.records.ids import HEARTBEAT, SCHEDULED_EVENTS
 from bridge.records.reader import Reader
@@ -63,6 +63,9 @@ DEAD_LETTER_BYTES = 64 * 1024
 #: How long a poll's first messages wait for more, and the most stored together (see ``_linger``).
 LINGER = 0.05
 MAX_BATCH = 500
+#: Messages whose records are built and stored together (one outbox fsync and one tracker commit);
+#: the source's position is still committed once per poll.
+STORE_BATCH = 200
 #: Events in their grace at most before the Azure sources wait (issue 33: "bounded whatever the
 #: backlog"). A backlog is read faster than the grace (120 s) settles its events, and each held ~2.4
 #: KB of RSS until then: 120 000 waiting deliveries took the service to 84 MB. Past this many, the
@@ -105,7 +108,11 @@ class AzureChannel:
         self.tracker = EventTracker(
             state_path=state_dir / "azure-events.sqlite", legacy_path=state_dir / "azure-states.jsonl"
         )
-        self.reconciler = Reconciler(grace, pins_path=state_dir / "agent-pins.jsonl")  # survive restarts
+        # Pins survive restarts; so does what ended (the tracker's states): a late word about a settled
+        # event starts nothing, before or after a restart.
+        self.reconciler = Reconciler(
+            grace, ended=self.tracker.ended, pins_path=state_dir / "agent-pins.jsonl"
+        )
         self.metrics.reconciler_counts(self.reconciler.counts, lambda: dict(self.reconciler.refused))
         self.metrics.state_errors(lambda: dict(self.tracker.errors))
         #: The agents' records, schema-checked where they come off the stream (the reconciler reads
@@ -208,17 +215,23 @@ class AzureChannel:
         source.close()
 
     def _publish(self, messages: list[Message]) -> bool:
-        """The records of a poll's messages, durable; False when stopping first (not committed)."""
-        now = time.time()
-        out: list[JsonObject] = []
-        seen: list[AzureEvent] = []
-        for message in messages:
-            for item in deliveries(message.payload):
-                event = self._parsed(item, message)
-                if event is not None:
-                    seen.append(event)
-                    out += self._observed(event, now)
-        return self._store(out, seen)
+        """The records of a poll's messages, durable; False when stopping first (not committed).
+        Stored :data:`STORE_BATCH` messages at a time: a backlog's poll is a whole read (about 850
+        deliveries from a file), and its records, built all at once, were a few MB of objects
+        interleaved with the events held in their grace (issue 33: memory whatever the backlog)."""
+        for first in range(0, len(messages), STORE_BATCH):
+            now = time.time()
+            out: list[JsonObject] = []
+            seen: list[AzureEvent] = []
+            for message in messages[first : first + STORE_BATCH]:
+                for item in deliveries(message.payload):
+                    event = self._parsed(item, message)
+                    if event is not None:
+                        seen.append(event)
+                        out += self._observed(event, now)
+            if not self._store(out, seen):
+                return False
+        return True
 
     def _unexpected(self, exc: Exception) -> AzureEventRefused:
         """An item the parser raised on by mistake: refused on its own (dead letter, metric), never
@@ -236,11 +249,18 @@ class AzureChannel:
         self.metrics.events.labels(event.channel, "late" if news.late else "news").inc()
         return [azure_event_record(event, news, now), *self.reconciler.azure(event, news, now)]
 
-    def _parsed(self, item: JsonObject | AzureEventRefused, message: Message) -> AzureEvent | None:
+    def _parsed(
+        self,
+        item: JsonObject | AzureEventRefused,
+        message: Message | None,
+        parse: Callable[[JsonObject], AzureEvent] = from_event_grid,
+    ) -> AzureEvent | None:
+        """The event of a delivery (or a Resource Graph row: ``message`` None); a refusal is dead-
+        lettered and counted, never raised."""
         try:
             if isinstance(item, AzureEventRefused):
                 raise item
-            return from_event_grid(item)
+            return parse(item)
         except AzureEventRefused as refusal:
             self._refused(refusal, message, item)
         except Exception as exc:
@@ -281,37 +301,20 @@ class AzureChannel:
         return stored
 
     def _append_all(self, records: list[JsonObject]) -> bool:
-        if self.signer is not None:
-            records = [sign_record(*self.signer, record) for record in records]
-
-        stored = [0]  # records[:stored[0]] are in the outbox
-
-        def append() -> bool:
-            # Retried by until_stored: a full outbox refuses in the middle of a batch, and the
-            # records before it are whole, so the retry goes on from there (starting over appended
-            # them twice: a 40 000-delivery backlog published 8 000 records twice). A disk that
-            # failed may have lost what was appended without an fsync: then all again, durably.
-            try:
-                for index in range(stored[0], len(records)):
-                    record = records[index]
-                    self.outbox.append(RecordMeta.of(record), encode(record), sync=index == len(records) - 1)
-                    stored[0] = index + 1
-            except OutboxFull:
-                raise
-            except OSError:
-                stored[0] = 0
-                raise
-            return True
-
         if not records:
             return True
-        done = until_stored(append, self.stop_event, lambda exc: self._storing.failure("outbox", str(exc)))
-        if done:
-            self._storing.success()
-            for record in records:
-                if record["recordType"] == "reconciliation":
-                    self.metrics.findings.labels(record["finding"]).inc()
-        return bool(done)
+        if self.signer is not None:
+            records = [sign_record(*self.signer, record) for record in records]
+        entries = [(RecordMeta.of(record), encode(record)) for record in records]
+        if not append_all(
+            self.outbox, entries, self.stop_event, lambda e: self._storing.failure("outbox", str(e))
+        ):
+            return False
+        self._storing.success()
+        for record in records:
+            if record["recordType"] == "reconciliation":
+                self.metrics.findings.labels(record["finding"]).inc()
+        return True
 
     def _poll_graph(self, graph: ResourceGraphReader) -> None:
         """Ask Resource Graph every ``graph_interval`` seconds; only changed rows become records."""
@@ -327,16 +330,10 @@ class AzureChannel:
                 streak.success()
                 now, out, seen = time.time(), [], []
                 for row in rows:
-                    try:
-                        event = from_graph_row(row)
-                    except AzureEventRefused as refusal:
-                        self._refused(refusal, None, row)
-                        continue
-                    except Exception as exc:
-                        self._refused(self._unexpected(exc), None, row)
-                        continue
-                    seen.append(event)
-                    out += self._observed(event, now)
+                    event = self._parsed(row, None, from_graph_row)
+                    if event is not None:
+                        seen.append(event)
+                        out += self._observed(event, now)
                 try:
                     if self._store(out, seen):
                         self._graph_polled = True
@@ -356,7 +353,10 @@ class AzureChannel:
 
     def _tick(self) -> None:
         while not self.stop_event.wait(1.0):
-            self._store(self.reconciler.due(time.time()))
+            while True:  # the findings due, STORE_BATCH at a time (a backlog settles thousands at once)
+                findings = self.reconciler.due(time.time(), limit=STORE_BATCH)
+                if not self._store(findings) or len(findings) < STORE_BATCH:
+                    break
             try:
                 self.reconciler.save_pins()
             except OSError as exc:  # kept in memory, written at the next tick

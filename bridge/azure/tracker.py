@@ -54,6 +54,7 @@ MAX_CONTENTS = 16
 #: that refuses every commit could grow it, and then the oldest answers are dropped: duplicates).
 MAX_PENDING = 50_000
 _DIGEST = 8
+_FINAL = frozenset({"Completed", "Canceled"})
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS events ("
     " key TEXT PRIMARY KEY, state TEXT NOT NULL, seen BLOB NOT NULL, seq INTEGER NOT NULL"
@@ -162,6 +163,24 @@ class EventTracker:
         if row is None or row[0] not in _STATES:
             return None
         return cast(Status, row[0]), bytes(row[1]), True
+
+    def ended(self, key: str) -> bool:
+        """Whether Azure's last committed word on the event (its records out) was ``Completed`` or
+        ``Canceled``: the reconciliation asks it of an event it no longer holds, so a late word about
+        an event whose findings are out starts nothing (it used to keep every such key in memory for
+        an hour, ~200 B each: issue 33). Committed, not pending: an observation of the batch being
+        stored is still in the reconciliation's hands."""
+        with self._lock:
+            failed = self._failed.get(key)  # committed as far as the records go; the disk refused
+            if failed is not None:
+                return failed[0] in _FINAL
+            try:
+                row = self._db.execute("SELECT state FROM events WHERE key = ?", (key,)).fetchone()
+            except sqlite3.Error as exc:  # answered as not ended: a finding too many, never one lost
+                self.errors["read"] += 1
+                self._read_errors.log("cannot read an event's state (answered as news)", error=str(exc))
+                return False
+            return row is not None and row[0] in _FINAL
 
     # -- the tracker ----------------------------------------------------------------------------------
 

@@ -23,10 +23,11 @@ best effort    the agent's heartbeats, the relay's own      skipped, with a log 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from bridge.pipeline.outbox import OutboxFull
+from bridge.pipeline.entry import RecordMeta
+from bridge.pipeline.outbox import Outbox, OutboxFull
 from bridge.support.retry import Backoff
 
 T = TypeVar("T")
@@ -51,3 +52,32 @@ def until_stored(
             on_refused(exc)
         stop.wait(backoff.next_delay())
     return None
+
+
+def append_all(
+    outbox: Outbox,
+    entries: Sequence[tuple[RecordMeta, bytes]],
+    stop: threading.Event,
+    on_refused: Callable[[BaseException], None],
+) -> bool:
+    """Append a batch (one fsync, at its last entry), waiting refusals out as :func:`until_stored`;
+    False when ``stop`` is set first. A retry goes on from the entry the outbox refused: a full
+    outbox refuses in the middle of a batch and the entries before it are whole (starting over
+    appended them twice: a 40 000-delivery backlog published 8 000 records twice). A disk that
+    failed may have lost what was appended without an fsync: then the whole batch again, durably."""
+    stored = 0  # entries[:stored] are in the outbox
+
+    def append() -> bool:
+        nonlocal stored
+        try:
+            for index in range(stored, len(entries)):
+                outbox.append(*entries[index], sync=index == len(entries) - 1)
+                stored = index + 1
+        except OutboxFull:
+            raise
+        except OSError:
+            stored = 0
+            raise
+        return True
+
+    return not entries or until_stored(append, stop, on_refused) is not None

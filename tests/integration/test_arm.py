@@ -327,7 +327,7 @@ def test_a_vm_nobody_watches_is_approved_through_arm_at_once_from_azures_channel
     agentless = "D1E2F3A4-0000-4000-8000-000000000009"
     event = from_event_grid(grid_event(agentless, "Scheduled", ["vm9"], parent="flex1",
                                        kind="virtualMachineScaleSets", sub=SUB, rg="rg1"))  # fmt: skip
-    reconciler, now = Reconciler(grace=1), time.time()
+    reconciler, now = Reconciler(grace=1, ended=lambda key: False), time.time()
     records = [azure_event_record(event, News("Scheduled", False), now)]
     records += reconciler.azure(event, News("Scheduled", False), now) + reconciler.due(now + 2)
     records = [sign_record("azure", AZURE_KEY, r) for r in records]  # what azure-channel --sign-key writes

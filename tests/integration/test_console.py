@@ -411,7 +411,7 @@ def test_a_vm_nobody_watches_is_flagged_from_azures_channel(
     page = browser.new_context(extra_http_headers=LOOKER).new_page()
     page.goto(stack.url + "/")
     page.wait_for_selector("body[data-ready=true]")
-    reconciler, now = Reconciler(grace=1), time.time()
+    reconciler, now = Reconciler(grace=1, ended=lambda key: False), time.time()
     event = from_event_grid(grid_event(str(uuid.uuid4()), "Scheduled", ["vm-ghost"]))
     news = EventTracker().observe(event)
     assert news is not None

@@ -53,7 +53,8 @@ def test_a_scale_set_vm_name_that_may_be_either_form_is_watched_by_its_agent_in_
     ``{set}_{instance id}``. The event does not say which: a name that may be either is this VM for an
     agent naming either id (it was taken for a Uniform instance, and its agent found "unwatched")."""
     compute = f"/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute"
-    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    tracker = EventTracker()
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
     names = ["web_12345678", "web_7", "web_3", "web_a1b2c3d4"]
     observe(reconciler, tracker, grid_event(E1, "Scheduled", names, parent="web",
                                             kind="virtualMachineScaleSets"), now=0)  # fmt: skip
@@ -256,11 +257,14 @@ def observe(reconciler: Reconciler, tracker: EventTracker, grid: dict, now: floa
     event = from_event_grid(grid)
     news = tracker.observe(event)
     assert news is not None
-    return reconciler.azure(event, news, now)
+    findings = reconciler.azure(event, news, now)
+    tracker.persist([event])  # as the service does once the batch's records are stored
+    return findings
 
 
 def test_a_vm_whose_agent_never_reported_is_unwatched_after_the_grace_and_only_then() -> None:
-    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    tracker = EventTracker()
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
     observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a", "vm-b", "vm-c"], parent="avset",
                                             kind="availabilitySets"), now=0)  # fmt: skip
     reconciler.agent(agent_record("vm-a", E1), now=5)
@@ -276,7 +280,8 @@ def test_a_vm_whose_agent_never_reported_is_unwatched_after_the_grace_and_only_t
 
 
 def test_every_event_gets_its_outcome_once_with_the_agents_that_saw_it() -> None:
-    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    tracker = EventTracker()
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
     observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a"]), now=0)
     reconciler.agent(agent_record("vm-a", E1), now=1)
     assert observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=30) == []
@@ -291,7 +296,8 @@ def test_every_event_gets_its_outcome_once_with_the_agents_that_saw_it() -> None
 
 def test_an_outcome_read_before_the_agents_records_still_names_them() -> None:
     """Issue 33: Azure's Completed read before the agents' records said "0 agent(s) reported it"."""
-    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    tracker = EventTracker()
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
     observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a"]), now=0)
     observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=1)
     reconciler.agent(agent_record("vm-a", E1), now=2)  # the agent's record, read after Azure's word
@@ -300,7 +306,8 @@ def test_an_outcome_read_before_the_agents_records_still_names_them() -> None:
 
 
 def test_an_event_only_an_agent_saw_is_agent_only_after_the_grace() -> None:
-    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    tracker = EventTracker()
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
     reconciler.agent(agent_record("vm-a", E1), now=0)
     reconciler.agent(agent_record("vm-b", E2), now=0)
     observe(reconciler, tracker, grid_event(E2, "Scheduled", ["vm-b"]), now=30)
@@ -310,49 +317,64 @@ def test_an_event_only_an_agent_saw_is_agent_only_after_the_grace() -> None:
 
 
 def test_an_event_first_seen_ended_is_an_outcome_not_an_unwatched_vm() -> None:
-    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    tracker = EventTracker()
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
     assert observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=0) == []
     (outcome,) = reconciler.due(100)
     assert outcome["finding"] == "outcome" and outcome["agentVms"] == []
     assert reconciler.due(200) == []
 
 
-def test_ended_events_are_forgotten_after_the_retention() -> None:
-    reconciler, tracker = Reconciler(grace=1, retention=10), EventTracker()
-    observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a"]), now=0)
-    observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=1)
-    reconciler.due(5)
-    assert reconciler.counts()[0] == 1
-    reconciler.due(20)
-    assert reconciler.counts()[0] == 0
-
-
-def test_a_settled_event_keeps_only_its_key_and_a_late_word_starts_nothing() -> None:
-    """Issue 33: an ended event was held whole (~1 KB) for an hour after its outcome. Settled, only its
-    key is kept (at most ``max_settled``): a late agent record is no agentOnly finding, a late Azure
-    word no new finding, and the oldest settled keys go first past the cap."""
-    reconciler, tracker = Reconciler(grace=60, max_settled=2), EventTracker()
+def test_a_settled_event_is_forgotten_at_once_and_a_late_word_starts_nothing(tmp_path: Path) -> None:
+    """Issue 33: an ended event was held whole (~1 KB) for an hour after its outcome, then its key
+    (~200 B) for another: a 120 000-delivery backlog held 40 000 keys. Settled (its findings out),
+    it is forgotten at once; the tracker's committed state says it ended, so a late agent record is
+    no agentOnly finding and a late Azure word no new finding, after a restart too."""
+    tracker = EventTracker(state_path=tmp_path / "azure-events.sqlite")
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
     observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-a"]), now=0)
     reconciler.agent(agent_record("vm-a", E1), now=1)
     observe(reconciler, tracker, grid_event(E1, "Completed", ["vm-a"]), now=10)
     assert reconciler.in_grace() == 1
     assert [f["finding"] for f in reconciler.due(71)] == ["outcome"]
-    assert reconciler.in_grace() == 0 and reconciler.counts()[0] == 1  # settled: its key
+    assert reconciler.in_grace() == 0 and reconciler.counts()[0] == 0  # settled: nothing held
     reconciler.agent(agent_record("vm-z", E1), now=80)  # another VM's late record of it
     assert observe(reconciler, tracker, grid_event(E1, "Started", ["vm-a"]), now=81) == []
-    assert reconciler.due(500) == [] and reconciler.in_grace() == 0
-    others = [str(uuid.uuid4()) for _ in range(3)]
-    for n, eid in enumerate(others):
-        observe(reconciler, tracker, grid_event(eid, "Completed", [f"vm-{n}"]), now=600 + n)
-    reconciler.due(700)
-    assert reconciler.counts()[0] == 2  # E1 and the oldest other forgotten past the cap
+    assert reconciler.due(500) == [] and reconciler.in_grace() == 0 and reconciler.counts()[0] == 0
+    tracker.close()
+    tracker = EventTracker(state_path=tmp_path / "azure-events.sqlite")  # a restart
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
+    reconciler.agent(agent_record("vm-a", E1), now=600)
+    assert reconciler.due(700) == [] and reconciler.counts()[0] == 0
+    # Without the tracker's word (the old behaviour), the same late record was an agentOnly finding.
+    forgetful = Reconciler(grace=60, ended=lambda key: False)
+    forgetful.agent(agent_record("vm-a", E1), now=600)
+    assert [f["finding"] for f in forgetful.due(700)] == ["agentOnly"]
+    tracker.close()
+
+
+def test_an_event_ended_in_the_batch_being_stored_still_takes_its_agents() -> None:
+    """The tracker answers ``ended`` from what is committed: an agent record read while Azure's
+    ``Completed`` of a new event is being stored (observed, records not out yet) is the event's, not
+    a late word: the outcome names its VM."""
+    tracker = EventTracker()
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
+    event = from_event_grid(grid_event(E1, "Completed", ["vm-a"]))
+    news = tracker.observe(event)
+    assert news is not None and not tracker.ended(event.key)  # pending, not committed
+    reconciler.azure(event, news, now=0)
+    reconciler.agent(agent_record("vm-a", E1), now=1)
+    tracker.persist([event])
+    assert tracker.ended(event.key)
+    (outcome,) = reconciler.due(61)
+    assert outcome["finding"] == "outcome" and len(outcome["agentVms"]) == 1
 
 
 def test_a_check_of_a_forgotten_event_is_not_counted_against_the_same_event_named_again() -> None:
     """Past ``max_events`` an event in its grace is forgotten; named again before its old check is
     due, the old check found the new event by its key: a finding before the new one's grace, and the
     in-grace count (which paces the Azure readers) went negative or stuck."""
-    reconciler = Reconciler(grace=60, max_events=1)
+    reconciler = Reconciler(grace=60, ended=lambda key: False, max_events=1)
     reconciler.agent(agent_record("vm-a", E1), now=0)  # E1: an agentOnly check due at 60
     reconciler.agent(agent_record("vm-b", E2), now=1)  # E1 forgotten (the cap)
     reconciler.agent(agent_record("vm-a", E1), now=30)  # E1 named again: its check due at 90
@@ -366,8 +388,9 @@ def test_events_that_never_end_here_are_forgotten_after_azures_longest_notice() 
     """An agent's event Azure never published (the agentOnly case: a VM whose policy does not publish)
     never ends in Azure's words, so it was kept until the 100 000-event cap: a month of waves on such
     VMs grew the map without end. Forgotten 8 days after anything last named it; an open event named
-    again is kept, and an ended one still goes after ``retention``."""
-    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    again is kept, and an ended one goes once its findings are out."""
+    tracker = EventTracker()
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
     day = 86400.0
     reconciler.agent(agent_record("vm-a", E1), now=0)  # Azure never publishes E1
     observe(reconciler, tracker, grid_event(E2, "Scheduled", ["vm-b"]), now=0)  # 7 days of notice
@@ -421,7 +444,8 @@ def test_only_a_vms_own_identity_counts_as_watching_it() -> None:
     """Issue 31, finding 5: a record in the dead VM's name, from any agent credential, made Azure's
     channel report no unwatched finding for it. vm-c's agent spoke once (a heartbeat pinned its vmId),
     then died; the event comes; the forgeries are refused and vm-c is found unwatched."""
-    reconciler, tracker = Reconciler(grace=60), EventTracker()
+    tracker = EventTracker()
+    reconciler = Reconciler(grace=60, ended=tracker.ended)
     reconciler.agent(agent_record("vm-c", kind="heartbeat", vm_id="id-of-the-real-vm-c"), now=0)
     observe(reconciler, tracker, grid_event(E1, "Scheduled", ["vm-c", "vm-d"], parent="avset",
                                             kind="availabilitySets"), now=1)  # fmt: skip
@@ -439,12 +463,13 @@ def test_the_pins_outlive_a_restart(tmp_path) -> None:  # type: ignore[no-untype
     """The agents' stream is read on from where it stopped after a restart: a pin kept only in memory
     would let another identity claim a VM right after it. Saved, read back, a torn line survived."""
     path = tmp_path / "agent-pins.jsonl"
-    reconciler = Reconciler(grace=60, pins_path=path)
+    reconciler = Reconciler(grace=60, ended=lambda key: False, pins_path=path)
     reconciler.agent(agent_record("vm-c", kind="heartbeat", vm_id="id-of-the-real-vm-c"), now=0)
     reconciler.save_pins()
     with path.open("ab") as out:
         out.write(b'{"vm": "torn')  # a kill -9 in the middle of a write
-    again, tracker = Reconciler(grace=60, pins_path=path), EventTracker()
+    tracker = EventTracker()
+    again = Reconciler(grace=60, ended=tracker.ended, pins_path=path)
     observe(again, tracker, grid_event(E1, "Scheduled", ["vm-c"]), now=1)
     again.agent(agent_record("vm-c", E1, vm_id="id-of-mallory"), now=2)
     assert again.refused["changedClaim"] == 1

@@ -129,11 +129,8 @@ def test_azures_channel_shows_the_vms_nobody_watches_and_how_events_ended() -> N
     from bridge.signing import KeyRing, sign_record
 
     key = b"z" * 40
-    board, reconciler, tracker = (
-        Board(azure_keys=KeyRing({"azure": key})),
-        Reconciler(grace=10),
-        EventTracker(),
-    )
+    board, tracker = Board(azure_keys=KeyRing({"azure": key})), EventTracker()
+    reconciler = Reconciler(grace=10, ended=tracker.ended)
 
     def azure(status: str, now: float) -> None:
         event = from_event_grid(grid_event(EVENT, status, SET, parent="avset", kind="availabilitySets"))
