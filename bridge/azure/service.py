@@ -67,13 +67,13 @@ MAX_BATCH = 500
 #: the source's position is still committed once per poll.
 STORE_BATCH = 200
 #: Events in their grace at most before the Azure sources wait (issue 33: "bounded whatever the
-#: backlog"). A backlog is read faster than the grace (120 s) settles its events, and each held ~2.4
-#: KB of RSS until then: 120 000 waiting deliveries took the service to 84 MB. Past this many, the
-#: Azure readers pause until the oldest settle (at most a grace: shorter than a Kafka consumer's
+#: backlog"). A backlog is read faster than the grace (120 s) settles its events, and each is held
+#: until then: 120 000 waiting deliveries took the service to 84 MB. Past this many, the Azure
+#: readers pause until the oldest settle (at most a grace: shorter than a Kafka consumer's
 #: max.poll.interval); the agents' stream is never paused, or its records would come too late and
 #: make VMs look unwatched. The price is latency: each pause lasts up to a grace. 12 000 events (and
-#: a batch, MAX_BATCH, read before the check): a 40 000-delivery backlog (11 000 events) is read
-#: without a pause (8 000 made it 131 s instead of 24), and a larger one stays near 60 MB.
+#: a poll, read before the check): a 40 000-delivery backlog (11 000 events) is read without a pause
+#: (8 000 made it 131 s instead of 24); 120 000 deliveries peak at 53 MB (docs/performance.md).
 MAX_IN_GRACE = 12_000
 
 
