@@ -382,7 +382,8 @@ def test_a_backlog_is_read_no_faster_than_its_events_settle(tmp_path: Path) -> N
         findings = [(r["finding"], r["eventId"]) for r in got if r["recordType"] == "reconciliation"]
         assert sorted(findings) == sorted([("outcome", e) for e in ids] + [("unwatched", e) for e in ids])
         assert 100 <= most <= 100 + MAX_BATCH, most  # it paused, and only there
-        assert service.reconciler.in_grace() == 0 and service.reconciler.counts()[0] == 0  # settled: none held
+        assert service.reconciler.in_grace() == 0
+        assert service.reconciler.counts()[0] == 0  # settled: none held
         assert all(service.tracker.ended(e) for e in ids)  # what a late word is checked against
     finally:
         service.stop_event.set()
