@@ -126,11 +126,14 @@ async function moreEvents(generation, asked = eventsPage(state.frontier)) {
   const next = page.next !== null ? eventsPage(page.next) : null;
   next?.catch(() => {});  // handled when awaited
   const body = document.querySelector("#events tbody");
+  for (const event of page.events) document.getElementById(`event-${event.eventId}`)?.remove();  // placed live meanwhile
+  // Before the live rows shown at the end while they wait for their page (appended after them, a
+  // page's rows were out of order, and a waiting row then placed itself before a later page's).
+  const tail = waitingTail(body);
   for (const event of page.events) {
-    document.getElementById(`event-${event.eventId}`)?.remove();  // placed live meanwhile
     if (state.fleet.events[event.eventId] === null) continue;  // ended meanwhile
     state.fleet.events[event.eventId] = event;
-    body.append(eventRow(event));
+    body.insertBefore(eventRow(event), tail);
   }
   state.frontier = page.next;
   // Live events past the old frontier that this page did not bring (they came after the server
@@ -142,6 +145,14 @@ async function moreEvents(generation, asked = eventsPage(state.frontier)) {
     for (const [id, event] of Object.entries(state.fleet.events)) if (event === null) delete state.fleet.events[id];
     body.dataset.complete = String(Math.round(performance.now()));
   }
+}
+
+// The first of the rows at the end of the table that wait for their page (state.waiting), or null:
+// they are always the last rows, so the rows loaded before them stay in order.
+function waitingTail(body) {
+  let tail = null;
+  for (let row = body.lastElementChild; row && state.waiting.has(row.id.slice("event-".length)); row = row.previousElementSibling) tail = row;
+  return tail;
 }
 
 // An event's place in the table: NotBefore (none, i.e. Started: first), then its id; the server's
@@ -185,7 +196,7 @@ function placeEventRow(event) {
       // Shown now, at the end of what is loaded (a person must not wait for the table to fill: 20 000
       // rows take seconds); put in its place when its page is loaded (or brought by that page).
       state.waiting.set(event.eventId, event);
-      body.append(eventRow(event));
+      body.append(eventRow(event));  // with the other waiting rows, at the end
     } else {
       const key = sortKey(event);
       const next = [...body.children].find((row) => !before(JSON.parse(row.dataset.key), key));
