@@ -66,10 +66,11 @@ _NO_AGENTS: dict[str, VmRef] = {}  # what an event no agent reported yet holds (
 Check = Literal["unwatched", "agentOnly", "outcome"]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Event:
-    """What is known of one event. Slotted, and its two sets made only when first needed (most
-    events never have a finding): a wave's thousands of events are held for ``retention``."""
+    """What is known of one event. Slotted, its set of flagged VMs made only when first needed (most
+    events never have a finding): a backlog holds thousands in their grace. Compared by identity
+    (``eq=False``): the checks' heap compares its tuples, and checks due together are many."""
 
     event_id: str  # as Azure or the agent wrote it
     key: str  # lower case: the one string the events map and every check of the event share
