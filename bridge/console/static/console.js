@@ -24,7 +24,7 @@ function el(tag, attrs = {}, ...children) {
 async function api(path, options = {}) {
   const response = await fetch(path, { credentials: "same-origin", ...options });
   const body = await response.json().catch(() => ({}));
-  if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+  if (!response.ok) throw Object.assign(new Error(body.error || `HTTP ${response.status}`), { status: response.status });
   return body;
 }
 
@@ -312,7 +312,17 @@ function eventId() {
 }
 
 async function loadEvent() {
-  state.event = await api(`/api/events/${encodeURIComponent(eventId())}`);
+  try {
+    state.event = await api(`/api/events/${encodeURIComponent(eventId())}`);
+  } catch (error) {
+    if (error.status !== 404) throw error;
+    // A link followed before the console read the event (an alert is often faster than the records):
+    // said so, and drawn when the event's first record arrives (onEventMessage), not a dead page.
+    state.event = null;
+    document.getElementById("summary").replaceChildren(el("p", { class: "status", id: "event-status", text: "Not known to the console yet: this page fills in as soon as an agent or Azure reports the event." }));
+    document.getElementById("decision").hidden = true;
+    return;
+  }
   renderEvent();
 }
 
@@ -561,8 +571,8 @@ function onFleetMessage(message) {
 }
 
 function onEventMessage(message) {
-  const id = state.event && state.event.eventId;
-  const mine = (message.type === "event" && message.event.eventId === id) || (message.type === "audit" && message.eventIds.includes(id));
+  const id = (state.event ? state.event.eventId : eventId()).toUpperCase();  // not known yet: the address's
+  const mine = (message.type === "event" && message.event.eventId.toUpperCase() === id) || (message.type === "audit" && message.eventIds.some((e) => e.toUpperCase() === id));
   if (mine) scheduleRender(loadEvent);
 }
 
