@@ -39,6 +39,8 @@ from bridge.imds.document import STATUS_RANK
 
 Channel = Literal["eventGrid", "resourceGraph"]
 Status = Literal["Scheduled", "Started", "Completed", "Canceled"]
+#: The statuses that end an event (an agent only sees it vanish; Azure says which).
+FINAL: frozenset[str] = frozenset({"Completed", "Canceled"})
 
 RESOURCE_TYPE = "microsoft.maintenance/scheduledevents"
 #: Refusal reasons (a closed set: a metric label).

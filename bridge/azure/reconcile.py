@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from bridge.azure.events import AzureEvent, VmRef
+from bridge.azure.events import FINAL, AzureEvent, VmRef
 from bridge.azure.records import finding_record
 from bridge.azure.tracker import News
 from bridge.records.heartbeat import Heartbeat
@@ -61,7 +61,6 @@ from bridge.records.scheduled_events import ScheduledEvents
 from bridge.schemas import JsonObject
 from bridge.shell.journal import Journal
 
-FINAL = frozenset({"Completed", "Canceled"})
 _NO_AGENTS: dict[str, VmRef] = {}  # what an event no agent reported yet holds (see _Event)
 Check = Literal["unwatched", "agentOnly", "outcome"]
 

@@ -40,7 +40,7 @@ from typing import cast, get_args
 
 import orjson
 
-from bridge.azure.events import AzureEvent, Status
+from bridge.azure.events import FINAL, AzureEvent, Status
 from bridge.imds.document import STATUS_RANK
 from bridge.shell.journal import Journal
 from bridge.support.observability import RateLimitedLog
@@ -54,7 +54,6 @@ MAX_CONTENTS = 16
 #: that refuses every commit could grow it, and then the oldest answers are dropped: duplicates).
 MAX_PENDING = 50_000
 _DIGEST = 8
-_FINAL = frozenset({"Completed", "Canceled"})
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS events ("
     " key TEXT PRIMARY KEY, state TEXT NOT NULL, seen BLOB NOT NULL, seq INTEGER NOT NULL"
@@ -152,8 +151,10 @@ class EventTracker:
 
     def _known(self, key: str) -> tuple[Status, bytes, bool] | None:
         pending = self._pending.get(key)
-        if pending is not None:
-            return pending
+        return pending if pending is not None else self._stored(key)
+
+    def _stored(self, key: str) -> tuple[Status, bytes, bool] | None:
+        """The event's committed row (None: unknown, or unreadable, counted and logged)."""
         try:
             row = self._db.execute("SELECT state, seen FROM events WHERE key = ?", (key,)).fetchone()
         except sqlite3.Error as exc:  # answered as unknown: published again rather than lost
@@ -171,16 +172,10 @@ class EventTracker:
         an hour, ~200 B each: issue 33). Committed, not pending: an observation of the batch being
         stored is still in the reconciliation's hands."""
         with self._lock:
-            failed = self._failed.get(key)  # committed as far as the records go; the disk refused
-            if failed is not None:
-                return failed[0] in _FINAL
-            try:
-                row = self._db.execute("SELECT state FROM events WHERE key = ?", (key,)).fetchone()
-            except sqlite3.Error as exc:  # answered as not ended: a finding too many, never one lost
-                self.errors["read"] += 1
-                self._read_errors.log("cannot read an event's state (answered as news)", error=str(exc))
-                return False
-            return row is not None and row[0] in _FINAL
+            # A commit the disk refused counts: its records are out. Unreadable: not ended (a finding
+            # too many, never one lost).
+            row = self._failed.get(key) or self._stored(key)
+            return row is not None and row[0] in FINAL
 
     # -- the tracker ----------------------------------------------------------------------------------
 

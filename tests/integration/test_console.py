@@ -19,6 +19,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -398,7 +399,6 @@ def test_a_vm_nobody_watches_is_flagged_from_azures_channel(
 ) -> None:
     """Issue 25: the azure-channel service's records (built by its own code, written where its sink
     would put them) put a VM without any agent on the fleet page, flagged, with its event."""
-    import time
     import uuid
 
     from azure_events import grid_event
@@ -471,27 +471,32 @@ def test_records_forged_on_the_stream_do_not_steer_what_the_page_shows(stack: St
     assert event["approved"] is False and event["preparations"] == {} and event["releases"] == VMS
 
 
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def _append_one_vm_events(stack: Stack, now: float, first: int, count: int, offset: float) -> list[str]:
+    """Events ``first``.. on their own VMs (``page-vm-NNNN``), each VM's record on the console's stream;
+    NotBefore ``now + offset`` + a spread over 3 000 s; the ids as the page shows them."""
+    ids, lines = [], []
+    for i in range(first, first + count):
+        name, event_id = f"page-vm-{i:04d}", f"00000000-0000-4000-8000-{i:012d}"
+        shown = records.event(event_id, name, not_before=_iso(now + offset + (i * 37) % 3000))
+        lines.append(orjson.dumps(records.scheduled_events(records.vm_block(name), [shown], at=_iso(now))))
+        ids.append(event_id.upper())
+    with stack.azure.open("ab") as out:
+        out.write(b"".join(line + b"\n" for line in lines))
+    return ids
+
+
 def test_the_fleet_page_loads_its_events_in_pages_each_once_in_order(stack: Stack, browser: Any) -> None:
     """Issue 33: the first answer carries the soonest 100 open events, the page fetches the rest by
     cursor after its first frame; events arriving meanwhile, before or after what is loaded, show
     once. 450 one-VM events (their VMs' own records, on a stream the console reads)."""
-    import time
-
-    def iso(epoch: float) -> str:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-
     now = time.time()
 
     def append(first: int, count: int, offset: float) -> list[str]:
-        ids, lines = [], []
-        for i in range(first, first + count):
-            name, event_id = f"page-vm-{i:04d}", f"00000000-0000-4000-8000-{i:012d}"
-            shown = records.event(event_id, name, not_before=iso(now + offset + (i * 37) % 3000))
-            lines.append(orjson.dumps(records.scheduled_events(records.vm_block(name), [shown], at=iso(now))))
-            ids.append(event_id.upper())
-        with stack.azure.open("ab") as out:
-            out.write(b"".join(line + b"\n" for line in lines))
-        return ids
+        return _append_one_vm_events(stack, now, first, count, offset)
 
     ids = append(0, 450, 600)
     wait_until(
@@ -522,14 +527,12 @@ def test_an_event_page_opened_before_the_console_knows_the_event_fills_in_when_i
     an alert is), the console had no record of it yet, the page's first answer was a 404 and it showed
     "The console cannot load" for good. It says the event is not known yet and draws it when its
     first record arrives."""
-    import time
-
     event_id = "00000000-0000-4000-8000-00000000ABCD"
     page = browser.new_context(extra_http_headers=LOOKER).new_page()
     page.goto(f"{stack.url}/events/{event_id}")
     page.wait_for_selector("body[data-ready=true]")
     page.locator("#event-status", has_text="Not known to the console yet").wait_for(timeout=5_000)
-    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 900))
+    at = _iso(time.time() + 900)
     shown = records.event(event_id, "late-vm", not_before=at)
     line = orjson.dumps(records.scheduled_events(records.vm_block("late-vm"), [shown], at=at))
     with stack.azure.open("ab") as out:
@@ -544,23 +547,10 @@ def test_live_events_waiting_for_their_page_keep_the_table_in_order(stack: Stack
     row made the first, placed once its page came, go before that row and ahead of rows that sort
     before it. Here the pages are held until both live rows are shown (the race, made certain): one
     sorts inside the second page, one after everything."""
-    import time
-
-    def iso(epoch: float) -> str:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-
     now = time.time()
 
     def append(first: int, count: int, offset: float) -> list[str]:
-        ids, lines = [], []
-        for i in range(first, first + count):
-            name, event_id = f"page-vm-{i:04d}", f"00000000-0000-4000-8000-{i:012d}"
-            shown = records.event(event_id, name, not_before=iso(now + offset + (i * 37) % 3000))
-            lines.append(orjson.dumps(records.scheduled_events(records.vm_block(name), [shown], at=iso(now))))
-            ids.append(event_id.upper())
-        with stack.azure.open("ab") as out:
-            out.write(b"".join(line + b"\n" for line in lines))
-        return ids
+        return _append_one_vm_events(stack, now, first, count, offset)
 
     ids = append(0, 450, 600)  # NotBefore spread over now + 600 s .. now + 3600 s
     wait_until(
